@@ -1,0 +1,86 @@
+# libnvio, the nvio tool and the C tests.
+#
+#   make                 library (static + shared) and build/nvio
+#   make check           build and run the C test suite
+#   make SAN=address     same, under ASan+UBSan, in build-asan/
+#   make SAN=thread      same, under TSan, in build-tsan/
+#   make CC=clang        any compiler; warnings are errors
+#
+# liburing and libaio are used when their headers are found; an engine
+# whose library is missing reports so (nvio report) instead of failing
+# the build.
+
+CC ?= cc
+SAN ?=
+ifeq ($(SAN),)
+BUILD ?= build
+else ifeq ($(SAN),address)
+BUILD ?= build-asan
+SANFLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+else ifeq ($(SAN),thread)
+BUILD ?= build-tsan
+SANFLAGS = -fsanitize=thread -fno-omit-frame-pointer
+else
+$(error SAN must be empty, address or thread)
+endif
+
+HAVE_URING := $(shell printf '\#include <liburing.h>\nint main(void){return 0;}' | \
+	$(CC) -x c - -o /dev/null -luring 2>/dev/null && echo 1)
+HAVE_AIO := $(shell printf '\#include <libaio.h>\nint main(void){return 0;}' | \
+	$(CC) -x c - -o /dev/null -laio 2>/dev/null && echo 1)
+
+WARN = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+	-Wno-unused-parameter
+CFLAGS ?= -O2 -g
+NVIO_CFLAGS = -std=c11 -D_GNU_SOURCE -fPIC -fvisibility=hidden -pthread \
+	-Iinclude $(WARN) $(SANFLAGS)
+LIBS = -pthread -ldl
+ifeq ($(HAVE_URING),1)
+NVIO_CFLAGS += -DNVIO_HAVE_URING=1
+LIBS += -luring
+endif
+ifeq ($(HAVE_AIO),1)
+NVIO_CFLAGS += -DNVIO_HAVE_AIO=1
+LIBS += -laio
+endif
+
+LIB_SRC = $(wildcard src/*.c)
+LIB_OBJ = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC))
+TEST_SRC = $(wildcard tests/*.c)
+TEST_BIN = $(patsubst tests/%.c,$(BUILD)/tests/%,$(filter-out tests/t.c,$(TEST_SRC)))
+
+.PHONY: all lib tool check clean print-libs
+all: lib tool
+
+lib: $(BUILD)/libnvio.a $(BUILD)/libnvio.so
+tool: $(BUILD)/nvio
+
+$(BUILD)/obj/%.o: src/%.c include/nvio.h $(wildcard src/*.h)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(NVIO_CFLAGS) -c $< -o $@
+
+$(BUILD)/libnvio.a: $(LIB_OBJ)
+	rm -f $@
+	ar rcs $@ $^
+
+# Only the public API is exported (src/libnvio.map).
+$(BUILD)/libnvio.so: $(LIB_OBJ) src/libnvio.map
+	$(CC) -shared -o $@ $(LIB_OBJ) -Wl,-soname,libnvio.so.0 \
+		-Wl,--version-script=src/libnvio.map -Wl,-z,defs $(SANFLAGS) $(LIBS)
+
+$(BUILD)/nvio: $(wildcard tools/*.c) $(wildcard tools/*.h) $(BUILD)/libnvio.a
+	$(CC) $(CFLAGS) $(NVIO_CFLAGS) -o $@ $(filter %.c,$^) $(BUILD)/libnvio.a $(LIBS) -lm
+
+# Tests link the static library so they can reach the syscall table.
+$(BUILD)/tests/%: tests/%.c tests/t.c tests/t.h $(BUILD)/libnvio.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(NVIO_CFLAGS) -Isrc -o $@ $< tests/t.c $(BUILD)/libnvio.a $(LIBS)
+
+check: all $(TEST_BIN)
+	@sh tests/run.sh $(BUILD)
+
+print-libs:
+	@echo $(LIBS)
+
+clean:
+	rm -rf build build-asan build-tsan

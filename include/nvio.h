@@ -1,0 +1,311 @@
+/*
+ * nvio.h - move bytes between memory and files at the device's full speed.
+ *
+ * The one public header of libnvio. Everything a program (and nvio's own
+ * command-line tool and Python binding) may call is declared here.
+ *
+ * Conventions (see nvio(7)):
+ *   - Functions return 0 or a non-negative count on success and a negative
+ *     errno value on failure. They never set errno, print, exit or abort.
+ *   - A handle is opaque. Configuration goes through nvio_config_t, which
+ *     carries its own size so that it can grow without breaking callers.
+ *   - An op rejected at submit never completes; an accepted op completes
+ *     exactly once, with all its bytes or with its first error.
+ *   - The caller owns every buffer. An asynchronous op borrows its buffer
+ *     until the nvio_wait() that reports it has returned.
+ *
+ * Thread safety: distinct handles may be used from different threads at
+ * the same time without any locking by the caller. One handle may also be
+ * shared between threads: submissions are serialized internally, and
+ * nvio_wait() reports every op that was submitted on the handle, by any
+ * thread, before it returned. nvio_mem_* functions are thread safe.
+ */
+#ifndef NVIO_H
+#define NVIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define NVIO_API __attribute__((visibility("default")))
+#else
+#define NVIO_API
+#endif
+
+#define NVIO_VERSION_MAJOR 0
+#define NVIO_VERSION_MINOR 1
+#define NVIO_VERSION_PATCH 0
+#define NVIO_VERSION_NUM \
+	((NVIO_VERSION_MAJOR << 16) | (NVIO_VERSION_MINOR << 8) | NVIO_VERSION_PATCH)
+#define NVIO_CHECK_VERSION(major, minor, patch) \
+	(NVIO_VERSION_NUM >= (((major) << 16) | ((minor) << 8) | (patch)))
+
+/* Run-time version of the library, encoded like NVIO_VERSION_NUM. */
+NVIO_API unsigned nvio_version(void);
+const char *nvio_version_string(void);
+
+/*
+ * Errors. Besides the usual errno values, these carry nvio-specific
+ * meanings (nvio_strerror() describes them):
+ *   -ENODATA    the file ends before offset + nbytes (a read never returns
+ *               fewer bytes than asked for)
+ *   -EOVERFLOW  whole-file read: the file is larger than the buffer
+ *   -EBADMSG    NVIO_VALIDATE found that file and buffer differ
+ */
+const char *nvio_strerror(int err);
+
+/* Engines: how a worker talks to the kernel. */
+typedef enum nvio_engine {
+	NVIO_ENGINE_AUTO = 0,	/* io_uring, else libaio, else psync */
+	NVIO_ENGINE_URING = 1,	/* io_uring through liburing */
+	NVIO_ENGINE_AIO = 2,	/* Linux AIO through libaio */
+	NVIO_ENGINE_PSYNC = 3,	/* pread/pwrite in the worker threads */
+	NVIO_ENGINE_COUNT_ = 4
+} nvio_engine_t;
+
+/* "auto", "io_uring", "libaio", "psync"; NULL for an unknown value. */
+const char *nvio_engine_name(int engine);
+/* Parses the names above (also "uring", "aio"); -EINVAL if unknown. */
+NVIO_API int nvio_engine_from_name(const char *name);
+/*
+ * 1 if the engine can run in this process, 0 if not (why gets one line
+ * saying why and how to fix it), -EINVAL for an unknown engine.
+ */
+NVIO_API int nvio_engine_available(int engine, char *why, size_t why_len);
+
+/* Direct I/O policy. */
+typedef enum nvio_direct {
+	NVIO_DIRECT_AUTO = 0,	/* O_DIRECT where the file system takes it */
+	NVIO_DIRECT_ON = 1,	/* O_DIRECT or fail with the open's error */
+	NVIO_DIRECT_OFF = 2	/* always through the page cache */
+} nvio_direct_t;
+const char *nvio_direct_name(int direct);
+NVIO_API int nvio_direct_from_name(const char *name); /* "auto|on|off|1|0" */
+
+/* Handle configuration. Always start from nvio_config_init(). */
+typedef struct nvio_config {
+	uint32_t struct_size;	/* sizeof(nvio_config_t), set by init */
+	uint32_t flags;		/* reserved, must be 0 */
+	uint64_t block_size;	/* bytes per I/O request, default 1 MiB */
+	uint32_t queue_depth;	/* requests in flight per worker, default 128 */
+	uint32_t intra_op_parallelism; /* worker threads, default 1 */
+	uint32_t single_submit;	/* 1: one submission per request */
+	uint32_t overlap_events; /* 1: sliding window; 0: batch at a time */
+	int32_t engine;		/* nvio_engine_t, default AUTO */
+	int32_t direct;		/* nvio_direct_t, default AUTO */
+	uint64_t staging_bytes;	/* bounce memory per worker, default 16 MiB */
+	uint64_t reserved[6];	/* must be 0 */
+} nvio_config_t;
+
+#define NVIO_DEFAULT_BLOCK_SIZE (1u << 20)
+#define NVIO_DEFAULT_QUEUE_DEPTH 128u
+#define NVIO_DEFAULT_STAGING_BYTES (16u << 20)
+#define NVIO_MAX_PARALLELISM 256u
+#define NVIO_MAX_QUEUE_DEPTH 4096u
+
+NVIO_API void nvio_config_init(nvio_config_t *cfg);
+
+typedef struct nvio_handle nvio_handle_t;
+
+/*
+ * Creates a handle. cfg may be NULL for the defaults. The environment
+ * overrides the configuration: NVIO_ENGINE=auto|io_uring|libaio|psync and
+ * NVIO_DIRECT=auto|on|off. An engine that AUTO would pick but the kernel
+ * refuses (io_uring blocked by seccomp, say) is skipped; an engine asked
+ * for explicitly that cannot run fails the call with its error.
+ * Returns 0, -EINVAL for a bad configuration, or the system's error.
+ */
+NVIO_API int nvio_handle_create(nvio_handle_t **out, const nvio_config_t *cfg);
+
+/*
+ * Waits for every op in flight, then frees everything the handle owns:
+ * threads are joined, descriptors closed, memory released. Errors of
+ * unreported ops are dropped. NULL is accepted.
+ */
+NVIO_API void nvio_handle_destroy(nvio_handle_t *h);
+
+/* The configuration in force, with the engine resolved (never AUTO). */
+NVIO_API int nvio_handle_config(const nvio_handle_t *h, nvio_config_t *out);
+
+NVIO_API uint64_t nvio_get_block_size(const nvio_handle_t *h);
+NVIO_API uint32_t nvio_get_queue_depth(const nvio_handle_t *h);
+NVIO_API int nvio_get_single_submit(const nvio_handle_t *h);
+NVIO_API int nvio_get_overlap_events(const nvio_handle_t *h);
+NVIO_API uint32_t nvio_get_intra_op_parallelism(const nvio_handle_t *h);
+/* The engine the workers run (URING, AIO or PSYNC). */
+NVIO_API int nvio_get_engine(const nvio_handle_t *h);
+/* The direct I/O policy (AUTO, ON or OFF). */
+NVIO_API int nvio_get_direct(const nvio_handle_t *h);
+/* One line on why this engine and direct mode were chosen. */
+const char *nvio_get_engine_note(const nvio_handle_t *h);
+
+/* Per-op flags. Unknown bits give -EINVAL. */
+#define NVIO_ASYNC	(1u << 0) /* return at submit; nvio_wait() reports */
+#define NVIO_VALIDATE	(1u << 1) /* re-read and compare after the transfer */
+#define NVIO_FSYNC	(1u << 2) /* writes: data is durable at completion */
+
+/*
+ * Range I/O: nbytes bytes between buf and the file at byte offset
+ * `offset`. Any size (0 included), any offset, any buffer address.
+ *
+ * pread fails with -ENODATA, before any I/O, if the file is shorter than
+ * offset + nbytes; it never returns a short read.
+ *
+ * pwrite creates the file if it does not exist (mode 0666 less the
+ * umask) and never truncates it: bytes outside [offset, offset + nbytes)
+ * are left as they were, and the file grows when the range ends past its
+ * end (a hole is left if offset is past the end). Use nvio_write_file()
+ * to replace a file.
+ *
+ * The _fd variants use the caller's open descriptor, which is never
+ * closed or changed; O_DIRECT is used through a second descriptor opened
+ * on /proc/self/fd when the policy allows it.
+ *
+ * Without NVIO_ASYNC: returns 0 when all bytes moved, or the first error.
+ * Other ops in flight on the handle are not waited for.
+ * With NVIO_ASYNC: returns 0 if the op was accepted (it then completes at
+ * a later nvio_wait()), or an error if it was rejected (it never runs).
+ * Errors found at submit: -EINVAL (bad argument or flags), -ENOENT and
+ * other open/stat errors, -ENODATA (read past end of file), -EBADF.
+ */
+NVIO_API int nvio_pread(nvio_handle_t *h, void *buf, uint64_t nbytes,
+	       const char *path, int64_t offset, unsigned flags);
+NVIO_API int nvio_pwrite(nvio_handle_t *h, const void *buf, uint64_t nbytes,
+		const char *path, int64_t offset, unsigned flags);
+NVIO_API int nvio_pread_fd(nvio_handle_t *h, void *buf, uint64_t nbytes, int fd,
+		  int64_t offset, unsigned flags);
+NVIO_API int nvio_pwrite_fd(nvio_handle_t *h, const void *buf, uint64_t nbytes,
+		   int fd, int64_t offset, unsigned flags);
+
+/*
+ * Whole files. nvio_read_file reads all of `path` into buf, whose
+ * capacity is `capacity` bytes; the file's size is stored in *size_out
+ * (if not NULL) at submit. -EOVERFLOW if the file is larger than the
+ * buffer.
+ *
+ * nvio_write_file creates or replaces `path` with exactly nbytes bytes.
+ * The data goes to a temporary file in the same directory that is
+ * renamed over `path` only once every byte is written (and, with
+ * NVIO_FSYNC, made durable together with the directory entry): on any
+ * error the old file is left untouched and the temporary is removed.
+ */
+NVIO_API int nvio_read_file(nvio_handle_t *h, void *buf, uint64_t capacity,
+		   const char *path, uint64_t *size_out, unsigned flags);
+NVIO_API int nvio_write_file(nvio_handle_t *h, const void *buf, uint64_t nbytes,
+		    const char *path, unsigned flags);
+
+/* Size of a file in bytes, or a negative errno. */
+NVIO_API int64_t nvio_file_size(const char *path);
+
+/*
+ * Waits for every op submitted with NVIO_ASYNC before this call.
+ * Returns how many ops completed since the previous nvio_wait() (0 when
+ * none were outstanding), or, if any of them failed, the first failure's
+ * error (details in nvio_last_error()). Every op has ended either way.
+ */
+NVIO_API int nvio_wait(nvio_handle_t *h);
+
+/* Number of asynchronous ops submitted and not yet reported by a wait. */
+NVIO_API uint32_t nvio_pending(const nvio_handle_t *h);
+
+/* Where and why the most recent failure on this handle happened. */
+typedef struct nvio_error {
+	int err;		/* negative errno, 0 if nothing failed */
+	int is_write;		/* 1 write, 0 read */
+	uint64_t op_seq;	/* which op: 1 for the handle's first submit */
+	int64_t offset;		/* file offset of the failing piece */
+	uint64_t nbytes;	/* size of the failing piece */
+	char what[32];		/* "open", "pread", "pwrite", "validate", ... */
+	char path[1024];	/* file name, or "fd N" */
+} nvio_error_t;
+
+/* Copies the last error into *out; returns out->err. */
+NVIO_API int nvio_last_error(const nvio_handle_t *h, nvio_error_t *out);
+/*
+ * Formats an error as one line, e.g.
+ * "pread of 4096 bytes at offset 8192 in /x/y failed: No data ... (op 3)".
+ * Returns the length the line has (snprintf style).
+ */
+NVIO_API int nvio_format_error(const nvio_error_t *e, char *buf, size_t len);
+
+/*
+ * Page-aligned, page-locked host memory.
+ * nvio_mem_alloc stores in *out nbytes (>= 1) of zeroed memory aligned to
+ * the page size. It tries to lock the pages; where RLIMIT_MEMLOCK or the
+ * system refuses, it returns unlocked memory instead, unless
+ * NVIO_MEM_REQUIRE_LOCKED is given, in which case it fails with the
+ * error mlock gave (-ENOMEM or -EPERM). *flags_out (if not NULL) gets
+ * NVIO_MEM_LOCKED when the pages really are locked.
+ */
+#define NVIO_MEM_LOCKED		(1u << 0)
+#define NVIO_MEM_REQUIRE_LOCKED	(1u << 1)
+#define NVIO_MEM_NVIO		(1u << 2) /* query: memory came from nvio */
+NVIO_API int nvio_mem_alloc(void **out, uint64_t nbytes, unsigned flags,
+		   unsigned *flags_out);
+/* Frees memory from nvio_mem_alloc; -EINVAL (and nothing freed) for a
+ * pointer that is not a live nvio allocation, so a double free is safe. */
+NVIO_API int nvio_mem_free(void *p);
+/* NVIO_MEM_NVIO|NVIO_MEM_LOCKED if [p, p+nbytes) lies inside one live
+ * nvio allocation (LOCKED only if locked), else 0. */
+NVIO_API unsigned nvio_mem_query(const void *p, uint64_t nbytes);
+
+/*
+ * What this machine and a directory support, for `nvio report`.
+ * dir may be NULL to skip the file-system part.
+ */
+typedef struct nvio_probe {
+	uint32_t struct_size;		/* set by the caller: sizeof */
+	int32_t direct_ok;		/* 1: O_DIRECT open works in dir */
+	int32_t direct_err;		/* its error when not */
+	uint32_t dio_mem_align;		/* buffer alignment O_DIRECT needs */
+	uint32_t dio_offset_align;	/* offset/length alignment */
+	uint32_t fs_block_size;		/* st_blksize */
+	char fs_type[32];		/* "ext4", "xfs", "tmpfs", ... */
+	char device[64];		/* "nvme0n1", "vda", "259:1", "" */
+	uint64_t fs_free_bytes;		/* space available to us in dir */
+	uint64_t memlock_cur;		/* RLIMIT_MEMLOCK, UINT64_MAX = none */
+	uint64_t memlock_max;
+	int32_t can_lock_unlimited;	/* CAP_IPC_LOCK or unlimited limit */
+	int32_t engine_ok[NVIO_ENGINE_COUNT_];	/* index: nvio_engine_t */
+	char engine_why[NVIO_ENGINE_COUNT_][160];
+	int32_t cuda_found;		/* CUDA driver loaded and a device seen */
+	int32_t cuda_device_count;
+	int32_t cuda_driver_version;	/* e.g. 12040, 0 unknown */
+	char cuda_why[160];
+	int32_t cufile_found;		/* libcufile loaded */
+	int32_t cufile_mode;		/* NVIO_CUFILE_* below */
+	char cufile_why[160];
+	uint64_t reserved[8];
+} nvio_probe_t;
+
+#define NVIO_CUFILE_NONE	0	/* no libcufile */
+#define NVIO_CUFILE_DIRECT	1	/* true GPUDirect (nvidia-fs) */
+#define NVIO_CUFILE_COMPAT	2	/* compatibility mode (POSIX path) */
+#define NVIO_CUFILE_UNKNOWN	3	/* loaded, driver not opened */
+
+NVIO_API NVIO_API int nvio_probe(const char *dir, nvio_probe_t *out);
+
+/*
+ * Tuned defaults. `nvio tune` saves the best configuration it found for a
+ * directory in one text file: $NVIO_TUNED_FILE if set, else
+ * $XDG_CONFIG_HOME/nvio/tuned.conf (~/.config/nvio/tuned.conf).
+ * nvio_config_load_tuned() overwrites the tunable fields of cfg (block
+ * size, queue depth, parallelism, submit/overlap modes, engine) with the
+ * entry saved for `dir` and the direction (for_write 0 or 1).
+ * Returns 1 if an entry was applied, 0 if none exists or NVIO_NO_TUNED=1
+ * is set (cfg untouched), or a negative errno for an unreadable file.
+ */
+NVIO_API int nvio_config_load_tuned(nvio_config_t *cfg, const char *dir,
+				    int for_write);
+/* Saves cfg as the tuned entry for dir and direction; 0 or -errno. */
+NVIO_API int nvio_config_save_tuned(const nvio_config_t *cfg, const char *dir,
+				    int for_write);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NVIO_H */

@@ -1,0 +1,57 @@
+/*
+ * sys.h - every system call libnvio makes goes through nvio__sys.
+ *
+ * Tests replace entries to inject faults (EIO, ENOSPC, short transfers,
+ * EINTR) at a chosen call; nvio__sys_reset() restores the real calls.
+ * The table is read without locks: tests change it only while no handle
+ * has I/O in flight.
+ */
+#ifndef NVIO_SYS_H
+#define NVIO_SYS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <sys/stat.h>
+
+struct statx;
+
+struct nvio__sys {
+	int (*open)(const char *path, int flags, mode_t mode);
+	int (*close)(int fd);
+	ssize_t (*pread)(int fd, void *buf, size_t n, off_t off);
+	ssize_t (*pwrite)(int fd, const void *buf, size_t n, off_t off);
+	int (*fstat)(int fd, struct stat *st);
+	int (*fsync)(int fd);
+	int (*rename)(const char *from, const char *to);
+	int (*unlink)(const char *path);
+	int (*mlock)(const void *p, size_t n);
+	/*
+	 * Every completion of every engine passes through here before it is
+	 * checked: res is the byte count or -errno the kernel reported for
+	 * one request of n bytes at off. Return what the library should see.
+	 * The default returns res unchanged.
+	 */
+	ssize_t (*io_result)(int is_write, int fd, uint64_t off, size_t n,
+			     ssize_t res);
+	/*
+	 * Called by an engine before it waits for completions; a nonzero
+	 * return is treated like that wait failing with it (tests: -EINTR).
+	 */
+	int (*reap_fault)(void);
+};
+
+extern struct nvio__sys nvio__sys;
+void nvio__sys_reset(void);
+
+/*
+ * Helpers over the table. Both retry EINTR and loop over short transfers
+ * until n bytes moved, the file ends (reads: -ENODATA) or an error.
+ * Return 0 or -errno.
+ */
+int nvio__pread_full(int fd, void *buf, size_t n, uint64_t off);
+int nvio__pwrite_full(int fd, const void *buf, size_t n, uint64_t off);
+/* open() with EINTR retried; returns fd or -errno. */
+int nvio__open(const char *path, int flags, mode_t mode);
+
+#endif
