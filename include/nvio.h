@@ -46,7 +46,7 @@ extern "C" {
 
 /* Run-time version of the library, encoded like NVIO_VERSION_NUM. */
 NVIO_API unsigned nvio_version(void);
-const char *nvio_version_string(void);
+NVIO_API const char *nvio_version_string(void);
 
 /*
  * Errors. Besides the usual errno values, these carry nvio-specific
@@ -56,7 +56,7 @@ const char *nvio_version_string(void);
  *   -EOVERFLOW  whole-file read: the file is larger than the buffer
  *   -EBADMSG    NVIO_VALIDATE found that file and buffer differ
  */
-const char *nvio_strerror(int err);
+NVIO_API const char *nvio_strerror(int err);
 
 /* Engines: how a worker talks to the kernel. */
 typedef enum nvio_engine {
@@ -68,7 +68,7 @@ typedef enum nvio_engine {
 } nvio_engine_t;
 
 /* "auto", "io_uring", "libaio", "psync"; NULL for an unknown value. */
-const char *nvio_engine_name(int engine);
+NVIO_API const char *nvio_engine_name(int engine);
 /* Parses the names above (also "uring", "aio"); -EINVAL if unknown. */
 NVIO_API int nvio_engine_from_name(const char *name);
 /*
@@ -83,7 +83,7 @@ typedef enum nvio_direct {
 	NVIO_DIRECT_ON = 1,	/* O_DIRECT or fail with the open's error */
 	NVIO_DIRECT_OFF = 2	/* always through the page cache */
 } nvio_direct_t;
-const char *nvio_direct_name(int direct);
+NVIO_API const char *nvio_direct_name(int direct);
 NVIO_API int nvio_direct_from_name(const char *name); /* "auto|on|off|1|0" */
 
 /* Handle configuration. Always start from nvio_config_init(). */
@@ -141,7 +141,7 @@ NVIO_API int nvio_get_engine(const nvio_handle_t *h);
 /* The direct I/O policy (AUTO, ON or OFF). */
 NVIO_API int nvio_get_direct(const nvio_handle_t *h);
 /* One line on why this engine and direct mode were chosen. */
-const char *nvio_get_engine_note(const nvio_handle_t *h);
+NVIO_API const char *nvio_get_engine_note(const nvio_handle_t *h);
 
 /* Per-op flags. Unknown bits give -EINVAL. */
 #define NVIO_ASYNC	(1u << 0) /* return at submit; nvio_wait() reports */
