@@ -24,13 +24,15 @@ else
 $(error SAN must be empty, address or thread)
 endif
 
-HAVE_URING := $(shell printf '\#include <liburing.h>\nint main(void){return 0;}' | \
-	$(CC) -x c - -o /dev/null -luring 2>/dev/null && echo 1)
-HAVE_AIO := $(shell printf '\#include <libaio.h>\nint main(void){return 0;}' | \
-	$(CC) -x c - -o /dev/null -laio 2>/dev/null && echo 1)
+# "#" starts a comment in make, so the probe's include comes from a variable.
+HASH := \#
+have_lib = $(shell printf '$(HASH)include <%s>\nint main(void){return 0;}\n' $(1) | \
+	$(CC) -x c - -o /dev/null $(2) 2>/dev/null && echo 1)
+HAVE_URING := $(call have_lib,liburing.h,-luring)
+HAVE_AIO := $(call have_lib,libaio.h,-laio)
 
 WARN = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
-	-Wno-unused-parameter
+	-Wno-unused-parameter -Wno-format-truncation
 CFLAGS ?= -O2 -g
 NVIO_CFLAGS = -std=c11 -D_GNU_SOURCE -fPIC -fvisibility=hidden -pthread \
 	-Iinclude $(WARN) $(SANFLAGS)
@@ -55,7 +57,7 @@ all: lib tool
 lib: $(BUILD)/libnvio.a $(BUILD)/libnvio.so
 tool: $(BUILD)/nvio
 
-$(BUILD)/obj/%.o: src/%.c include/nvio.h $(wildcard src/*.h)
+$(BUILD)/obj/%.o: src/%.c include/nvio.h $(wildcard src/*.h) Makefile
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(NVIO_CFLAGS) -c $< -o $@
 

@@ -287,7 +287,7 @@ typedef struct nvio_probe {
 #define NVIO_CUFILE_COMPAT	2	/* compatibility mode (POSIX path) */
 #define NVIO_CUFILE_UNKNOWN	3	/* loaded, driver not opened */
 
-NVIO_API NVIO_API int nvio_probe(const char *dir, nvio_probe_t *out);
+NVIO_API int nvio_probe(const char *dir, nvio_probe_t *out);
 
 /*
  * Tuned defaults. `nvio tune` saves the best configuration it found for a

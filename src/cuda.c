@@ -1,0 +1,236 @@
+/*
+ * cuda.c - the CUDA driver API, loaded at run time.
+ *
+ * nvio is built without CUDA headers or libraries. The few driver entry
+ * points it needs are declared here with their documented C signatures
+ * and found with dlopen/dlsym, so one build runs with or without a GPU.
+ *
+ * Pointer classification only looks at a driver the process has already
+ * loaded (RTLD_NOLOAD): device memory cannot exist in a process that
+ * never loaded libcuda, and host-only users pay nothing.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef unsigned long long CUdeviceptr;
+
+#define CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
+#define CU_MEMORYTYPE_DEVICE 2
+#define CU_STREAM_NON_BLOCKING 1
+#define CU_MEMHOSTREGISTER_PORTABLE 1
+
+static struct {
+	void *lib;
+	int ok;
+	CUresult (*Init)(unsigned);
+	CUresult (*DriverGetVersion)(int *);
+	CUresult (*DeviceGetCount)(int *);
+	CUresult (*DeviceGet)(CUdevice *, int);
+	CUresult (*PointerGetAttribute)(void *, int, CUdeviceptr);
+	CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+	CUresult (*CtxSetCurrent)(CUcontext);
+	CUresult (*StreamCreate)(CUstream *, unsigned);
+	CUresult (*StreamDestroy)(CUstream);
+	CUresult (*StreamSynchronize)(CUstream);
+	CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
+	CUresult (*MemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
+	CUresult (*MemHostRegister)(void *, size_t, unsigned);
+	CUresult (*MemHostUnregister)(void *);
+	CUresult (*GetErrorName)(CUresult, const char **);
+} cu;
+
+static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
+static int cu_noload;	/* 1: only use a driver the process already has */
+
+static void *sym(const char *name)
+{
+	return dlsym(cu.lib, name);
+}
+
+static void cu_load(void)
+{
+	cu.lib = dlopen("libcuda.so.1", RTLD_NOW | (cu_noload ? RTLD_NOLOAD : 0));
+	if (!cu.lib)
+		return;
+	cu.Init = sym("cuInit");
+	cu.DriverGetVersion = sym("cuDriverGetVersion");
+	cu.DeviceGetCount = sym("cuDeviceGetCount");
+	cu.DeviceGet = sym("cuDeviceGet");
+	cu.PointerGetAttribute = sym("cuPointerGetAttribute");
+	cu.DevicePrimaryCtxRetain = sym("cuDevicePrimaryCtxRetain");
+	cu.CtxSetCurrent = sym("cuCtxSetCurrent");
+	cu.StreamCreate = sym("cuStreamCreate");
+	cu.StreamDestroy = sym("cuStreamDestroy_v2");
+	cu.StreamSynchronize = sym("cuStreamSynchronize");
+	cu.MemcpyHtoDAsync = sym("cuMemcpyHtoDAsync_v2");
+	cu.MemcpyDtoHAsync = sym("cuMemcpyDtoHAsync_v2");
+	cu.MemHostRegister = sym("cuMemHostRegister_v2");
+	cu.MemHostUnregister = sym("cuMemHostUnregister");
+	cu.GetErrorName = sym("cuGetErrorName");
+	cu.ok = cu.Init && cu.DriverGetVersion && cu.DeviceGetCount &&
+		cu.DeviceGet && cu.PointerGetAttribute &&
+		cu.DevicePrimaryCtxRetain && cu.CtxSetCurrent && cu.StreamCreate &&
+		cu.StreamDestroy && cu.StreamSynchronize && cu.MemcpyHtoDAsync &&
+		cu.MemcpyDtoHAsync && cu.MemHostRegister && cu.MemHostUnregister &&
+		cu.Init(0) == 0;
+}
+
+/* The driver, loaded only if the process has it already. */
+static int cu_present(void)
+{
+	if (!cu.ok) {
+		/* Loading is cheap to retry: a process may load CUDA late. */
+		if (!dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD))
+			return 0;
+		cu_noload = 1;
+		pthread_once(&cu_once, cu_load);
+	}
+	return cu.ok;
+}
+
+/* Driver errors become errno values; the name is kept for messages. */
+static int cu_err(CUresult r)
+{
+	if (r == 0)
+		return 0;
+	if (r == 2)	/* CUDA_ERROR_OUT_OF_MEMORY */
+		return -ENOMEM;
+	if (r == 1)	/* CUDA_ERROR_INVALID_VALUE */
+		return -EINVAL;
+	return -EIO;
+}
+
+int nvio__cuda_pointer_device(const void *p, int *device)
+{
+	unsigned memtype = 0;
+	int ordinal = 0;
+
+	if (!p || !cu_present())
+		return 0;
+	if (cu.PointerGetAttribute(&memtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+				   (CUdeviceptr)(uintptr_t)p) != 0 ||
+	    memtype != CU_MEMORYTYPE_DEVICE)
+		return 0;
+	if (cu.PointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+				   (CUdeviceptr)(uintptr_t)p) != 0)
+		return 0;
+	*device = ordinal;
+	return 1;
+}
+
+/* Makes the device's primary context (the one PyTorch uses) current. */
+static int use_device(int device)
+{
+	CUcontext ctx;
+	CUdevice dev;
+	int r = cu_err(cu.DeviceGet(&dev, device));
+
+	if (!r)
+		r = cu_err(cu.DevicePrimaryCtxRetain(&ctx, dev));
+	if (!r)
+		r = cu_err(cu.CtxSetCurrent(ctx));
+	return r;
+}
+
+int nvio__cuda_stream_create(int device, void **stream)
+{
+	CUstream s;
+	int r;
+
+	if (!cu_present())
+		return -ENODEV;
+	r = use_device(device);
+	if (!r)
+		r = cu_err(cu.StreamCreate(&s, CU_STREAM_NON_BLOCKING));
+	if (!r)
+		*stream = s;
+	return r;
+}
+
+void nvio__cuda_stream_destroy(void *stream)
+{
+	if (stream && cu.ok)
+		cu.StreamDestroy(stream);
+}
+
+int nvio__cuda_copy(void *dst, const void *src, size_t n, int to_device,
+		    int device, void *stream)
+{
+	int r;
+
+	if (!cu_present())
+		return -ENODEV;
+	r = use_device(device);
+	if (r)
+		return r;
+	if (to_device)
+		r = cu_err(cu.MemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst, src, n,
+					      stream));
+	else
+		r = cu_err(cu.MemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)src, n,
+					      stream));
+	if (!r)
+		r = cu_err(cu.StreamSynchronize(stream));
+	return r;
+}
+
+int nvio__cuda_host_register(void *p, size_t n)
+{
+	if (!cu_present())
+		return -ENODEV;
+	return cu_err(cu.MemHostRegister(p, n, CU_MEMHOSTREGISTER_PORTABLE));
+}
+
+void nvio__cuda_host_unregister(void *p)
+{
+	if (cu.ok)
+		cu.MemHostUnregister(p);
+}
+
+void nvio__cuda_probe(nvio_probe_t *out)
+{
+	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	CUresult (*init)(unsigned);
+	CUresult (*count)(int *);
+	CUresult (*version)(int *);
+	int n = 0, v = 0, r;
+
+	if (!lib) {
+		snprintf(out->cuda_why, sizeof(out->cuda_why),
+			 "libcuda.so.1 not found: no NVIDIA driver on this machine "
+			 "(install the driver to use GPU buffers)");
+		return;
+	}
+	init = (CUresult (*)(unsigned))dlsym(lib, "cuInit");
+	count = (CUresult (*)(int *))dlsym(lib, "cuDeviceGetCount");
+	version = (CUresult (*)(int *))dlsym(lib, "cuDriverGetVersion");
+	if (!init || !count || !version) {
+		snprintf(out->cuda_why, sizeof(out->cuda_why),
+			 "libcuda.so.1 lacks cuInit/cuDeviceGetCount: driver too old");
+	} else if ((r = init(0)) != 0) {
+		snprintf(out->cuda_why, sizeof(out->cuda_why),
+			 "cuInit failed (CUresult %d): no usable GPU or driver/"
+			 "kernel module mismatch (check nvidia-smi)", r);
+	} else {
+		version(&v);
+		count(&n);
+		out->cuda_driver_version = v;
+		out->cuda_device_count = n;
+		out->cuda_found = n > 0;
+		if (n == 0)
+			snprintf(out->cuda_why, sizeof(out->cuda_why),
+				 "CUDA driver loaded but no device visible "
+				 "(check CUDA_VISIBLE_DEVICES)");
+	}
+	/* Keep the library loaded: unloading a CUDA driver is not safe. */
+}

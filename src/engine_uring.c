@@ -1,0 +1,170 @@
+/*
+ * engine_uring.c - io_uring through liburing.
+ *
+ * One ring per worker, sized to its queue depth. Requests carry their
+ * nvio__io in user_data. Built only when liburing is found; otherwise the
+ * engine exists but says why it cannot run.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "sys.h"
+
+#ifdef NVIO_HAVE_URING
+#include <liburing.h>
+
+static int uring_init(void **out, unsigned depth)
+{
+	struct io_uring *ring = malloc(sizeof(*ring));
+	int r;
+
+	if (!ring)
+		return -ENOMEM;
+	r = io_uring_queue_init(depth, ring, 0);
+	if (r < 0) {
+		free(ring);
+		return r;
+	}
+	*out = ring;
+	return 0;
+}
+
+static void uring_fini(void *ctx)
+{
+	io_uring_queue_exit(ctx);
+	free(ctx);
+}
+
+static int uring_available(char *why, size_t len)
+{
+	void *ctx;
+	int r = uring_init(&ctx, 2);
+
+	if (r == 0) {
+		uring_fini(ctx);
+		return 1;
+	}
+	if (r == -ENOSYS)
+		snprintf(why, len, "io_uring_setup: %s: the kernel lacks io_uring "
+			 "(needs Linux 5.1+); nvio falls back to libaio", strerror(-r));
+	else if (r == -EPERM)
+		snprintf(why, len, "io_uring_setup: %s: blocked by seccomp or "
+			 "kernel.io_uring_disabled; allow it (docker: --security-opt "
+			 "seccomp=unconfined) or use NVIO_ENGINE=libaio", strerror(-r));
+	else
+		snprintf(why, len, "io_uring_setup: %s", strerror(-r));
+	return 0;
+}
+
+static int uring_submit(void *ctx, struct nvio__io **ios, unsigned n, int single)
+{
+	struct io_uring *ring = ctx;
+	unsigned i, done = 0;
+	int r;
+
+	for (i = 0; i < n; i++) {
+		struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+
+		if (!sqe)
+			break;
+		if (ios[i]->is_write)
+			io_uring_prep_write(sqe, ios[i]->fd, ios[i]->buf,
+					    (unsigned)ios[i]->len, ios[i]->off);
+		else
+			io_uring_prep_read(sqe, ios[i]->fd, ios[i]->buf,
+					   (unsigned)ios[i]->len, ios[i]->off);
+		io_uring_sqe_set_data(sqe, ios[i]);
+		if (single) {
+			r = io_uring_submit(ring);
+			if (r < 0)
+				return done ? (int)done : r;
+			done++;
+		}
+	}
+	if (single)
+		return done ? (int)done : -EAGAIN;
+	if (i == 0)
+		return -EAGAIN;
+	r = io_uring_submit(ring);
+	return r < 0 ? r : r;
+}
+
+static int uring_reap(void *ctx, struct nvio__io **out, unsigned min,
+		      unsigned max)
+{
+	struct io_uring *ring = ctx;
+	struct io_uring_cqe *cqes[64];
+	unsigned n = 0;
+	int r;
+
+	if (min > 0) {
+		struct io_uring_cqe *cqe;
+
+		r = nvio__sys.reap_fault();
+		if (r)
+			return r;
+		r = io_uring_wait_cqe_nr(ring, &cqe, min);
+		if (r < 0)
+			return r;
+	}
+	while (n < max) {
+		unsigned want = max - n < 64 ? max - n : 64;
+		unsigned got = io_uring_peek_batch_cqe(ring, cqes, want);
+
+		for (unsigned i = 0; i < got; i++) {
+			struct nvio__io *io = io_uring_cqe_get_data(cqes[i]);
+
+			io->res = nvio__sys.io_result(io->is_write, io->fd,
+						      io->off, io->len, cqes[i]->res);
+			out[n++] = io;
+		}
+		io_uring_cq_advance(ring, got);
+		if (got < want)
+			break;
+	}
+	return (int)n;
+}
+
+#else /* !NVIO_HAVE_URING */
+
+static int uring_available(char *why, size_t len)
+{
+	snprintf(why, len, "nvio was built without liburing: install liburing-dev "
+		 "(Debian/Ubuntu) or liburing-devel (Fedora) and rebuild");
+	return 0;
+}
+
+static int uring_init(void **out, unsigned depth)
+{
+	return -ENOSYS;
+}
+
+static void uring_fini(void *ctx)
+{
+}
+
+static int uring_submit(void *ctx, struct nvio__io **ios, unsigned n, int single)
+{
+	return -ENOSYS;
+}
+
+static int uring_reap(void *ctx, struct nvio__io **out, unsigned min,
+		      unsigned max)
+{
+	return -ENOSYS;
+}
+#endif
+
+const struct nvio__engine_ops nvio__engine_uring = {
+	.version = NVIO__ENGINE_OPS_VERSION,
+	.id = NVIO_ENGINE_URING,
+	.name = "io_uring",
+	.available = uring_available,
+	.init = uring_init,
+	.fini = uring_fini,
+	.submit = uring_submit,
+	.reap = uring_reap,
+};

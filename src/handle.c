@@ -1,0 +1,334 @@
+/*
+ * handle.c - handle life cycle, configuration, getters, wait and errors.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+void nvio_config_init(nvio_config_t *cfg)
+{
+	if (!cfg)
+		return;
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->struct_size = sizeof(*cfg);
+	cfg->block_size = NVIO_DEFAULT_BLOCK_SIZE;
+	cfg->queue_depth = NVIO_DEFAULT_QUEUE_DEPTH;
+	cfg->intra_op_parallelism = 1;
+	cfg->engine = NVIO_ENGINE_AUTO;
+	cfg->direct = NVIO_DIRECT_AUTO;
+	cfg->staging_bytes = NVIO_DEFAULT_STAGING_BYTES;
+}
+
+static int check_config(const nvio_config_t *c)
+{
+	if (c->struct_size < sizeof(*c) || c->flags)
+		return -EINVAL;
+	for (size_t i = 0; i < sizeof(c->reserved) / sizeof(c->reserved[0]); i++)
+		if (c->reserved[i])
+			return -EINVAL;
+	if (c->block_size == 0 || c->block_size > NVIO__MAX_BLOCK)
+		return -EINVAL;
+	if (c->queue_depth == 0 || c->queue_depth > NVIO_MAX_QUEUE_DEPTH)
+		return -EINVAL;
+	if (c->intra_op_parallelism == 0 ||
+	    c->intra_op_parallelism > NVIO_MAX_PARALLELISM)
+		return -EINVAL;
+	if (c->single_submit > 1 || c->overlap_events > 1)
+		return -EINVAL;
+	if (c->engine < 0 || c->engine >= NVIO_ENGINE_COUNT_)
+		return -EINVAL;
+	if (!nvio_direct_name(c->direct))
+		return -EINVAL;
+	return 0;
+}
+
+/* NVIO_ENGINE and NVIO_DIRECT override the configuration. */
+static int apply_env(nvio_config_t *c, int *engine_from_env)
+{
+	const char *e = getenv("NVIO_ENGINE"), *d = getenv("NVIO_DIRECT");
+	int v;
+
+	*engine_from_env = 0;
+	if (e && *e) {
+		v = nvio_engine_from_name(e);
+		if (v < 0)
+			return v;
+		c->engine = v;
+		*engine_from_env = 1;
+	}
+	if (d && *d) {
+		v = nvio_direct_from_name(d);
+		if (v < 0)
+			return v;
+		c->direct = v;
+	}
+	return 0;
+}
+
+static void engines_fini(struct nvio_handle *h, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++) {
+		h->workers[i].eng->fini(h->workers[i].ectx);
+		h->workers[i].ectx = NULL;
+	}
+}
+
+/* Gives every worker a context of engine `id`; all or none. */
+static int engines_init(struct nvio_handle *h, int id)
+{
+	const struct nvio__engine_ops *eng = nvio__engine(id);
+
+	for (unsigned i = 0; i < h->nworkers; i++) {
+		int r;
+
+		h->workers[i].eng = eng;
+		r = eng->init(&h->workers[i].ectx, h->cfg.queue_depth);
+		if (r < 0) {
+			engines_fini(h, i);
+			return r;
+		}
+	}
+	return 0;
+}
+
+static int choose_engine(struct nvio_handle *h, int from_env)
+{
+	static const int order[] = { NVIO_ENGINE_URING, NVIO_ENGINE_AIO,
+				     NVIO_ENGINE_PSYNC };
+	char note[256] = "";
+	size_t used = 0;
+	int r;
+
+	if (h->cfg.engine != NVIO_ENGINE_AUTO) {
+		r = engines_init(h, h->cfg.engine);
+		if (r == 0)
+			snprintf(h->engine_note, sizeof(h->engine_note),
+				 "%s: %s", nvio_engine_name(h->cfg.engine),
+				 from_env ? "set by NVIO_ENGINE" : "requested");
+		return r;
+	}
+	for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
+		r = engines_init(h, order[i]);
+		if (r == 0) {
+			h->cfg.engine = order[i];
+			snprintf(h->engine_note, sizeof(h->engine_note),
+				 "%s: auto%s%s", nvio_engine_name(order[i]),
+				 used ? ", after " : " (first choice)", note);
+			return 0;
+		}
+		used += (size_t)snprintf(note + used, sizeof(note) - used,
+					 "%s%s refused: %s", used ? "; " : "",
+					 nvio_engine_name(order[i]), nvio_strerror(r));
+		if (used >= sizeof(note))
+			used = sizeof(note) - 1;
+	}
+	return r;
+}
+
+static void handle_free(struct nvio_handle *h)
+{
+	for (unsigned i = 0; i < h->nworkers; i++) {
+		struct nvio__worker *w = &h->workers[i];
+
+		if (w->ectx)
+			w->eng->fini(w->ectx);
+		nvio__stage_fini(&w->stage);
+		pthread_mutex_destroy(&w->lock);
+		pthread_cond_destroy(&w->cond);
+	}
+	pthread_mutex_destroy(&h->lock);
+	pthread_cond_destroy(&h->cond);
+	free(h->workers);
+	free(h);
+}
+
+static int workers_alloc(struct nvio_handle *h)
+{
+	uint64_t chunk = (h->cfg.block_size + NVIO__PAGE - 1) / NVIO__PAGE * NVIO__PAGE;
+	uint64_t count = h->cfg.staging_bytes / chunk;
+
+	/* Two buffers at least, so copying one overlaps the other's I/O. */
+	if (count < 2)
+		count = 2;
+	if (count > h->cfg.queue_depth)
+		count = h->cfg.queue_depth < 2 ? 2 : h->cfg.queue_depth;
+	h->workers = calloc(h->nworkers, sizeof(*h->workers));
+	if (!h->workers)
+		return -ENOMEM;
+	for (unsigned i = 0; i < h->nworkers; i++) {
+		struct nvio__worker *w = &h->workers[i];
+
+		w->h = h;
+		w->id = i;
+		pthread_mutex_init(&w->lock, NULL);
+		pthread_cond_init(&w->cond, NULL);
+		if (nvio__stage_init(&w->stage, (unsigned)count, (size_t)chunk) < 0)
+			return -ENOMEM;
+	}
+	return 0;
+}
+
+int nvio_handle_create(nvio_handle_t **out, const nvio_config_t *cfg)
+{
+	struct nvio_handle *h;
+	int from_env, r;
+
+	if (!out)
+		return -EINVAL;
+	*out = NULL;
+	h = calloc(1, sizeof(*h));
+	if (!h)
+		return -ENOMEM;
+	if (cfg) {
+		if (cfg->struct_size < sizeof(*cfg)) {
+			free(h);
+			return -EINVAL;
+		}
+		h->cfg = *cfg;
+	} else {
+		nvio_config_init(&h->cfg);
+	}
+	r = check_config(&h->cfg);
+	if (!r)
+		r = apply_env(&h->cfg, &from_env);
+	if (r) {
+		free(h);
+		return r;
+	}
+	if (h->cfg.staging_bytes == 0)
+		h->cfg.staging_bytes = NVIO_DEFAULT_STAGING_BYTES;
+	pthread_mutex_init(&h->lock, NULL);
+	pthread_cond_init(&h->cond, NULL);
+	h->nworkers = h->cfg.intra_op_parallelism;
+	r = workers_alloc(h);
+	if (!r)
+		r = choose_engine(h, from_env);
+	if (!r)
+		r = nvio__workers_start(h);
+	if (r) {
+		nvio__workers_stop(h);
+		handle_free(h);
+		return r;
+	}
+	*out = h;
+	return 0;
+}
+
+void nvio_handle_destroy(nvio_handle_t *h)
+{
+	if (!h)
+		return;
+	nvio_wait(h);
+	nvio__workers_stop(h);
+	handle_free(h);
+}
+
+int nvio_handle_config(const nvio_handle_t *h, nvio_config_t *out)
+{
+	if (!h || !out)
+		return -EINVAL;
+	*out = h->cfg;
+	return 0;
+}
+
+uint64_t nvio_get_block_size(const nvio_handle_t *h)
+{
+	return h ? h->cfg.block_size : 0;
+}
+
+uint32_t nvio_get_queue_depth(const nvio_handle_t *h)
+{
+	return h ? h->cfg.queue_depth : 0;
+}
+
+int nvio_get_single_submit(const nvio_handle_t *h)
+{
+	return h ? (int)h->cfg.single_submit : -EINVAL;
+}
+
+int nvio_get_overlap_events(const nvio_handle_t *h)
+{
+	return h ? (int)h->cfg.overlap_events : -EINVAL;
+}
+
+uint32_t nvio_get_intra_op_parallelism(const nvio_handle_t *h)
+{
+	return h ? h->cfg.intra_op_parallelism : 0;
+}
+
+int nvio_get_engine(const nvio_handle_t *h)
+{
+	return h ? h->cfg.engine : -EINVAL;
+}
+
+int nvio_get_direct(const nvio_handle_t *h)
+{
+	return h ? h->cfg.direct : -EINVAL;
+}
+
+const char *nvio_get_engine_note(const nvio_handle_t *h)
+{
+	return h ? h->engine_note : "";
+}
+
+int nvio_wait(nvio_handle_t *h)
+{
+	int r;
+
+	if (!h)
+		return -EINVAL;
+	pthread_mutex_lock(&h->lock);
+	while (h->inflight > 0)
+		pthread_cond_wait(&h->cond, &h->lock);
+	r = h->wait_err ? h->wait_err : (int)h->done_count;
+	h->wait_err = 0;
+	h->done_count = 0;
+	h->pending = 0;
+	pthread_mutex_unlock(&h->lock);
+	return r;
+}
+
+uint32_t nvio_pending(const nvio_handle_t *h)
+{
+	uint32_t n;
+
+	if (!h)
+		return 0;
+	pthread_mutex_lock((pthread_mutex_t *)&h->lock);
+	n = h->pending;
+	pthread_mutex_unlock((pthread_mutex_t *)&h->lock);
+	return n;
+}
+
+void nvio__set_error(struct nvio_handle *h, int err, const struct nvio__op *op,
+		     const char *what, uint64_t off, uint64_t len)
+{
+	nvio_error_t e;
+
+	memset(&e, 0, sizeof(e));
+	e.err = err;
+	e.offset = (int64_t)off;
+	e.nbytes = len;
+	snprintf(e.what, sizeof(e.what), "%s", what);
+	if (op) {
+		e.is_write = op->is_write;
+		e.op_seq = op->seq;
+		snprintf(e.path, sizeof(e.path), "%s", op->path ? op->path : "");
+	}
+	pthread_mutex_lock(&h->lock);
+	h->last = e;
+	pthread_mutex_unlock(&h->lock);
+}
+
+int nvio_last_error(const nvio_handle_t *h, nvio_error_t *out)
+{
+	if (!h || !out)
+		return -EINVAL;
+	pthread_mutex_lock((pthread_mutex_t *)&h->lock);
+	*out = h->last;
+	pthread_mutex_unlock((pthread_mutex_t *)&h->lock);
+	return out->err;
+}

@@ -1,0 +1,148 @@
+/*
+ * internal.h - what the files of libnvio share. Nothing here is public.
+ *
+ * Objects and who owns them:
+ *   nvio_handle   owns its workers (threads, engine contexts, staging
+ *                 pools) and the bookkeeping of ops in flight.
+ *   nvio__op      one accepted request. Allocated at submit with one
+ *                 nvio__task per worker embedded in it; freed by the thread
+ *                 that finishes it (async) or by the submitter (sync).
+ *   nvio__task    the contiguous run of an op's pieces given to a worker.
+ *
+ * Lock order: a thread never holds two of these locks at once:
+ *   handle->lock (op accounting, errors) and worker->lock (task queue).
+ */
+#ifndef NVIO_INTERNAL_H
+#define NVIO_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "nvio.h"
+#include "engine.h"
+#include "staging.h"
+
+#define NVIO__PAGE 4096u
+#define NVIO__MAX_BLOCK (1ull << 30)	/* one request must fit a syscall */
+
+/* How an op's byte range is cut: see plan.c. */
+struct nvio__plan {
+	uint64_t off, len;	/* the file range of the whole op */
+	uint64_t head;		/* bytes before the aligned body */
+	uint64_t body;		/* aligned body length (0: none) */
+	uint64_t tail;		/* bytes after the body */
+	uint64_t chunk;		/* body piece size */
+	uint64_t npieces;	/* head? + body chunks + tail? */
+};
+
+void nvio__plan_make(struct nvio__plan *p, uint64_t off, uint64_t len,
+		     uint64_t block, uint32_t align);
+/* Piece k: file offset, length and whether it belongs to the body. */
+void nvio__plan_piece(const struct nvio__plan *p, uint64_t k, uint64_t *off,
+		      uint64_t *len, int *body);
+/* Worker w of n gets pieces [*begin, *end). */
+void nvio__plan_slice(const struct nvio__plan *p, unsigned w, unsigned n,
+		      uint64_t *begin, uint64_t *end);
+
+struct nvio__op;
+
+struct nvio__task {
+	struct nvio__op *op;
+	struct nvio__task *next;	/* in the worker's queue */
+	uint64_t next_piece, end_piece;	/* pieces still to issue */
+	uint64_t left;			/* pieces not yet completed */
+};
+
+/* Where an op's bytes live; decides how staged pieces are copied. */
+enum nvio__mem { NVIO__MEM_HOST = 0, NVIO__MEM_CUDA = 1 };
+
+struct nvio__op {
+	struct nvio_handle *h;
+	uint64_t seq;
+	unsigned flags;		/* NVIO_ASYNC | NVIO_VALIDATE | NVIO_FSYNC */
+	int is_write;
+	int mem;		/* enum nvio__mem */
+	int cuda_device;
+	unsigned char *buf;
+	struct nvio__plan plan;
+	int fd;			/* buffered descriptor: head, tail, !direct */
+	int dfd;		/* O_DIRECT descriptor or -1 */
+	int own_fd, own_dfd;	/* close them when the op ends */
+	int stage;		/* body pieces go through staging buffers */
+	char *path;		/* for errors; the target of write_file */
+	char *tmp_path;		/* write_file: the temporary, else NULL */
+	atomic_uint tasks_left;
+	atomic_int err;		/* first error, 0 if none */
+	int done;		/* sync ops: set under handle->lock */
+	unsigned ntasks;
+	struct nvio__task tasks[];
+};
+
+struct nvio__worker {
+	struct nvio_handle *h;
+	unsigned id;
+	pthread_t thread;
+	int started;
+	const struct nvio__engine_ops *eng;
+	void *ectx;
+	struct nvio__stage_pool stage;
+	pthread_mutex_t lock;	/* guards queue, tail and stop */
+	pthread_cond_t cond;
+	struct nvio__task *queue, *tail;
+	int stop;
+	void *slots;		/* worker.c private: queue_depth slots */
+};
+
+struct nvio_handle {
+	nvio_config_t cfg;	/* engine resolved */
+	char engine_note[256];
+	struct nvio__worker *workers;
+	unsigned nworkers;
+	atomic_uint_fast64_t seq;
+
+	pthread_mutex_t lock;	/* guards everything below */
+	pthread_cond_t cond;	/* an op finished */
+	unsigned inflight;	/* async ops accepted, not finished */
+	unsigned done_count;	/* async ops finished since last wait */
+	unsigned pending;	/* async ops not yet reported by a wait */
+	int wait_err;		/* first error since last wait */
+	nvio_error_t last;
+};
+
+/* handle.c: record a failure in the handle's last error. */
+void nvio__set_error(struct nvio_handle *h, int err, const struct nvio__op *op,
+		     const char *what, uint64_t off, uint64_t len);
+
+/* workers.c */
+int nvio__workers_start(struct nvio_handle *h);
+void nvio__workers_stop(struct nvio_handle *h);
+void nvio__worker_push(struct nvio__worker *w, struct nvio__task *t);
+
+/* op.c: the end of an op (validate, fsync, rename, close, report). */
+void nvio__op_task_done(struct nvio__op *op);
+void nvio__op_fail(struct nvio__op *op, int err, const char *what,
+		   uint64_t off, uint64_t len);
+/* Closes what the op still owns and frees it. */
+void nvio__op_free(struct nvio__op *op);
+
+/* locked.c */
+int nvio__mem_alloc_aligned(void **out, size_t n, size_t align);
+
+/*
+ * cuda.c: run-time loaded CUDA; calls return -ENODEV without a driver.
+ * nvio__cuda_pointer_device: 1 (and *device) for device memory, else 0.
+ */
+int nvio__cuda_pointer_device(const void *p, int *device);
+int nvio__cuda_copy(void *dst, const void *src, size_t n, int to_device,
+		    int device, void *stream);
+int nvio__cuda_stream_create(int device, void **stream);
+void nvio__cuda_stream_destroy(void *stream);
+int nvio__cuda_host_register(void *p, size_t n);
+void nvio__cuda_host_unregister(void *p);
+void nvio__cuda_probe(nvio_probe_t *out);
+/* cufile.c: fills the cufile_* fields of a probe. */
+void nvio__cufile_probe(nvio_probe_t *out);
+
+#endif

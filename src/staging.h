@@ -1,0 +1,33 @@
+/*
+ * staging.h - a bounded pool of aligned bounce buffers, one per worker.
+ *
+ * Buffers are allocated on first use and kept until the pool is freed,
+ * so a handle never holds more than count * size bytes of staging
+ * memory, however large the transfers. Used by one thread only.
+ */
+#ifndef NVIO_STAGING_H
+#define NVIO_STAGING_H
+
+#include <stddef.h>
+
+struct nvio__stage_pool {
+	size_t size;		/* bytes per buffer */
+	unsigned count;		/* buffers at most */
+	unsigned made;		/* buffers allocated so far */
+	unsigned nfree;
+	void **free;		/* stack of free buffers */
+	void **all;		/* every allocated buffer */
+	int host_registered;	/* buffers are registered with CUDA */
+};
+
+int nvio__stage_init(struct nvio__stage_pool *p, unsigned count, size_t size);
+void nvio__stage_fini(struct nvio__stage_pool *p);
+/* A free buffer, or NULL when all count buffers are in use (or on ENOMEM
+ * with none in use: *err is then set). */
+void *nvio__stage_get(struct nvio__stage_pool *p, int *err);
+void nvio__stage_put(struct nvio__stage_pool *p, void *buf);
+/* Register every current and future buffer with CUDA (cudaHostRegister)
+ * so device copies run at full speed; best effort. */
+void nvio__stage_want_cuda(struct nvio__stage_pool *p);
+
+#endif

@@ -1,0 +1,405 @@
+/*
+ * submit.c - from a call to an accepted op.
+ *
+ * Everything that can be refused is checked here, in the caller's thread,
+ * before any byte moves: arguments, opening the file, the file's size for
+ * reads, whether O_DIRECT applies. A refused op returns its error and
+ * never completes. An accepted op is cut into pieces (plan.c) and each
+ * worker gets its run of pieces.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <linux/fs.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "sys.h"
+
+#define KNOWN_FLAGS (NVIO_ASYNC | NVIO_VALIDATE | NVIO_FSYNC)
+
+/* What the caller asked for. */
+struct request {
+	unsigned char *buf;
+	uint64_t nbytes;
+	const char *path;	/* NULL for the _fd calls */
+	int fd;
+	int64_t offset;
+	unsigned flags;
+	int is_write;
+	int whole_file;		/* read_file / write_file */
+	uint64_t capacity;	/* read_file */
+	uint64_t *size_out;
+};
+
+static struct nvio__op *op_new(struct nvio_handle *h, const struct request *rq)
+{
+	struct nvio__op *op;
+
+	op = calloc(1, sizeof(*op) + h->nworkers * sizeof(op->tasks[0]));
+	if (!op)
+		return NULL;
+	op->h = h;
+	op->seq = atomic_fetch_add(&h->seq, 1) + 1;
+	op->flags = rq->flags;
+	op->is_write = rq->is_write;
+	op->buf = rq->buf;
+	op->fd = op->dfd = -1;
+	if (rq->path) {
+		op->path = strdup(rq->path);
+	} else if ((op->path = malloc(32)) != NULL) {
+		snprintf(op->path, 32, "fd %d", rq->fd);
+	}
+	if (!op->path) {
+		free(op);
+		return NULL;
+	}
+	return op;
+}
+
+/* A fresh name beside the target for a whole-file write. */
+static int open_temp(struct nvio__op *op)
+{
+	size_t len = strlen(op->path) + 32;
+	char *copy = strdup(op->path), *dir, *base;
+	int fd = -EEXIST;
+	struct stat st;
+	mode_t mode = 0666;
+
+	op->tmp_path = malloc(len);
+	if (!copy || !op->tmp_path) {
+		free(copy);
+		return -ENOMEM;
+	}
+	/* Keep the permissions of the file being replaced. */
+	if (stat(op->path, &st) == 0) {
+		if (S_ISDIR(st.st_mode)) {
+			free(copy);
+			return -EISDIR;
+		}
+		mode = st.st_mode & 07777;
+	}
+	dir = dirname(copy);
+	base = strrchr(op->path, '/') ? strrchr(op->path, '/') + 1 : op->path;
+	for (int i = 0; i < 100 && fd == -EEXIST; i++) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		snprintf(op->tmp_path, len, "%s/.%s.nvio-%lx", dir, base,
+			 (unsigned long)(ts.tv_nsec ^ (op->seq << 20) ^ (unsigned)i ^
+					 (unsigned long)getpid() << 32));
+		fd = nvio__open(op->tmp_path, O_WRONLY | O_CREAT | O_EXCL, mode);
+	}
+	free(copy);
+	if (fd < 0) {
+		free(op->tmp_path);
+		op->tmp_path = NULL;
+	}
+	return fd;
+}
+
+/* Opens (or adopts) the buffered descriptor. */
+static int open_main(struct nvio__op *op, const struct request *rq)
+{
+	int fl, fd;
+
+	if (rq->path && rq->whole_file && rq->is_write)
+		fd = open_temp(op);
+	else if (rq->path)
+		fd = nvio__open(rq->path, rq->is_write ? O_WRONLY | O_CREAT : O_RDONLY,
+				0666);
+	else
+		fd = -1;
+	if (rq->path) {
+		if (fd < 0)
+			return fd;
+		op->fd = fd;
+		op->own_fd = 1;
+		return 0;
+	}
+	fl = fcntl(rq->fd, F_GETFL);
+	if (fl < 0)
+		return -EBADF;
+	if ((fl & O_ACCMODE) == (rq->is_write ? O_RDONLY : O_WRONLY))
+		return -EBADF;
+	if (!(fl & (O_DIRECT | O_APPEND))) {
+		op->fd = rq->fd;
+		return 0;
+	}
+	/* O_APPEND would ignore offsets, O_DIRECT forbids unaligned pieces:
+	 * use a plain descriptor of our own for the same file. */
+	char p[64];
+
+	snprintf(p, sizeof(p), "/proc/self/fd/%d", rq->fd);
+	fd = nvio__open(p, rq->is_write ? O_WRONLY : O_RDONLY, 0);
+	if (fd < 0)
+		return fd;
+	op->fd = fd;
+	op->own_fd = 1;
+	return 0;
+}
+
+/* The file's size for reads: regular files and block devices. */
+static int file_size(int fd, uint64_t *size)
+{
+	struct stat st;
+
+	if (nvio__sys.fstat(fd, &st) < 0)
+		return -errno;
+	if (S_ISDIR(st.st_mode))
+		return -EISDIR;
+	if (S_ISBLK(st.st_mode))
+		return ioctl(fd, BLKGETSIZE64, size) < 0 ? -errno : 0;
+	*size = S_ISREG(st.st_mode) ? (uint64_t)st.st_size : UINT64_MAX;
+	return 0;
+}
+
+/*
+ * The offset alignment O_DIRECT needs for this file, 0 if the file
+ * system cannot do direct I/O. Sets *mem_align for buffers.
+ */
+static uint32_t dio_align(int fd, uint32_t *mem_align)
+{
+	struct statx sx;
+
+	*mem_align = NVIO__PAGE;
+	if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) < 0 ||
+	    !(sx.stx_mask & STATX_DIOALIGN))
+		return NVIO__PAGE;	/* unknown: page alignment is safe */
+	*mem_align = sx.stx_dio_mem_align ? sx.stx_dio_mem_align : NVIO__PAGE;
+	return sx.stx_dio_offset_align;
+}
+
+static int open_direct(struct nvio__op *op, const struct request *rq)
+{
+	int acc = op->is_write ? O_WRONLY : O_RDONLY;
+	char p[1100];
+	int fl;
+
+	if (!rq->path) {
+		fl = fcntl(rq->fd, F_GETFL);
+		if ((fl & O_DIRECT) && !(fl & O_APPEND)) {
+			op->dfd = rq->fd;
+			return 0;
+		}
+	}
+	if (op->tmp_path)
+		snprintf(p, sizeof(p), "%s", op->tmp_path);
+	else if (rq->path)
+		snprintf(p, sizeof(p), "%s", rq->path);
+	else
+		snprintf(p, sizeof(p), "/proc/self/fd/%d", rq->fd);
+	op->dfd = nvio__open(p, acc | O_DIRECT, 0);
+	if (op->dfd < 0)
+		return op->dfd;
+	op->own_dfd = 1;
+	return 0;
+}
+
+/* Plans the op and decides on O_DIRECT and staging. */
+static int plan_op(struct nvio_handle *h, struct nvio__op *op,
+		   const struct request *rq, uint64_t nbytes)
+{
+	int policy = h->cfg.direct;
+	uint32_t mem_align = 0, align = 0;
+	int r;
+
+	if (policy != NVIO_DIRECT_OFF) {
+		align = dio_align(op->fd, &mem_align);
+		if (align == 0 && policy == NVIO_DIRECT_ON)
+			return -EINVAL;	/* the file system has no direct I/O */
+	}
+	nvio__plan_make(&op->plan, (uint64_t)rq->offset, nbytes,
+			h->cfg.block_size, align);
+	if (op->plan.body == 0 || !align)
+		return 0;
+	r = open_direct(op, rq);
+	if (r == -EINVAL && policy == NVIO_DIRECT_AUTO) {
+		nvio__plan_make(&op->plan, (uint64_t)rq->offset, nbytes,
+				h->cfg.block_size, 0);
+		return 0;
+	}
+	if (r < 0)
+		return r;
+	/* All body pieces share one alignment relative to mem_align. */
+	op->stage = ((uintptr_t)(op->buf + op->plan.head) % mem_align) != 0;
+	return 0;
+}
+
+static int check_request(struct nvio_handle *h, const struct request *rq)
+{
+	if (!h || (rq->flags & ~KNOWN_FLAGS))
+		return -EINVAL;
+	if (!rq->buf && (rq->nbytes > 0 || rq->capacity > 0))
+		return -EINVAL;
+	if (rq->path ? rq->path[0] == '\0' : rq->fd < 0)
+		return rq->path ? -ENOENT : -EBADF;
+	if (rq->offset < 0 || rq->nbytes > (uint64_t)(INT64_MAX - rq->offset))
+		return -EINVAL;
+	return 0;
+}
+
+/* Hands the pieces to the workers and, for a sync op, waits for it. */
+static int run_op(struct nvio_handle *h, struct nvio__op *op)
+{
+	unsigned busy = 0;
+	int err;
+
+	for (unsigned w = 0; w < h->nworkers; w++) {
+		struct nvio__task *t = &op->tasks[w];
+
+		t->op = op;
+		nvio__plan_slice(&op->plan, w, h->nworkers, &t->next_piece,
+				 &t->end_piece);
+		t->left = t->end_piece - t->next_piece;
+		busy += t->left > 0;
+	}
+	atomic_store(&op->tasks_left, busy ? busy : 1);
+	if (op->flags & NVIO_ASYNC) {
+		pthread_mutex_lock(&h->lock);
+		h->inflight++;
+		h->pending++;
+		pthread_mutex_unlock(&h->lock);
+	}
+	if (!busy)
+		nvio__op_task_done(op);	/* nothing to move: ends here */
+	for (unsigned w = 0; w < h->nworkers; w++)
+		if (op->tasks[w].left > 0)
+			nvio__worker_push(&h->workers[w], &op->tasks[w]);
+	if (op->flags & NVIO_ASYNC)
+		return 0;
+	pthread_mutex_lock(&h->lock);
+	while (!op->done)
+		pthread_cond_wait(&h->cond, &h->lock);
+	pthread_mutex_unlock(&h->lock);
+	err = atomic_load(&op->err);
+	nvio__op_free(op);
+	return err;
+}
+
+static int submit(struct nvio_handle *h, struct request *rq)
+{
+	struct nvio__op *op;
+	uint64_t size = 0, nbytes = rq->nbytes;
+	const char *what = "open";
+	int r = check_request(h, rq);
+
+	if (r)
+		return r;
+	op = op_new(h, rq);
+	if (!op)
+		return -ENOMEM;
+	r = nvio__cuda_pointer_device(rq->buf, &op->cuda_device);
+	if (r > 0)
+		op->mem = NVIO__MEM_CUDA;
+	r = r < 0 ? r : open_main(op, rq);
+	if (!r && !rq->is_write) {
+		what = "stat";
+		r = file_size(op->fd, &size);
+		if (!r && rq->whole_file) {
+			nbytes = size;
+			if (rq->size_out)
+				*rq->size_out = size;
+			if (size > rq->capacity)
+				r = -EOVERFLOW;
+		} else if (!r && nbytes > 0 &&
+			   (uint64_t)rq->offset + nbytes > size) {
+			r = -ENODATA;
+		}
+	}
+	if (!r) {
+		what = "open O_DIRECT";
+		r = plan_op(h, op, rq, nbytes);
+	}
+	if (r) {
+		nvio__set_error(h, r, op, what, (uint64_t)rq->offset, nbytes);
+		if (op->tmp_path)
+			nvio__sys.unlink(op->tmp_path);
+		nvio__op_free(op);
+		return r;
+	}
+	return run_op(h, op);
+}
+
+int nvio_pread(nvio_handle_t *h, void *buf, uint64_t nbytes, const char *path,
+	       int64_t offset, unsigned flags)
+{
+	struct request rq = { .buf = buf, .nbytes = nbytes, .path = path,
+			      .offset = offset, .flags = flags };
+
+	if (!path)
+		return -EINVAL;
+	return submit(h, &rq);
+}
+
+int nvio_pwrite(nvio_handle_t *h, const void *buf, uint64_t nbytes,
+		const char *path, int64_t offset, unsigned flags)
+{
+	struct request rq = { .buf = (unsigned char *)buf, .nbytes = nbytes,
+			      .path = path, .offset = offset, .flags = flags,
+			      .is_write = 1 };
+
+	if (!path)
+		return -EINVAL;
+	return submit(h, &rq);
+}
+
+int nvio_pread_fd(nvio_handle_t *h, void *buf, uint64_t nbytes, int fd,
+		  int64_t offset, unsigned flags)
+{
+	struct request rq = { .buf = buf, .nbytes = nbytes, .fd = fd,
+			      .offset = offset, .flags = flags };
+
+	return submit(h, &rq);
+}
+
+int nvio_pwrite_fd(nvio_handle_t *h, const void *buf, uint64_t nbytes, int fd,
+		   int64_t offset, unsigned flags)
+{
+	struct request rq = { .buf = (unsigned char *)buf, .nbytes = nbytes,
+			      .fd = fd, .offset = offset, .flags = flags,
+			      .is_write = 1 };
+
+	return submit(h, &rq);
+}
+
+int nvio_read_file(nvio_handle_t *h, void *buf, uint64_t capacity,
+		   const char *path, uint64_t *size_out, unsigned flags)
+{
+	struct request rq = { .buf = buf, .capacity = capacity, .path = path,
+			      .flags = flags, .whole_file = 1,
+			      .size_out = size_out };
+
+	if (!path)
+		return -EINVAL;
+	return submit(h, &rq);
+}
+
+int nvio_write_file(nvio_handle_t *h, const void *buf, uint64_t nbytes,
+		    const char *path, unsigned flags)
+{
+	struct request rq = { .buf = (unsigned char *)buf, .nbytes = nbytes,
+			      .path = path, .flags = flags, .is_write = 1,
+			      .whole_file = 1 };
+
+	if (!path)
+		return -EINVAL;
+	return submit(h, &rq);
+}
+
+int64_t nvio_file_size(const char *path)
+{
+	struct stat st;
+
+	if (!path)
+		return -EINVAL;
+	if (stat(path, &st) < 0)
+		return -errno;
+	return st.st_size;
+}

@@ -1,0 +1,99 @@
+/*
+ * sys.c - the one table of system calls (see sys.h), and the helpers that
+ * retry EINTR and loop over short transfers.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "sys.h"
+
+static int sys_open(const char *path, int flags, mode_t mode)
+{
+	return open(path, flags, mode);
+}
+
+static ssize_t identity_result(int is_write, int fd, uint64_t off, size_t n,
+			       ssize_t res)
+{
+	return res;
+}
+
+static int no_reap_fault(void)
+{
+	return 0;
+}
+
+static const struct nvio__sys sys_default = {
+	.open = sys_open,
+	.close = close,
+	.pread = pread,
+	.pwrite = pwrite,
+	.fstat = fstat,
+	.fsync = fsync,
+	.rename = rename,
+	.unlink = unlink,
+	.mlock = mlock,
+	.io_result = identity_result,
+	.reap_fault = no_reap_fault,
+};
+
+struct nvio__sys nvio__sys = sys_default;
+
+void nvio__sys_reset(void)
+{
+	nvio__sys = sys_default;
+}
+
+int nvio__open(const char *path, int flags, mode_t mode)
+{
+	int fd;
+
+	do
+		fd = nvio__sys.open(path, flags | O_CLOEXEC, mode);
+	while (fd < 0 && errno == EINTR);
+	return fd < 0 ? -errno : fd;
+}
+
+int nvio__pread_full(int fd, void *buf, size_t n, uint64_t off)
+{
+	char *p = buf;
+
+	while (n > 0) {
+		ssize_t r = nvio__sys.pread(fd, p, n, (off_t)off);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return -errno;
+		if (r == 0)
+			return -ENODATA;	/* the file ended first */
+		p += r;
+		off += (uint64_t)r;
+		n -= (size_t)r;
+	}
+	return 0;
+}
+
+int nvio__pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
+{
+	const char *p = buf;
+
+	while (n > 0) {
+		ssize_t w = nvio__sys.pwrite(fd, p, n, (off_t)off);
+
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0)
+			return -errno;
+		if (w == 0)
+			return -EIO;	/* no progress and no reason given */
+		p += w;
+		off += (uint64_t)w;
+		n -= (size_t)w;
+	}
+	return 0;
+}

@@ -1,0 +1,412 @@
+/*
+ * workers.c - the worker threads of a handle.
+ *
+ * Each worker owns an engine context, a staging pool and queue_depth
+ * slots, one per request in flight. It takes tasks (runs of an op's
+ * pieces) from its queue in order and keeps its slots busy with pieces
+ * from as many queued tasks as needed, so small ops overlap too.
+ *
+ * overlap_events = 1: sliding window; refill as soon as any request
+ *   completes.
+ * overlap_events = 0: batch at a time; submit up to queue_depth
+ *   requests, wait for all of them, then the next batch.
+ * single_submit = 1: one submission system call per request; 0: one per
+ *   batch of ready requests.
+ *
+ * Every completion is checked: -EINTR/-EAGAIN are resubmitted, a short
+ * transfer is finished through the buffered descriptor (a short read at
+ * end of file is -ENODATA), any other error fails the op. Once an op has
+ * failed, its pieces not yet issued are skipped.
+ */
+#include <errno.h>
+#include <sched.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+#include "sys.h"
+
+struct slot {
+	struct nvio__io io;
+	struct nvio__task *task;
+	void *stage;		/* bounce buffer, or NULL */
+	unsigned char *user;	/* where the piece lives in the op's buffer */
+};
+
+struct wstate {
+	struct nvio__worker *w;
+	unsigned depth;
+	int overlap, single;
+	struct slot *slots;
+	struct slot **free;	/* stack of free slots */
+	unsigned nfree;
+	struct nvio__io **ready;	/* prepared, not yet accepted */
+	unsigned nready;
+	struct nvio__io **done;	/* reap output */
+	unsigned inflight;
+	struct nvio__task *cur;	/* task whose pieces are being issued */
+	void *stream;		/* CUDA stream for staged device copies */
+	int stream_device;
+};
+
+#define SLOT_OF(iop) ((struct slot *)((char *)(iop) - offsetof(struct slot, io)))
+
+static struct nvio__task *next_task(struct nvio__worker *w)
+{
+	struct nvio__task *t;
+
+	pthread_mutex_lock(&w->lock);
+	t = w->queue;
+	if (t) {
+		w->queue = t->next;
+		if (!w->queue)
+			w->tail = NULL;
+	}
+	pthread_mutex_unlock(&w->lock);
+	return t;
+}
+
+/* Sleeps until a task is queued; returns 0 when told to stop instead. */
+static int wait_for_work(struct nvio__worker *w)
+{
+	int more;
+
+	pthread_mutex_lock(&w->lock);
+	while (!w->queue && !w->stop)
+		pthread_cond_wait(&w->cond, &w->lock);
+	more = w->queue != NULL;
+	pthread_mutex_unlock(&w->lock);
+	return more;
+}
+
+void nvio__worker_push(struct nvio__worker *w, struct nvio__task *t)
+{
+	t->next = NULL;
+	pthread_mutex_lock(&w->lock);
+	if (w->tail)
+		w->tail->next = t;
+	else
+		w->queue = t;
+	w->tail = t;
+	pthread_cond_signal(&w->cond);
+	pthread_mutex_unlock(&w->lock);
+}
+
+static void task_pieces_done(struct nvio__task *t, uint64_t n)
+{
+	t->left -= n;
+	if (t->left == 0)
+		nvio__op_task_done(t->op);
+}
+
+/* Copies between a piece's place in the op's buffer and its bounce buffer. */
+static int stage_copy(struct wstate *s, struct nvio__op *op, void *dst,
+		      const void *src, size_t n, int to_user)
+{
+	int r;
+
+	if (op->mem == NVIO__MEM_HOST) {
+		memcpy(dst, src, n);
+		return 0;
+	}
+	if (!s->stream || s->stream_device != op->cuda_device) {
+		if (s->stream)
+			nvio__cuda_stream_destroy(s->stream);
+		s->stream = NULL;
+		r = nvio__cuda_stream_create(op->cuda_device, &s->stream);
+		if (r < 0)
+			return r;
+		s->stream_device = op->cuda_device;
+		nvio__stage_want_cuda(&s->w->stage);
+	}
+	return nvio__cuda_copy(dst, src, n, to_user, op->cuda_device, s->stream);
+}
+
+static void piece_end(struct wstate *s, struct slot *sl, int err)
+{
+	struct nvio__task *t = sl->task;
+	struct nvio__op *op = t->op;
+	struct nvio__io *io = &sl->io;
+
+	if (!err && sl->stage && !io->is_write)
+		err = stage_copy(s, op, sl->user, sl->stage, io->len, 1);
+	if (err)
+		nvio__op_fail(op, err, io->is_write ? "pwrite" : "pread",
+			      io->off, io->len);
+	if (sl->stage)
+		nvio__stage_put(&s->w->stage, sl->stage);
+	sl->stage = NULL;
+	sl->task = NULL;
+	s->free[s->nfree++] = sl;
+	task_pieces_done(t, 1);
+}
+
+/* The task to issue pieces from, skipping the rest of failed ops. */
+static struct nvio__task *current_task(struct wstate *s)
+{
+	for (;;) {
+		struct nvio__task *t = s->cur;
+
+		if (!t)
+			t = s->cur = next_task(s->w);
+		if (!t)
+			return NULL;
+		if (t->next_piece < t->end_piece && atomic_load(&t->op->err)) {
+			uint64_t skipped = t->end_piece - t->next_piece;
+
+			t->next_piece = t->end_piece;
+			s->cur = NULL;
+			task_pieces_done(t, skipped);
+			continue;
+		}
+		if (t->next_piece == t->end_piece) {
+			s->cur = NULL;
+			continue;
+		}
+		return t;
+	}
+}
+
+/* Prepares pieces into free slots. Returns 0, or 1 if staging ran dry. */
+static void fill(struct wstate *s)
+{
+	while (s->nfree > 0) {
+		struct nvio__task *t = current_task(s);
+		struct nvio__op *op;
+		struct slot *sl;
+		uint64_t off, len;
+		void *stage = NULL;
+		int body, err;
+
+		if (!t)
+			return;
+		if (!s->overlap && s->nready + s->inflight >= s->depth)
+			return;
+		op = t->op;
+		nvio__plan_piece(&op->plan, t->next_piece, &off, &len, &body);
+		if (op->mem != NVIO__MEM_HOST || (body && op->stage)) {
+			stage = nvio__stage_get(&s->w->stage, &err);
+			if (!stage && !err)
+				return;	/* all bounce buffers busy: reap first */
+		}
+		t->next_piece++;
+		sl = s->free[--s->nfree];
+		sl->task = t;
+		sl->stage = stage;
+		sl->user = op->buf + (off - op->plan.off);
+		sl->io.fd = body && op->dfd >= 0 ? op->dfd : op->fd;
+		sl->io.is_write = op->is_write;
+		sl->io.buf = stage ? stage : sl->user;
+		sl->io.len = (size_t)len;
+		sl->io.off = off;
+		sl->io.res = 0;
+		if (!stage && (op->mem != NVIO__MEM_HOST || (body && op->stage))) {
+			piece_end(s, sl, err);	/* no staging memory at all */
+			continue;
+		}
+		if (stage && op->is_write) {
+			err = stage_copy(s, op, stage, sl->user, (size_t)len, 0);
+			if (err) {
+				piece_end(s, sl, err);
+				continue;
+			}
+		}
+		s->ready[s->nready++] = &sl->io;
+	}
+}
+
+static int retryable(int err)
+{
+	return err == -EINTR || err == -EAGAIN || err == -EBUSY;
+}
+
+static void submit_ready(struct wstate *s)
+{
+	const struct nvio__engine_ops *eng = s->w->eng;
+	unsigned spins = 0;
+
+	while (s->nready > 0) {
+		int r = eng->submit(s->w->ectx, s->ready, s->nready, s->single);
+
+		if (r > 0) {
+			s->inflight += (unsigned)r;
+			s->nready -= (unsigned)r;
+			memmove(s->ready, s->ready + r, s->nready * sizeof(*s->ready));
+			continue;
+		}
+		if (retryable(r) && s->inflight > 0)
+			return;		/* reap, then try again */
+		if (retryable(r) && ++spins < 1000) {
+			sched_yield();
+			continue;
+		}
+		while (s->nready > 0)	/* the engine refuses: fail them */
+			piece_end(s, SLOT_OF(s->ready[--s->nready]), r);
+	}
+}
+
+/* Finishes a short transfer synchronously through the buffered fd. */
+static int finish_short(struct slot *sl, size_t got)
+{
+	struct nvio__io *io = &sl->io;
+	struct nvio__op *op = sl->task->op;
+	unsigned char *p = (unsigned char *)io->buf + got;
+
+	if (!io->is_write && got == 0)
+		return -ENODATA;	/* end of file inside the range */
+	if (io->is_write)
+		return nvio__pwrite_full(op->fd, p, io->len - got, io->off + got);
+	return nvio__pread_full(op->fd, p, io->len - got, io->off + got);
+}
+
+static void complete(struct wstate *s, struct nvio__io *io)
+{
+	struct slot *sl = SLOT_OF(io);
+	ssize_t res = io->res;
+
+	if (res < 0 && retryable((int)res)) {
+		s->ready[s->nready++] = io;
+		return;
+	}
+	if (res < 0)
+		piece_end(s, sl, (int)res);
+	else if ((size_t)res < io->len)
+		piece_end(s, sl, finish_short(sl, (size_t)res));
+	else
+		piece_end(s, sl, 0);
+}
+
+/*
+ * The engine failed in a way it cannot recover from. Tearing the context
+ * down waits for (or cancels) everything the kernel still holds, so no
+ * buffer is touched after its op ends; then start a fresh context.
+ */
+static void engine_reset(struct wstate *s, int err)
+{
+	struct nvio__worker *w = s->w;
+
+	w->eng->fini(w->ectx);
+	w->ectx = NULL;
+	for (unsigned i = 0; i < s->depth; i++)
+		if (s->slots[i].task)
+			piece_end(s, &s->slots[i], err);
+	s->nready = 0;
+	s->inflight = 0;
+	if (w->eng->init(&w->ectx, s->depth) < 0) {
+		w->eng = &nvio__engine_psync;	/* always works */
+		w->eng->init(&w->ectx, s->depth);
+	}
+}
+
+static void reap(struct wstate *s)
+{
+	unsigned min = s->overlap ? 1 : s->inflight;
+	int r = s->w->eng->reap(s->w->ectx, s->done, min, s->inflight);
+
+	if (r < 0) {
+		if (!retryable(r))
+			engine_reset(s, r);
+		return;
+	}
+	s->inflight -= (unsigned)r;
+	for (int i = 0; i < r; i++)
+		complete(s, s->done[i]);
+}
+
+static void *worker_main(void *arg)
+{
+	struct wstate *s = arg;
+
+	for (;;) {
+		if (s->overlap || s->inflight == 0)
+			fill(s);
+		if (s->nready)
+			submit_ready(s);
+		if (s->inflight > 0) {
+			reap(s);
+			continue;
+		}
+		if (s->nready == 0 && !s->cur && !wait_for_work(s->w))
+			break;
+	}
+	if (s->stream)
+		nvio__cuda_stream_destroy(s->stream);
+	return NULL;
+}
+
+static void wstate_free(struct wstate *s)
+{
+	if (!s)
+		return;
+	free(s->slots);
+	free(s->free);
+	free(s->ready);
+	free(s->done);
+	free(s);
+}
+
+static struct wstate *wstate_new(struct nvio__worker *w, const nvio_config_t *c)
+{
+	struct wstate *s = calloc(1, sizeof(*s));
+	unsigned d = c->queue_depth;
+
+	if (!s)
+		return NULL;
+	s->w = w;
+	s->depth = d;
+	s->overlap = c->overlap_events != 0;
+	s->single = c->single_submit != 0;
+	s->slots = calloc(d, sizeof(*s->slots));
+	s->free = calloc(d, sizeof(*s->free));
+	/* room for resubmissions beside a full batch */
+	s->ready = calloc(2 * d, sizeof(*s->ready));
+	s->done = calloc(d, sizeof(*s->done));
+	if (!s->slots || !s->free || !s->ready || !s->done) {
+		wstate_free(s);
+		return NULL;
+	}
+	for (unsigned i = 0; i < d; i++)
+		s->free[s->nfree++] = &s->slots[i];
+	return s;
+}
+
+int nvio__workers_start(struct nvio_handle *h)
+{
+	for (unsigned i = 0; i < h->nworkers; i++) {
+		struct nvio__worker *w = &h->workers[i];
+		struct wstate *s = wstate_new(w, &h->cfg);
+		int r;
+
+		if (!s)
+			return -ENOMEM;
+		w->slots = s;
+		r = pthread_create(&w->thread, NULL, worker_main, s);
+		if (r)
+			return -r;
+		w->started = 1;
+	}
+	return 0;
+}
+
+void nvio__workers_stop(struct nvio_handle *h)
+{
+	for (unsigned i = 0; i < h->nworkers; i++) {
+		struct nvio__worker *w = &h->workers[i];
+
+		pthread_mutex_lock(&w->lock);
+		w->stop = 1;
+		pthread_cond_signal(&w->cond);
+		pthread_mutex_unlock(&w->lock);
+	}
+	for (unsigned i = 0; i < h->nworkers; i++) {
+		struct nvio__worker *w = &h->workers[i];
+
+		if (w->started)
+			pthread_join(w->thread, NULL);
+		w->started = 0;
+		wstate_free(w->slots);
+		w->slots = NULL;
+	}
+}
