@@ -1,0 +1,31 @@
+#!/bin/sh
+# Installs what nvio needs to build and test on Debian/Ubuntu:
+# a C compiler (gcc and clang), liburing, libaio, fio, groff for the man
+# page checks, and the Python test requirements (torch is pinned to the
+# CPU build: an unpinned torch pulls gigabytes of CUDA packages).
+# Safe to run again: it only installs what is missing.
+set -eu
+
+as_root() {
+	if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+		echo "deps.sh: need root (or sudo) to run: $*" >&2; exit 1; fi
+}
+
+pkgs="build-essential clang liburing-dev libaio-dev fio groff man-db python3-dev python3-pip"
+missing=""
+for p in $pkgs; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+	echo "deps.sh: installing$missing"
+	as_root apt-get update -qq
+	as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if ! $PY -c "import pytest, numpy" 2>/dev/null; then
+	$PY -m pip install -q pytest numpy
+fi
+if [ "${NVIO_NO_TORCH:-0}" != 1 ] && ! $PY -c "import torch" 2>/dev/null; then
+	$PY -m pip install -q "torch==2.13.0" || echo "deps.sh: torch not installed; torch tests will skip" >&2
+fi

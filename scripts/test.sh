@@ -1,0 +1,62 @@
+#!/bin/sh
+# Runs every test nvio has and ends with one line counting them:
+#   C tests built with gcc and with clang (-Werror), plain, under
+#   ASan+UBSan and under TSan; the man page check; the Python tests.
+# Installs its own prerequisites first (scripts/deps.sh).
+# NVIO_TEST_FAST=1 runs only the plain gcc build and the Python tests.
+set -u
+cd "$(dirname "$0")/.."
+sh scripts/deps.sh || exit 1
+PY=${PYTHON:-python3}
+log=$(mktemp -d)
+trap 'rm -rf "$log"' EXIT
+passed=0 failed=0 skipped=0
+
+# Adds the counts of a log's last "N passed, N failed[, N skipped]" line.
+count() {
+	line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$1" | tail -n 1)
+	if [ -z "$line" ]; then failed=$((failed + 1)); return; fi
+	p=$(echo "$line" | sed -E 's/^([0-9]+) passed.*/\1/')
+	f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')
+	s=$(echo "$line" | sed -nE 's/.* ([0-9]+) skipped.*/\1/p')
+	passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + ${s:-0}))
+}
+
+# stage NAME COMMAND...: runs a stage, shows its output, counts its tests.
+stage() {
+	name=$1; shift
+	echo "=== $name"
+	"$@" >"$log/$name" 2>&1
+	rc=$?
+	cat "$log/$name"
+	count "$log/$name"
+	if [ $rc != 0 ] && ! grep -qE '^[0-9]+ passed, [1-9][0-9]* failed' "$log/$name"; then
+		echo "=== $name exited $rc"
+		grep -qE '^[0-9]+ passed, [0-9]+ failed' "$log/$name" && failed=$((failed + 1))
+	fi
+}
+
+stage c-gcc make -j2 CC=gcc check
+if [ "${NVIO_TEST_FAST:-0}" != 1 ]; then
+	stage c-clang make -j2 CC=clang BUILD=build-clang check
+	stage c-asan env NVIO_TEST_QUICK=1 make -j2 CC=clang SAN=address check
+	stage c-tsan env NVIO_TEST_QUICK=1 make -j2 CC=clang SAN=thread check
+	stage man sh tests/man_check.sh
+fi
+
+# pytest's own summary is "N passed, M skipped in Ts"; restate it in ours.
+pytest_stage() {
+	$PY -m pip install -q . || { echo "0 passed, 1 failed"; return 1; }
+	out=$(mktemp)
+	(cd tests/py && $PY -m pytest -q -p no:cacheprovider . 2>&1) | tee "$out"
+	last=$(tail -n 1 "$out")
+	num() { echo "$last" | grep -oE "[0-9]+ $1" | grep -oE '[0-9]+' | head -n 1; }
+	p=$(num passed); f=$(num failed); e=$(num error); s=$(num skipped)
+	f=$(( ${f:-0} + ${e:-0} ))
+	rm -f "$out"
+	echo "${p:-0} passed, ${f:-0} failed, ${s:-0} skipped"
+}
+stage python pytest_stage
+
+echo "$passed passed, $failed failed, $skipped skipped"
+[ "$failed" = 0 ]
