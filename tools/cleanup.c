@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/wait.h>
 
 /* ---- progress ---- */
 
@@ -131,6 +132,22 @@ int cleanup_interrupted(void)
 	return got_signal != 0;
 }
 
+/*
+ * fio got the signal from the handler; it stops its own job processes
+ * when it exits, so give it a few seconds before SIGKILL (which would
+ * leave those behind).
+ */
+static void reap_child(void)
+{
+	for (int i = 0; i < 500; i++) {
+		if (waitpid((pid_t)child_pid, NULL, WNOHANG) != 0)
+			return;
+		usleep(10000);
+	}
+	kill((pid_t)child_pid, SIGKILL);
+	waitpid((pid_t)child_pid, NULL, 0);
+}
+
 void cleanup_check(void)
 {
 	int sig = got_signal;
@@ -138,6 +155,8 @@ void cleanup_check(void)
 	if (!sig)
 		return;
 	progress_done();
+	if (child_pid > 0)
+		reap_child();
 	unlink_all();
 	fprintf(stderr, "%s: interrupted, temporary files removed\n", tool_prog);
 	reraise(sig);

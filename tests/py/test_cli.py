@@ -1,0 +1,430 @@
+"""Tests of the nvio command (build/nvio): report, bench, tune, bad input.
+
+Each test runs the tool as a subprocess on a temporary directory and checks
+what it prints (JSON parsed, numbers positive), its exit status and that it
+leaves no temporary file behind. Skipped when build/nvio has not been built.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NVIO = ROOT / "build" / "nvio"
+
+pytestmark = pytest.mark.skipif(not NVIO.exists(),
+                                reason="build/nvio not built (run make)")
+
+# Small, quick transfers: correctness, not speed, is checked here.
+SMALL = ["--size", "8M", "--loops", "2", "--warmup", "0", "-q"]
+
+
+@pytest.fixture
+def env(tmp_path):
+    """The environment of every run: a private tuned-entry file."""
+    e = dict(os.environ)
+    e["NVIO_TUNED_FILE"] = str(tmp_path / "conf" / "tuned.conf")
+    for k in ("NVIO_NO_TUNED", "NVIO_ENGINE", "NVIO_DIRECT"):
+        e.pop(k, None)
+    return e
+
+
+@pytest.fixture
+def work(tmp_path):
+    d = tmp_path / "work"
+    d.mkdir()
+    return d
+
+
+def run(args, env, timeout=120):
+    return subprocess.run([str(NVIO)] + [str(a) for a in args], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def run_json(args, env, timeout=120):
+    p = run(list(args) + ["--json"], env, timeout)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def assert_empty(d):
+    left = sorted(os.listdir(d))
+    assert left == [], "temporary files left behind: %s" % left
+
+
+def is_root():
+    return os.geteuid() == 0
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Mounts small tmpfs file systems (root only); unmounts afterwards."""
+    if not is_root() or not shutil.which("mount"):
+        pytest.skip("mounting a tmpfs needs root")
+    mounted = []
+
+    def make(name, opts):
+        d = tmp_path / name
+        d.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs",
+                            str(d)], capture_output=True)
+        if r.returncode:
+            pytest.skip("mount -t tmpfs failed: %s" % r.stderr.decode())
+        mounted.append(d)
+        return d
+
+    yield make
+    for d in mounted:
+        subprocess.run(["umount", str(d)])
+
+
+# ---- help and version ----
+
+@pytest.mark.parametrize("cmd", ["report", "bench", "tune"])
+def test_help_of_each_subcommand(cmd, env):
+    p = run([cmd, "--help"], env)
+    assert p.returncode == 0
+    assert p.stdout.startswith("Usage: nvio %s" % cmd)
+    assert p.stderr == ""
+
+
+def test_top_level_help_and_version(env):
+    p = run(["--help"], env)
+    assert p.returncode == 0
+    for cmd in ("report", "bench", "tune"):
+        assert cmd in p.stdout
+    p = run(["--version"], env)
+    assert p.returncode == 0 and p.stdout.startswith("nvio ")
+    assert run([], env).returncode == 2
+
+
+def test_bench_help_lists_handle_options(env):
+    out = run(["bench", "--help"], env).stdout
+    for opt in ("--block-size", "--queue-depth", "--parallelism",
+                "--single-submit", "--overlap-events", "--engine",
+                "--direct", "--mem", "--compare", "--loops", "--warmup"):
+        assert opt in out
+
+
+# ---- report ----
+
+def test_report_json(work, env):
+    r = run_json(["report", work], env)
+    assert r["dir"] == str(work)
+    assert set(r["engines"]) == {"io_uring", "libaio", "psync"}
+    assert r["engines"]["psync"]["available"] is True
+    for e in r["engines"].values():
+        assert isinstance(e["available"], bool)
+        assert e["available"] or e["fix"]
+    assert r["default_handle"]["engine"] in r["engines"]
+    assert r["fs"]["free_bytes"] > 0 and r["fs"]["type"]
+    assert isinstance(r["direct"]["ok"], bool)
+    if r["direct"]["ok"]:
+        assert r["direct"]["offset_align"] > 0
+    else:
+        assert r["direct"]["fix"]
+    assert "memlock" in r and "meaning" in r["memlock"]
+    assert isinstance(r["cuda"]["found"], bool)
+    assert r["cuda"]["found"] or r["cuda"]["fix"]
+    assert r["cufile"]["mode"] in ("none", "direct", "compat", "unknown")
+    assert r["tuned"]["file"] == env["NVIO_TUNED_FILE"]
+
+
+def test_report_text(work, env):
+    p = run(["report", work], env)
+    assert p.returncode == 0, p.stderr
+    for word in ("io_uring", "libaio", "psync", "O_DIRECT",
+                 "RLIMIT_MEMLOCK", "CUDA", "cuFile"):
+        assert word in p.stdout
+
+
+def test_report_default_dir_is_tmpdir(work, env):
+    env["TMPDIR"] = str(work)
+    assert run_json(["report"], env)["dir"] == str(work)
+
+
+# ---- bench ----
+
+def check_stats(series):
+    g = series["gbps"]
+    assert 0 < g["min"] <= g["median"] <= g["max"]
+    lat = series["latency_s"]
+    assert 0 < lat["min"] <= lat["median"] <= lat["max"]
+    assert series["cpu_s_per_gb"] >= 0
+    assert len(series["rounds"]) == 2
+    assert series["config"]["block_size"] > 0
+
+
+def test_bench_json_both_directions(work, env):
+    r = run_json(["bench", "--dir", work] + SMALL, env)
+    assert r["size"] == 8 << 20 and r["dirs"] == [str(work)]
+    assert r["gb_bytes"] == 1e9
+    assert r["cold_reads"] in ("o_direct", "drop_caches", "none")
+    check_stats(r["write"])
+    check_stats(r["read"])
+    assert_empty(work)
+
+
+def test_bench_text_states_units(work, env):
+    p = run(["bench", "--dir", work] + SMALL, env)
+    assert p.returncode == 0, p.stderr
+    assert "10^9" in p.stdout and "write" in p.stdout and "read" in p.stdout
+    assert "fsync" in p.stdout and "cold reads" in p.stdout
+    assert_empty(work)
+
+
+@pytest.mark.parametrize("only", ["--read", "--write"])
+def test_bench_one_direction(only, work, env):
+    r = run_json(["bench", "--dir", work, only] + SMALL, env)
+    want = only[2:]
+    other = "write" if want == "read" else "read"
+    check_stats(r[want])
+    assert other not in r
+    assert_empty(work)
+
+
+def test_bench_striped_over_dirs(tmp_path, env):
+    dirs = [tmp_path / ("d%d" % i) for i in range(3)]
+    for d in dirs:
+        d.mkdir()
+    args = ["bench"] + sum([["--dir", d] for d in dirs], []) + SMALL
+    r = run_json(args, env)
+    assert r["dirs"] == [str(d) for d in dirs]
+    check_stats(r["write"])
+    check_stats(r["read"])
+    for d in dirs:
+        assert_empty(d)
+
+
+def test_bench_pageable_and_handle_flags(work, env):
+    r = run_json(["bench", "--dir", work, "--mem", "pageable",
+                  "--block-size", "256K", "--queue-depth", "8",
+                  "--parallelism", "2", "--single-submit",
+                  "--no-overlap-events", "--engine", "psync"] + SMALL, env)
+    assert r["mem"] == "pageable"
+    c = r["write"]["config"]
+    assert c == {"block_size": 256 << 10, "queue_depth": 8,
+                 "intra_op_parallelism": 2, "single_submit": True,
+                 "overlap_events": False, "engine": "psync",
+                 "direct": "auto"}
+    check_stats(r["read"])
+    assert_empty(work)
+
+
+def test_bench_direct_off_keeps_reads_cold_or_says_so(work, env):
+    r = run_json(["bench", "--dir", work, "--direct", "off"] + SMALL, env)
+    want = "drop_caches" if is_root() else ("drop_caches", "none")
+    assert r["cold_reads"] in want
+    assert r["write"]["config"]["direct"] == "off"
+
+
+@pytest.mark.skipif(not shutil.which("fio"), reason="fio not installed")
+def test_bench_compare_fio(work, env):
+    r = run_json(["bench", "--dir", work, "--compare", "fio"] + SMALL, env,
+                 timeout=300)
+    assert r["fio"]["version"].startswith("fio-")
+    for op in ("write", "read"):
+        f = r[op]["fio"]
+        assert f["gbps_median"] > 0 and f["ratio_median"] > 0
+        assert f["cpu_s_per_gb"] >= 0
+        assert len(f["rounds"]) == 2
+        assert "iodepth=" in f["best_job"]
+    assert_empty(work)
+
+
+def test_bench_gpu_not_yet(work, env):
+    p = run(["bench", "--dir", work, "--gpu"], env)
+    assert p.returncode == 2
+    assert "not built with GPU support" in p.stderr
+
+
+# ---- tune ----
+
+def tune(work, env, *extra):
+    return run_json(["tune", "--dir", work, "--size", "16M",
+                     "--time-budget", "8", "--repeat", "1", "-q"] +
+                    list(extra), env, timeout=300)
+
+
+def check_aio_block(block):
+    aio = block["aio"]
+    assert set(aio) == {"block_size", "queue_depth", "intra_op_parallelism",
+                        "single_submit", "overlap_events"}
+    for k in ("block_size", "queue_depth", "intra_op_parallelism"):
+        assert type(aio[k]) is int and aio[k] > 0
+    for k in ("single_submit", "overlap_events"):
+        assert type(aio[k]) is bool
+
+
+def test_tune_json_plot_and_save(work, env, tmp_path):
+    svg = tmp_path / "tune.svg"
+    t0 = time.time()
+    r = tune(work, env, "--plot", svg)
+    assert time.time() - t0 < 120
+    for op in ("write", "read"):
+        assert r[op]["gbps"] > 0 and r[op]["default_gbps"] > 0
+        assert r[op]["nvio"]["engine"] in ("io_uring", "libaio", "psync")
+        check_aio_block(r[op]["deepspeed"])
+    check_aio_block(r["deepspeed"])
+    steps = {p["step"] for p in r["explored"]}
+    assert {"default", "block size", "queue depth"} <= steps
+    assert all(p["gbps"] > 0 for p in r["explored"])
+    root = ET.parse(svg).getroot()
+    assert root.tag.endswith("svg")
+    assert len(root.findall(".//{http://www.w3.org/2000/svg}rect")) > 5
+    assert r["saved"] == env["NVIO_TUNED_FILE"]
+    text = Path(r["saved"]).read_text()
+    assert "read %s " % os.path.realpath(work) in text
+    assert "write %s " % os.path.realpath(work) in text
+    assert_empty(work)
+
+
+def test_tune_text_prints_json_blocks(work, env):
+    p = run(["tune", "--dir", work, "--size", "8M", "--time-budget", "3",
+             "--repeat", "1", "--write-only", "--no-save", "-q"], env,
+            timeout=300)
+    assert p.returncode == 0, p.stderr
+    body = p.stdout[p.stdout.index("\n{") + 1:]
+    r = json.loads(body)
+    check_aio_block(r["deepspeed"])
+    assert "write" in r and "read" not in r
+    assert not os.path.exists(env["NVIO_TUNED_FILE"])
+    assert_empty(work)
+
+
+def test_tuned_entry_is_picked_up_by_bench(work, env):
+    r = tune(work, env, "--read-only")
+    best = r["read"]["nvio"]
+    b = run_json(["bench", "--dir", work, "--read"] + SMALL, env)
+    assert b["read"]["tuned"] is True
+    for k in ("block_size", "queue_depth", "intra_op_parallelism",
+              "single_submit", "overlap_events", "engine"):
+        assert b["read"]["config"][k] == best[k]
+    p = run(["bench", "--dir", work, "--read"] + SMALL, env)
+    assert "tuned entry" in p.stdout
+    # ways to ignore it
+    env2 = dict(env, NVIO_NO_TUNED="1")
+    assert run_json(["bench", "--dir", work, "--read"] + SMALL,
+                    env2)["read"]["tuned"] is False
+    assert run_json(["bench", "--dir", work, "--read", "--no-tuned"] + SMALL,
+                    env)["read"]["tuned"] is False
+    # an explicit handle flag wins over the entry
+    assert run_json(["bench", "--dir", work, "--read", "--queue-depth", "3"]
+                    + SMALL, env)["read"]["tuned"] is False
+
+
+def test_tuned_entries_of_two_dirs_coexist(tmp_path, env):
+    a, b = tmp_path / "a b", tmp_path / "c"
+    a.mkdir()
+    b.mkdir()
+    tune(a, env, "--write-only", "--time-budget", "2")
+    tune(b, env, "--write-only", "--time-budget", "2")
+    tune(a, env, "--write-only", "--time-budget", "2")
+    lines = [l for l in Path(env["NVIO_TUNED_FILE"]).read_text().splitlines()
+             if not l.startswith("#")]
+    assert len(lines) == 2
+    assert any("a%20b" in l for l in lines)
+    assert run_json(["report", a], env)["tuned"]["write"] is not None
+    assert run_json(["report", a], env)["tuned"]["read"] is None
+
+
+# ---- bad input ----
+
+BAD_USAGE = [
+    (["bench", "--bogus"], "unknown option '--bogus'"),
+    (["bench", "--size", "12Q"], "--size 12Q"),
+    (["bench", "--size"], "needs a value"),
+    (["bench", "--loops", "0"], "--loops 0"),
+    (["bench", "--engine", "nope"], "--engine nope"),
+    (["bench", "--mem", "huge"], "--mem huge"),
+    (["bench", "--compare", "iozone"], "--compare iozone"),
+    (["bench", "stray"], "unexpected argument"),
+    (["tune", "--read-only", "--write-only"], "exclude each other"),
+    (["tune", "--time-budget", "soon"], "--time-budget soon"),
+    (["report", "--frobnicate"], "unknown option"),
+    (["explode"], "unknown command"),
+]
+
+
+@pytest.mark.parametrize("args,text", BAD_USAGE)
+def test_usage_errors(args, text, env):
+    p = run(args, env)
+    assert p.returncode == 2
+    assert text in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert p.stdout == ""
+
+
+@pytest.mark.parametrize("cmd", ["bench", "tune", "report"])
+def test_missing_dir(cmd, env):
+    p = run([cmd, "--dir", "/nonexistent/nvio"], env)
+    assert p.returncode == 2
+    assert p.stderr.strip() == ("nvio %s: --dir /nonexistent/nvio: "
+                                "No such file or directory" % cmd)
+
+
+def test_dir_is_a_file(tmp_path, env):
+    f = tmp_path / "f"
+    f.write_text("x")
+    p = run(["bench", "--dir", f], env)
+    assert p.returncode == 2 and "Not a directory" in p.stderr
+
+
+def test_size_too_big_for_memory(work, env):
+    p = run(["bench", "--dir", work, "--size", "1000T"], env)
+    assert p.returncode == 1
+    assert "memory" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert_empty(work)
+
+
+def test_read_only_dir(tmpfs, env):
+    d = tmpfs("ro", "ro,size=4m")
+    for cmd in ("bench", "tune"):
+        p = run([cmd, "--dir", d, "--size", "1M"], env)
+        assert p.returncode == 1
+        assert "Read-only file system" in p.stderr
+
+
+def test_no_space_is_refused_before_writing(tmpfs, env):
+    d = tmpfs("small", "size=4m")
+    p = run(["bench", "--dir", d, "--size", "16M"], env)
+    assert p.returncode == 1
+    assert "No space left on device" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert_empty(d)
+
+
+def test_no_space_when_dirs_share_a_file_system(tmpfs, env):
+    d = tmpfs("small2", "size=6m")
+    (d / "x").mkdir()
+    (d / "y").mkdir()
+    p = run(["bench", "--dir", d / "x", "--dir", d / "y", "--size", "8M"],
+            env)
+    assert p.returncode == 1 and "No space left" in p.stderr
+    assert_empty(d / "x")
+    assert_empty(d / "y")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_removes_temporary_files(sig, work, env):
+    p = subprocess.Popen([str(NVIO), "bench", "--dir", str(work), "--size",
+                          "64M", "--loops", "10000", "-q"], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True)
+    deadline = time.time() + 30
+    while not os.listdir(work) and time.time() < deadline:
+        time.sleep(0.05)
+    assert os.listdir(work), "bench never created its file"
+    time.sleep(0.3)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == -sig
+    assert "interrupted" in err
+    assert_empty(work)
