@@ -491,7 +491,7 @@ static void json_triple(struct json *j, const char *key, const double *v)
 	json_close(j, '}');
 }
 
-static void json_fio(struct json *j, const struct bench *b,
+static void json_fio(struct json *j,
 		     const struct series *s, const struct summary *m)
 {
 	char job[64];
@@ -536,7 +536,7 @@ static void json_series(struct json *j, const struct bench *b,
 	}
 	json_close(j, ']');
 	if (b->o.fio)
-		json_fio(j, b, s, m);
+		json_fio(j, s, m);
 	json_close(j, '}');
 }
 
