@@ -31,8 +31,9 @@ have_lib = $(shell printf '$(HASH)include <%s>\nint main(void){return 0;}\n' $(1
 HAVE_URING := $(call have_lib,liburing.h,-luring)
 HAVE_AIO := $(call have_lib,libaio.h,-laio)
 
+cc_flag = $(shell $(CC) $(1) -Werror -E -x c /dev/null >/dev/null 2>&1 && echo $(1))
 WARN = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
-	-Wno-unused-parameter -Wno-format-truncation
+	-Wno-unused-parameter $(call cc_flag,-Wno-format-truncation)
 CFLAGS ?= -O2 -g
 NVIO_CFLAGS = -std=c11 -D_GNU_SOURCE -fPIC -fvisibility=hidden -pthread \
 	-Iinclude $(WARN) $(SANFLAGS)
@@ -45,6 +46,10 @@ ifeq ($(HAVE_AIO),1)
 NVIO_CFLAGS += -DNVIO_HAVE_AIO=1
 LIBS += -laio
 endif
+
+# -z defs proves the library names every library it uses; sanitizer
+# runtimes are resolved by the executable, so it is off under SAN.
+ZDEFS = $(if $(SAN),,-Wl,-z,defs)
 
 LIB_SRC = $(wildcard src/*.c)
 LIB_OBJ = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC))
@@ -68,7 +73,7 @@ $(BUILD)/libnvio.a: $(LIB_OBJ)
 # Only the public API is exported (src/libnvio.map).
 $(BUILD)/libnvio.so: $(LIB_OBJ) src/libnvio.map
 	$(CC) -shared -o $@ $(LIB_OBJ) -Wl,-soname,libnvio.so.0 \
-		-Wl,--version-script=src/libnvio.map -Wl,-z,defs $(SANFLAGS) $(LIBS)
+		-Wl,--version-script=src/libnvio.map $(ZDEFS) $(SANFLAGS) $(LIBS)
 
 $(BUILD)/nvio: $(wildcard tools/*.c) $(wildcard tools/*.h) $(BUILD)/libnvio.a
 	$(CC) $(CFLAGS) $(NVIO_CFLAGS) -o $@ $(filter %.c,$^) $(BUILD)/libnvio.a $(LIBS) -lm

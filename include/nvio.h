@@ -89,7 +89,7 @@ NVIO_API int nvio_direct_from_name(const char *name); /* "auto|on|off|1|0" */
 /* Handle configuration. Always start from nvio_config_init(). */
 typedef struct nvio_config {
 	uint32_t struct_size;	/* sizeof(nvio_config_t), set by init */
-	uint32_t flags;		/* reserved, must be 0 */
+	uint32_t flags;		/* NVIO_HANDLE_* below; unknown bits: -EINVAL */
 	uint64_t block_size;	/* bytes per I/O request, default 1 MiB */
 	uint32_t queue_depth;	/* requests in flight per worker, default 128 */
 	uint32_t intra_op_parallelism; /* worker threads, default 1 */
@@ -106,6 +106,14 @@ typedef struct nvio_config {
 #define NVIO_DEFAULT_STAGING_BYTES (16u << 20)
 #define NVIO_MAX_PARALLELISM 256u
 #define NVIO_MAX_QUEUE_DEPTH 4096u
+
+/*
+ * NVIO_HANDLE_GDS: a GPUDirect Storage handle. CUDA device buffers move
+ * between the file and GPU memory through cuFile when it is usable (see
+ * nvio_gds_mode); otherwise, and for host buffers, the handle behaves as
+ * a plain one (device buffers staged through locked host memory).
+ */
+#define NVIO_HANDLE_GDS (1u << 0)
 
 NVIO_API void nvio_config_init(nvio_config_t *cfg);
 
@@ -140,6 +148,8 @@ NVIO_API uint32_t nvio_get_intra_op_parallelism(const nvio_handle_t *h);
 NVIO_API int nvio_get_engine(const nvio_handle_t *h);
 /* The direct I/O policy (AUTO, ON or OFF). */
 NVIO_API int nvio_get_direct(const nvio_handle_t *h);
+/* 1 if CUDA buffers on this handle go through cuFile, else 0. */
+NVIO_API int nvio_get_gds(const nvio_handle_t *h);
 /* One line on why this engine and direct mode were chosen. */
 NVIO_API const char *nvio_get_engine_note(const nvio_handle_t *h);
 
@@ -288,6 +298,30 @@ typedef struct nvio_probe {
 #define NVIO_CUFILE_UNKNOWN	3	/* loaded, driver not opened */
 
 NVIO_API int nvio_probe(const char *dir, nvio_probe_t *out);
+
+/*
+ * GPU memory. Buffers may be CUDA device pointers wherever a buffer is
+ * taken: nvio recognises them (through the CUDA driver the process has
+ * loaded) and stages them through locked host buffers, with the device
+ * copy of one piece overlapping the file I/O of others; a handle made
+ * with NVIO_HANDLE_GDS moves them with cuFile instead, when usable.
+ * Without a CUDA driver every buffer is host memory.
+ *
+ * nvio_gds_mode: opens the cuFile driver once per process if needed and
+ * returns NVIO_CUFILE_DIRECT (true GPUDirect through nvidia-fs),
+ * NVIO_CUFILE_COMPAT (cuFile's compatibility mode: correct, not direct)
+ * or NVIO_CUFILE_NONE (no usable cuFile: GDS handles use the bounce
+ * path); why gets one line on the reason and the fix.
+ *
+ * nvio_gds_register / nvio_gds_deregister: register a device buffer with
+ * cuFile (cuFileBufRegister), which speeds up GDS transfers into it.
+ * Unregistered buffers work too. Without usable cuFile they do nothing
+ * and return 0. Errors: -EINVAL (NULL, not device memory, not
+ * registered), -EEXIST (already registered), -EIO (cuFile refused).
+ */
+NVIO_API int nvio_gds_mode(char *why, size_t why_len);
+NVIO_API int nvio_gds_register(void *dev_ptr, uint64_t nbytes);
+NVIO_API int nvio_gds_deregister(void *dev_ptr);
 
 /*
  * Tuned defaults. `nvio tune` saves the best configuration it found for a

@@ -24,7 +24,7 @@ void nvio_config_init(nvio_config_t *cfg)
 
 static int check_config(const nvio_config_t *c)
 {
-	if (c->struct_size < sizeof(*c) || c->flags)
+	if (c->struct_size < sizeof(*c) || (c->flags & ~NVIO_HANDLE_GDS))
 		return -EINVAL;
 	for (size_t i = 0; i < sizeof(c->reserved) / sizeof(c->reserved[0]); i++)
 		if (c->reserved[i])
@@ -128,6 +128,21 @@ static int choose_engine(struct nvio_handle *h, int from_env)
 	return r;
 }
 
+/* A GDS handle says whether CUDA buffers will really use cuFile. */
+static void gds_note(struct nvio_handle *h)
+{
+	char why[160];
+	size_t n = strlen(h->engine_note);
+	int mode = nvio_gds_mode(why, sizeof(why));
+
+	h->gds = mode != NVIO_CUFILE_NONE;
+	snprintf(h->engine_note + n, sizeof(h->engine_note) - n,
+		 "; GPU buffers: %s (%s)",
+		 mode == NVIO_CUFILE_DIRECT ? "cuFile, GPUDirect" :
+		 mode == NVIO_CUFILE_COMPAT ? "cuFile, compatibility mode" :
+		 "bounce buffers", why);
+}
+
 static void handle_free(struct nvio_handle *h)
 {
 	for (unsigned i = 0; i < h->nworkers; i++) {
@@ -208,6 +223,8 @@ int nvio_handle_create(nvio_handle_t **out, const nvio_config_t *cfg)
 		r = choose_engine(h, from_env);
 	if (!r)
 		r = nvio__workers_start(h);
+	if (!r && (h->cfg.flags & NVIO_HANDLE_GDS))
+		gds_note(h);
 	if (r) {
 		nvio__workers_stop(h);
 		handle_free(h);
@@ -262,6 +279,11 @@ uint32_t nvio_get_intra_op_parallelism(const nvio_handle_t *h)
 int nvio_get_engine(const nvio_handle_t *h)
 {
 	return h ? h->cfg.engine : -EINVAL;
+}
+
+int nvio_get_gds(const nvio_handle_t *h)
+{
+	return h ? h->gds : -EINVAL;
 }
 
 int nvio_get_direct(const nvio_handle_t *h)

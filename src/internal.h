@@ -71,6 +71,7 @@ struct nvio__op {
 	int dfd;		/* O_DIRECT descriptor or -1 */
 	int own_fd, own_dfd;	/* close them when the op ends */
 	int stage;		/* body pieces go through staging buffers */
+	void *cufh;		/* cuFile handle: pieces go through cuFile */
 	char *path;		/* for errors; the target of write_file */
 	char *tmp_path;		/* write_file: the temporary, else NULL */
 	atomic_uint tasks_left;
@@ -97,6 +98,7 @@ struct nvio__worker {
 
 struct nvio_handle {
 	nvio_config_t cfg;	/* engine resolved */
+	int gds;		/* CUDA buffers go through cuFile */
 	char engine_note[256];
 	struct nvio__worker *workers;
 	unsigned nworkers;
@@ -142,7 +144,16 @@ void nvio__cuda_stream_destroy(void *stream);
 int nvio__cuda_host_register(void *p, size_t n);
 void nvio__cuda_host_unregister(void *p);
 void nvio__cuda_probe(nvio_probe_t *out);
-/* cufile.c: fills the cufile_* fields of a probe. */
+/*
+ * cufile.c: GPUDirect Storage. nvio__cufile_usable() opens the driver
+ * once per process. An op registers its descriptor once (op_open) and
+ * every worker moves its pieces with nvio__cufile_rw.
+ */
 void nvio__cufile_probe(nvio_probe_t *out);
+int nvio__cufile_usable(void);
+int nvio__cufile_op_open(struct nvio__op *op, int fd);
+void nvio__cufile_op_close(struct nvio__op *op);
+int nvio__cufile_rw(struct nvio__op *op, uint64_t off, uint64_t len,
+		    const char **what);
 
 #endif

@@ -109,6 +109,7 @@ static void epilogue(struct nvio__op *op)
 		err = -errno;
 		nvio__op_fail(op, err, "fsync", op->plan.off, op->plan.len);
 	}
+	nvio__cufile_op_close(op);
 	if (op->own_dfd)
 		nvio__sys.close(op->dfd);
 	if (op->own_fd)
@@ -131,9 +132,11 @@ static void report(struct nvio__op *op)
 {
 	struct nvio_handle *h = op->h;
 	int err = atomic_load(&op->err);
+	/* Read before unlocking: a woken sync submitter frees the op. */
+	int async = (op->flags & NVIO_ASYNC) != 0;
 
 	pthread_mutex_lock(&h->lock);
-	if (op->flags & NVIO_ASYNC) {
+	if (async) {
 		h->inflight--;
 		h->done_count++;
 		if (err && !h->wait_err)
@@ -144,7 +147,7 @@ static void report(struct nvio__op *op)
 	pthread_cond_broadcast(&h->cond);
 	pthread_mutex_unlock(&h->lock);
 	/* A sync op belongs to its submitter, which frees it after waking. */
-	if (op->flags & NVIO_ASYNC)
+	if (async)
 		nvio__op_free(op);
 }
 
@@ -158,6 +161,7 @@ void nvio__op_task_done(struct nvio__op *op)
 
 void nvio__op_free(struct nvio__op *op)
 {
+	nvio__cufile_op_close(op);
 	if (op->own_dfd)
 		nvio__sys.close(op->dfd);
 	if (op->own_fd)

@@ -182,6 +182,8 @@ static int open_direct(struct nvio__op *op, const struct request *rq)
 	char p[1100];
 	int fl;
 
+	if (op->dfd >= 0)
+		return 0;	/* already open (a GDS attempt) */
 	if (!rq->path) {
 		fl = fcntl(rq->fd, F_GETFL);
 		if ((fl & O_DIRECT) && !(fl & O_APPEND)) {
@@ -202,6 +204,25 @@ static int open_direct(struct nvio__op *op, const struct request *rq)
 	return 0;
 }
 
+/*
+ * GPU memory on a GDS handle: cuFile takes the whole range (it handles
+ * unaligned pieces itself) through one registration of the descriptor.
+ * Returns 1 if cuFile took the op, 0 to use the bounce path instead.
+ */
+static int plan_gds(struct nvio_handle *h, struct nvio__op *op,
+		    const struct request *rq, uint64_t nbytes)
+{
+	if (!h->gds || op->mem != NVIO__MEM_CUDA)
+		return 0;
+	if (h->cfg.direct != NVIO_DIRECT_OFF && open_direct(op, rq) < 0)
+		op->dfd = -1;	/* compatibility mode takes a plain fd */
+	if (nvio__cufile_op_open(op, op->dfd >= 0 ? op->dfd : op->fd) < 0)
+		return 0;
+	nvio__plan_make(&op->plan, (uint64_t)rq->offset, nbytes,
+			h->cfg.block_size, 0);
+	return 1;
+}
+
 /* Plans the op and decides on O_DIRECT and staging. */
 static int plan_op(struct nvio_handle *h, struct nvio__op *op,
 		   const struct request *rq, uint64_t nbytes)
@@ -210,6 +231,8 @@ static int plan_op(struct nvio_handle *h, struct nvio__op *op,
 	uint32_t mem_align = 0, align = 0;
 	int r;
 
+	if (plan_gds(h, op, rq, nbytes))
+		return 0;
 	if (policy != NVIO_DIRECT_OFF) {
 		align = dio_align(op->fd, &mem_align);
 		if (align == 0 && policy == NVIO_DIRECT_ON)
@@ -245,10 +268,15 @@ static int check_request(struct nvio_handle *h, const struct request *rq)
 	return 0;
 }
 
-/* Hands the pieces to the workers and, for a sync op, waits for it. */
+/*
+ * Hands the pieces to the workers and, for a sync op, waits for it.
+ * Once the last task is pushed an async op may end and be freed at any
+ * moment, so nothing reads it after that push.
+ */
 static int run_op(struct nvio_handle *h, struct nvio__op *op)
 {
-	unsigned busy = 0;
+	int async = (op->flags & NVIO_ASYNC) != 0;
+	unsigned busy = 0, last = 0;
 	int err;
 
 	for (unsigned w = 0; w < h->nworkers; w++) {
@@ -258,10 +286,13 @@ static int run_op(struct nvio_handle *h, struct nvio__op *op)
 		nvio__plan_slice(&op->plan, w, h->nworkers, &t->next_piece,
 				 &t->end_piece);
 		t->left = t->end_piece - t->next_piece;
-		busy += t->left > 0;
+		if (t->left > 0) {
+			busy++;
+			last = w;
+		}
 	}
 	atomic_store(&op->tasks_left, busy ? busy : 1);
-	if (op->flags & NVIO_ASYNC) {
+	if (async) {
 		pthread_mutex_lock(&h->lock);
 		h->inflight++;
 		h->pending++;
@@ -269,10 +300,10 @@ static int run_op(struct nvio_handle *h, struct nvio__op *op)
 	}
 	if (!busy)
 		nvio__op_task_done(op);	/* nothing to move: ends here */
-	for (unsigned w = 0; w < h->nworkers; w++)
+	for (unsigned w = 0; busy && w <= last; w++)
 		if (op->tasks[w].left > 0)
 			nvio__worker_push(&h->workers[w], &op->tasks[w]);
-	if (op->flags & NVIO_ASYNC)
+	if (async)
 		return 0;
 	pthread_mutex_lock(&h->lock);
 	while (!op->done)

@@ -27,21 +27,15 @@ static int no_reap_fault(void)
 	return 0;
 }
 
-static const struct nvio__sys sys_default = {
-	.open = sys_open,
-	.close = close,
-	.pread = pread,
-	.pwrite = pwrite,
-	.fstat = fstat,
-	.fsync = fsync,
-	.rename = rename,
-	.unlink = unlink,
-	.mlock = mlock,
-	.io_result = identity_result,
-	.reap_fault = no_reap_fault,
-};
+#define SYS_DEFAULT { \
+	.open = sys_open, .close = close, .pread = pread, .pwrite = pwrite, \
+	.fstat = fstat, .fsync = fsync, .rename = rename, .unlink = unlink, \
+	.mlock = mlock, .io_result = identity_result, \
+	.reap_fault = no_reap_fault, \
+}
 
-struct nvio__sys nvio__sys = sys_default;
+static const struct nvio__sys sys_default = SYS_DEFAULT;
+struct nvio__sys nvio__sys = SYS_DEFAULT;
 
 void nvio__sys_reset(void)
 {

@@ -143,6 +143,20 @@ static void piece_end(struct wstate *s, struct slot *sl, int err)
 	task_pieces_done(t, 1);
 }
 
+/*
+ * Takes the task's next piece. The task stops being current as soon as
+ * its last piece is taken: from then on a completion may end the op and
+ * free it, so s->cur must never point at it again.
+ */
+static uint64_t take_piece(struct wstate *s, struct nvio__task *t)
+{
+	uint64_t k = t->next_piece++;
+
+	if (t->next_piece == t->end_piece)
+		s->cur = NULL;
+	return k;
+}
+
 /* The task to issue pieces from, skipping the rest of failed ops. */
 static struct nvio__task *current_task(struct wstate *s)
 {
@@ -161,7 +175,7 @@ static struct nvio__task *current_task(struct wstate *s)
 			task_pieces_done(t, skipped);
 			continue;
 		}
-		if (t->next_piece == t->end_piece) {
+		if (t->next_piece == t->end_piece) {	/* a fresh empty task */
 			s->cur = NULL;
 			continue;
 		}
@@ -186,12 +200,22 @@ static void fill(struct wstate *s)
 			return;
 		op = t->op;
 		nvio__plan_piece(&op->plan, t->next_piece, &off, &len, &body);
+		if (op->cufh) {		/* GDS: cuFile moves it, synchronously */
+			const char *what;
+
+			take_piece(s, t);
+			err = nvio__cufile_rw(op, off, len, &what);
+			if (err)
+				nvio__op_fail(op, err, what, off, len);
+			task_pieces_done(t, 1);
+			continue;
+		}
 		if (op->mem != NVIO__MEM_HOST || (body && op->stage)) {
 			stage = nvio__stage_get(&s->w->stage, &err);
 			if (!stage && !err)
 				return;	/* all bounce buffers busy: reap first */
 		}
-		t->next_piece++;
+		take_piece(s, t);
 		sl = s->free[--s->nfree];
 		sl->task = t;
 		sl->stage = stage;
