@@ -169,7 +169,10 @@ NVIO_API const char *nvio_get_engine_note(const nvio_handle_t *h);
  * umask) and never truncates it: bytes outside [offset, offset + nbytes)
  * are left as they were, and the file grows when the range ends past its
  * end (a hole is left if offset is past the end). Use nvio_write_file()
- * to replace a file.
+ * to replace a file. A file that grows is allocated up front, so a full
+ * disk fails the op with -ENOSPC at submit; if a write fails later, the
+ * range's bytes are unspecified and the file may already have its new
+ * size. A read of 0 bytes succeeds when offset is within the file.
  *
  * The _fd variants use the caller's open descriptor, which is never
  * closed or changed; O_DIRECT is used through a second descriptor opened

@@ -223,6 +223,28 @@ static int plan_gds(struct nvio_handle *h, struct nvio__op *op,
 	return 1;
 }
 
+/*
+ * Direct writes that extend a file make ext4 and xfs take the slow,
+ * blocking path for every request (io_uring then hands each one to a
+ * kernel worker thread). Allocating the new range first turns them into
+ * writes inside the file. It also reports a full disk (-ENOSPC) before
+ * any byte is written. The file reaches offset + nbytes either way.
+ */
+static int preallocate(struct nvio__op *op)
+{
+	struct stat st;
+	uint64_t end = op->plan.off + op->plan.len;
+
+	if (nvio__sys.fstat(op->fd, &st) < 0 || !S_ISREG(st.st_mode) ||
+	    end <= (uint64_t)st.st_size)
+		return 0;
+	if (nvio__sys.fallocate(op->fd, 0, st.st_size,
+				(off_t)(end - (uint64_t)st.st_size)) == 0)
+		return 0;
+	/* Not supported here: the writes will extend the file themselves. */
+	return errno == ENOSPC || errno == EFBIG ? -errno : 0;
+}
+
 /* Plans the op and decides on O_DIRECT and staging. */
 static int plan_op(struct nvio_handle *h, struct nvio__op *op,
 		   const struct request *rq, uint64_t nbytes)
@@ -248,6 +270,10 @@ static int plan_op(struct nvio_handle *h, struct nvio__op *op,
 				h->cfg.block_size, 0);
 		return 0;
 	}
+	if (r < 0)
+		return r;
+	if (op->is_write)
+		r = preallocate(op);
 	if (r < 0)
 		return r;
 	/* All body pieces share one alignment relative to mem_align. */
@@ -339,8 +365,7 @@ static int submit(struct nvio_handle *h, struct request *rq)
 				*rq->size_out = size;
 			if (size > rq->capacity)
 				r = -EOVERFLOW;
-		} else if (!r && nbytes > 0 &&
-			   (uint64_t)rq->offset + nbytes > size) {
+		} else if (!r && (uint64_t)rq->offset + nbytes > size) {
 			r = -ENODATA;
 		}
 	}

@@ -30,7 +30,7 @@ static int no_reap_fault(void)
 #define SYS_DEFAULT { \
 	.open = sys_open, .close = close, .pread = pread, .pwrite = pwrite, \
 	.fstat = fstat, .fsync = fsync, .rename = rename, .unlink = unlink, \
-	.mlock = mlock, .io_result = identity_result, \
+	.mlock = mlock, .fallocate = fallocate, .io_result = identity_result, \
 	.reap_fault = no_reap_fault, \
 }
 

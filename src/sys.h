@@ -26,6 +26,7 @@ struct nvio__sys {
 	int (*rename)(const char *from, const char *to);
 	int (*unlink)(const char *path);
 	int (*mlock)(const void *p, size_t n);
+	int (*fallocate)(int fd, int mode, off_t off, off_t len);
 	/*
 	 * Every completion of every engine passes through here before it is
 	 * checked: res is the byte count or -errno the kernel reported for
