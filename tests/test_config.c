@@ -1,0 +1,386 @@
+/*
+ * test_config.c - nvio_config_init defaults, handle getters, invalid
+ * configurations, environment overrides, names, version and strerror.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "t.h"
+
+static void test_defaults(void)
+{
+	nvio_config_t c;
+
+	t_ctx("config_init defaults");
+	memset(&c, 0xab, sizeof(c));
+	nvio_config_init(&c);
+	T_EQ_U64(c.struct_size, sizeof(nvio_config_t));
+	T_EQ_U64(c.flags, 0);
+	T_EQ_U64(c.block_size, 1u << 20);
+	T_EQ_U64(c.block_size, NVIO_DEFAULT_BLOCK_SIZE);
+	T_EQ_U64(c.queue_depth, 128);
+	T_EQ_U64(c.queue_depth, NVIO_DEFAULT_QUEUE_DEPTH);
+	T_EQ_U64(c.intra_op_parallelism, 1);
+	T_EQ_U64(c.single_submit, 0);
+	T_EQ_U64(c.overlap_events, 0);
+	T_EQ_INT(c.engine, NVIO_ENGINE_AUTO);
+	T_EQ_INT(c.direct, NVIO_DIRECT_AUTO);
+	T_EQ_U64(c.staging_bytes, NVIO_DEFAULT_STAGING_BYTES);
+	for (int i = 0; i < 6; i++)
+		T_EQ_U64(c.reserved[i], 0);
+}
+
+/* The getters and nvio_handle_config report what was asked for. */
+static void test_getters(void)
+{
+	nvio_config_t c, got;
+	nvio_handle_t *h = NULL;
+	const char *note;
+
+	t_ctx("getters");
+	nvio_config_init(&c);
+	c.block_size = 65536;
+	c.queue_depth = 7;
+	c.intra_op_parallelism = 3;
+	c.single_submit = 1;
+	c.overlap_events = 1;
+	c.engine = NVIO_ENGINE_PSYNC;
+	c.direct = NVIO_DIRECT_OFF;
+	if (!T_OK(nvio_handle_create(&h, &c)))
+		return;
+	T_EQ_U64(nvio_get_block_size(h), 65536);
+	T_EQ_U64(nvio_get_queue_depth(h), 7);
+	T_EQ_U64(nvio_get_intra_op_parallelism(h), 3);
+	T_EQ_INT(nvio_get_single_submit(h), 1);
+	T_EQ_INT(nvio_get_overlap_events(h), 1);
+	T_EQ_INT(nvio_get_engine(h), NVIO_ENGINE_PSYNC);
+	T_EQ_INT(nvio_get_direct(h), NVIO_DIRECT_OFF);
+	note = nvio_get_engine_note(h);
+	T_TRUE(note != NULL && note[0] != 0);
+	memset(&got, 0xcd, sizeof(got));
+	if (T_OK(nvio_handle_config(h, &got))) {
+		T_EQ_U64(got.struct_size, sizeof(nvio_config_t));
+		T_EQ_U64(got.block_size, 65536);
+		T_EQ_U64(got.queue_depth, 7);
+		T_EQ_U64(got.intra_op_parallelism, 3);
+		T_EQ_U64(got.single_submit, 1);
+		T_EQ_U64(got.overlap_events, 1);
+		T_EQ_INT(got.engine, NVIO_ENGINE_PSYNC);
+		T_EQ_INT(got.direct, NVIO_DIRECT_OFF);
+		T_EQ_U64(got.staging_bytes, NVIO_DEFAULT_STAGING_BYTES);
+	}
+	T_EQ_U64(nvio_pending(h), 0);
+	nvio_handle_destroy(h);
+
+	/* cfg NULL: the defaults, engine resolved. */
+	t_ctx("getters, cfg NULL");
+	h = NULL;
+	if (!T_OK(nvio_handle_create(&h, NULL)))
+		return;
+	T_EQ_U64(nvio_get_block_size(h), NVIO_DEFAULT_BLOCK_SIZE);
+	T_EQ_U64(nvio_get_queue_depth(h), NVIO_DEFAULT_QUEUE_DEPTH);
+	T_EQ_U64(nvio_get_intra_op_parallelism(h), 1);
+	T_EQ_INT(nvio_get_single_submit(h), 0);
+	T_EQ_INT(nvio_get_overlap_events(h), 0);
+	T_EQ_INT(nvio_get_direct(h), NVIO_DIRECT_AUTO);
+	T_TRUE(nvio_get_engine(h) != NVIO_ENGINE_AUTO);
+	if (T_OK(nvio_handle_config(h, &got)))
+		T_TRUE(got.engine != NVIO_ENGINE_AUTO);
+	note = nvio_get_engine_note(h);
+	T_TRUE(note != NULL && note[0] != 0);
+	nvio_handle_destroy(h);
+	nvio_handle_destroy(NULL);
+}
+
+/* AUTO picks io_uring, else libaio, else psync: the first available. */
+static void test_auto_order(void)
+{
+	static const int order[] = { NVIO_ENGINE_URING, NVIO_ENGINE_AIO,
+				     NVIO_ENGINE_PSYNC };
+	nvio_handle_t *h = NULL;
+	int want = -1;
+
+	t_ctx("auto engine order");
+	for (int i = 0; i < 3 && want < 0; i++)
+		if (nvio_engine_available(order[i], NULL, 0) == 1)
+			want = order[i];
+	T_EQ_INT(nvio_engine_available(NVIO_ENGINE_PSYNC, NULL, 0), 1);
+	if (!T_OK(nvio_handle_create(&h, NULL)))
+		return;
+	T_EQ_INT(nvio_get_engine(h), want);
+	nvio_handle_destroy(h);
+
+	for (int e = NVIO_ENGINE_URING; e < NVIO_ENGINE_COUNT_; e++) {
+		char why[256] = "";
+		int r = nvio_engine_available(e, why, sizeof(why));
+
+		t_ctx("engine_available(%s)", t_engine_str(e));
+		T_TRUE(r == 0 || r == 1);
+		if (r == 0)
+			T_TRUE(why[0] != 0);
+		if (r == 1) {
+			h = NULL;
+			T_OK(t_handle(&h, e, NVIO_DIRECT_AUTO, 1, 0));
+			nvio_handle_destroy(h);
+		}
+	}
+	t_ctx("engine_available(bad)");
+	T_ERR(nvio_engine_available(99, NULL, 0), -EINVAL);
+	T_ERR(nvio_engine_available(-1, NULL, 0), -EINVAL);
+	T_ERR(nvio_engine_available(NVIO_ENGINE_COUNT_, NULL, 0), -EINVAL);
+}
+
+struct bad_cfg {
+	const char *what;
+	void (*set)(nvio_config_t *c);
+};
+
+static void b_block0(nvio_config_t *c) { c->block_size = 0; }
+static void b_qd0(nvio_config_t *c) { c->queue_depth = 0; }
+static void b_qdbig(nvio_config_t *c) { c->queue_depth = NVIO_MAX_QUEUE_DEPTH + 1; }
+static void b_qdhuge(nvio_config_t *c) { c->queue_depth = UINT32_MAX; }
+static void b_par0(nvio_config_t *c) { c->intra_op_parallelism = 0; }
+static void b_parbig(nvio_config_t *c) { c->intra_op_parallelism = NVIO_MAX_PARALLELISM + 1; }
+static void b_parhuge(nvio_config_t *c) { c->intra_op_parallelism = UINT32_MAX; }
+static void b_eng_neg(nvio_config_t *c) { c->engine = -1; }
+static void b_eng_count(nvio_config_t *c) { c->engine = NVIO_ENGINE_COUNT_; }
+static void b_eng_99(nvio_config_t *c) { c->engine = 99; }
+static void b_dir_neg(nvio_config_t *c) { c->direct = -1; }
+static void b_dir_3(nvio_config_t *c) { c->direct = 3; }
+static void b_flags1(nvio_config_t *c) { c->flags = 1; }
+static void b_flagshi(nvio_config_t *c) { c->flags = 0x80000000u; }
+static void b_res0(nvio_config_t *c) { c->reserved[0] = 1; }
+static void b_res5(nvio_config_t *c) { c->reserved[5] = 1ull << 63; }
+static void b_size0(nvio_config_t *c) { c->struct_size = 0; }
+static void b_size8(nvio_config_t *c) { c->struct_size = 8; }
+static void b_sizem1(nvio_config_t *c) { c->struct_size = sizeof(*c) - 1; }
+static void b_sizem8(nvio_config_t *c) { c->struct_size = sizeof(*c) - 8; }
+
+static const struct bad_cfg bad_cfgs[] = {
+	{ "block_size 0", b_block0 },
+	{ "queue_depth 0", b_qd0 },
+	{ "queue_depth MAX+1", b_qdbig },
+	{ "queue_depth UINT32_MAX", b_qdhuge },
+	{ "parallelism 0", b_par0 },
+	{ "parallelism MAX+1", b_parbig },
+	{ "parallelism UINT32_MAX", b_parhuge },
+	{ "engine -1", b_eng_neg },
+	{ "engine COUNT_", b_eng_count },
+	{ "engine 99", b_eng_99 },
+	{ "direct -1", b_dir_neg },
+	{ "direct 3", b_dir_3 },
+	{ "flags 1", b_flags1 },
+	{ "flags high bit", b_flagshi },
+	{ "reserved[0]", b_res0 },
+	{ "reserved[5]", b_res5 },
+	{ "struct_size 0", b_size0 },
+	{ "struct_size 8", b_size8 },
+	{ "struct_size sizeof-1", b_sizem1 },
+	{ "struct_size sizeof-8", b_sizem8 },
+};
+
+static void test_invalid(void)
+{
+	for (size_t i = 0; i < sizeof(bad_cfgs) / sizeof(bad_cfgs[0]); i++) {
+		nvio_config_t c;
+		nvio_handle_t *h = NULL;
+		int r;
+
+		t_ctx("invalid config: %s", bad_cfgs[i].what);
+		nvio_config_init(&c);
+		c.engine = NVIO_ENGINE_PSYNC;
+		bad_cfgs[i].set(&c);
+		r = nvio_handle_create(&h, &c);
+		T_ERR(r, -EINVAL);
+		if (r == 0)
+			nvio_handle_destroy(h);
+	}
+	t_ctx("invalid config: out NULL");
+	T_ERR(nvio_handle_create(NULL, NULL), -EINVAL);
+
+	/* The limits themselves are fine. */
+	for (int k = 0; k < 2; k++) {
+		nvio_config_t c;
+		nvio_handle_t *h = NULL;
+
+		t_ctx("limits: %s", k ? "max" : "min");
+		nvio_config_init(&c);
+		c.engine = NVIO_ENGINE_PSYNC;
+		c.queue_depth = k ? NVIO_MAX_QUEUE_DEPTH : 1;
+		c.intra_op_parallelism = k ? 16 : 1;
+		if (T_OK(nvio_handle_create(&h, &c))) {
+			T_EQ_U64(nvio_get_queue_depth(h), c.queue_depth);
+			T_EQ_U64(nvio_get_intra_op_parallelism(h),
+				 c.intra_op_parallelism);
+			nvio_handle_destroy(h);
+		}
+	}
+}
+
+static void expect_env(const char *var, const char *val, int cfg_engine,
+		       int want_err, int want_engine, int want_direct)
+{
+	nvio_config_t c;
+	nvio_handle_t *h = NULL;
+	int r;
+
+	t_ctx("env %s=%s", var, val);
+	setenv(var, val, 1);
+	nvio_config_init(&c);
+	c.engine = cfg_engine;
+	c.direct = NVIO_DIRECT_ON;
+	r = nvio_handle_create(&h, &c);
+	unsetenv(var);
+	if (!T_ERR(r, want_err) || r)
+		return;
+	if (want_engine >= 0)
+		T_EQ_INT(nvio_get_engine(h), want_engine);
+	if (want_direct >= 0)
+		T_EQ_INT(nvio_get_direct(h), want_direct);
+	nvio_handle_destroy(h);
+}
+
+static void test_env(void)
+{
+	int other = NVIO_ENGINE_PSYNC;
+
+	/* A configured engine that env must override. */
+	if (nvio_engine_available(NVIO_ENGINE_URING, NULL, 0) == 1)
+		other = NVIO_ENGINE_URING;
+	else if (nvio_engine_available(NVIO_ENGINE_AIO, NULL, 0) == 1)
+		other = NVIO_ENGINE_AIO;
+	if (other == NVIO_ENGINE_PSYNC)
+		t_note("only psync available: env engine override checked "
+		       "against psync itself");
+
+	expect_env("NVIO_ENGINE", "psync", other, 0, NVIO_ENGINE_PSYNC, -1);
+	for (int e = NVIO_ENGINE_URING; e <= NVIO_ENGINE_AIO; e++) {
+		if (nvio_engine_available(e, NULL, 0) != 1)
+			continue;
+		expect_env("NVIO_ENGINE", nvio_engine_name(e),
+			   NVIO_ENGINE_PSYNC, 0, e, -1);
+	}
+	expect_env("NVIO_ENGINE", "auto", NVIO_ENGINE_PSYNC, 0, -1, -1);
+	expect_env("NVIO_ENGINE", "bogus", NVIO_ENGINE_PSYNC, -EINVAL, -1, -1);
+	expect_env("NVIO_DIRECT", "off", NVIO_ENGINE_PSYNC, 0, -1,
+		   NVIO_DIRECT_OFF);
+	expect_env("NVIO_DIRECT", "auto", NVIO_ENGINE_PSYNC, 0, -1,
+		   NVIO_DIRECT_AUTO);
+	expect_env("NVIO_DIRECT", "bogus", NVIO_ENGINE_PSYNC, -EINVAL, -1, -1);
+
+	/* Env "on" over a config saying off. */
+	{
+		nvio_config_t c;
+		nvio_handle_t *h = NULL;
+
+		t_ctx("env NVIO_DIRECT=on over cfg off");
+		setenv("NVIO_DIRECT", "on", 1);
+		nvio_config_init(&c);
+		c.engine = NVIO_ENGINE_PSYNC;
+		c.direct = NVIO_DIRECT_OFF;
+		if (T_OK(nvio_handle_create(&h, &c))) {
+			T_EQ_INT(nvio_get_direct(h), NVIO_DIRECT_ON);
+			nvio_handle_destroy(h);
+		}
+		unsetenv("NVIO_DIRECT");
+	}
+}
+
+static void test_names(void)
+{
+	static const char *const enames[] = { "auto", "io_uring", "libaio",
+					      "psync" };
+
+	t_ctx("engine names");
+	for (int e = 0; e < NVIO_ENGINE_COUNT_; e++) {
+		const char *n = nvio_engine_name(e);
+
+		if (!T_TRUE(n != NULL))
+			continue;
+		if (strcmp(n, enames[e]))
+			T_FAILF("nvio_engine_name(%d) = \"%s\", expected \"%s\"",
+				e, n, enames[e]);
+		T_EQ_INT(nvio_engine_from_name(n), e);
+	}
+	T_TRUE(nvio_engine_name(-1) == NULL);
+	T_TRUE(nvio_engine_name(NVIO_ENGINE_COUNT_) == NULL);
+	T_EQ_INT(nvio_engine_from_name("uring"), NVIO_ENGINE_URING);
+	T_EQ_INT(nvio_engine_from_name("aio"), NVIO_ENGINE_AIO);
+	T_ERR(nvio_engine_from_name("bogus"), -EINVAL);
+	T_ERR(nvio_engine_from_name(""), -EINVAL);
+	T_ERR(nvio_engine_from_name(NULL), -EINVAL);
+
+	t_ctx("direct names");
+	for (int d = 0; d < 3; d++) {
+		const char *n = nvio_direct_name(d);
+
+		if (T_TRUE(n != NULL))
+			T_EQ_INT(nvio_direct_from_name(n), d);
+	}
+	T_TRUE(nvio_direct_name(3) == NULL);
+	T_TRUE(nvio_direct_name(-1) == NULL);
+	T_EQ_INT(nvio_direct_from_name("auto"), NVIO_DIRECT_AUTO);
+	T_EQ_INT(nvio_direct_from_name("on"), NVIO_DIRECT_ON);
+	T_EQ_INT(nvio_direct_from_name("off"), NVIO_DIRECT_OFF);
+	T_EQ_INT(nvio_direct_from_name("1"), NVIO_DIRECT_ON);
+	T_EQ_INT(nvio_direct_from_name("0"), NVIO_DIRECT_OFF);
+	T_ERR(nvio_direct_from_name("maybe"), -EINVAL);
+	T_ERR(nvio_direct_from_name(NULL), -EINVAL);
+}
+
+static void test_version(void)
+{
+	char want[32];
+	const char *s = nvio_version_string();
+
+	t_ctx("version");
+	T_EQ_U64(nvio_version(), NVIO_VERSION_NUM);
+	T_EQ_U64(NVIO_VERSION_NUM, (0u << 16) | (1u << 8) | 0u);
+	T_TRUE(NVIO_CHECK_VERSION(0, 1, 0));
+	T_TRUE(NVIO_CHECK_VERSION(0, 0, 9));
+	T_TRUE(!NVIO_CHECK_VERSION(0, 1, 1));
+	T_TRUE(!NVIO_CHECK_VERSION(1, 0, 0));
+	snprintf(want, sizeof(want), "%d.%d.%d", NVIO_VERSION_MAJOR,
+		 NVIO_VERSION_MINOR, NVIO_VERSION_PATCH);
+	if (T_TRUE(s != NULL) && strcmp(s, want))
+		T_FAILF("nvio_version_string() = \"%s\", expected \"%s\"", s,
+			want);
+}
+
+static void test_strerror(void)
+{
+	static const int errs[] = { -ENODATA, -EBADMSG, -EOVERFLOW, -EIO,
+				    -ENOSPC, -EINVAL, 0, -99999, 12345,
+				    INT32_MIN, -1 };
+	const char *a, *b;
+
+	for (size_t i = 0; i < sizeof(errs) / sizeof(errs[0]); i++) {
+		const char *s = nvio_strerror(errs[i]);
+
+		t_ctx("strerror(%d)", errs[i]);
+		T_TRUE(s != NULL && s[0] != 0);
+	}
+	t_ctx("strerror distinct");
+	a = nvio_strerror(-ENODATA);
+	b = nvio_strerror(-EBADMSG);
+	if (a && b)
+		T_TRUE(strcmp(a, b) != 0);
+	a = nvio_strerror(-EIO);
+	b = nvio_strerror(-ENOSPC);
+	if (a && b)
+		T_TRUE(strcmp(a, b) != 0);
+}
+
+int main(void)
+{
+	t_init("config");
+	test_defaults();
+	test_getters();
+	test_auto_order();
+	test_invalid();
+	test_env();
+	test_names();
+	test_version();
+	test_strerror();
+	return t_done();
+}

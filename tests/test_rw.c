@@ -1,0 +1,346 @@
+/*
+ * test_rw.c - round trips of every size class, file offset and buffer
+ * misalignment on every engine, direct on and off, parallelism 1 and 3,
+ * block size 4 KiB and 1 MiB. Files are prepared and checked with libc.
+ *
+ * Each pwrite goes into a file that already holds other random bytes, so
+ * the check also covers "bytes outside the range are untouched" and
+ * "the size only grows". Each pread reads into a buffer with guard bytes
+ * on both sides, which must be left as they were.
+ *
+ * Coverage: every (engine, direct, parallelism, block size) does every
+ * size; sizes under 1 MiB go with every offset and both misalignments;
+ * the large sizes rotate through the offsets (two per configuration) and
+ * misalignments, so that each engine sees every combination of offset
+ * and misalignment with large sizes too.
+ */
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "t.h"
+
+#define MiB (1u << 20)
+#define GUARD 4096
+#define GUARD_BYTE 0x5a
+
+static const uint64_t sizes[] = { 0, 1, 511, 512, 4095, 4096, 4097,
+				  MiB - 1, MiB, MiB + 1, 5 * MiB + 777 };
+static const int64_t offsets[] = { 0, 1, 511, 4096, 12345 };
+#define NSIZES (sizeof(sizes) / sizeof(sizes[0]))
+#define NOFFS (sizeof(offsets) / sizeof(offsets[0]))
+#define MAXSZ (5 * MiB + 777)
+#define FILE_MAX (MAXSZ + 12345 + 8192)
+
+static unsigned char *area;	/* GUARD | buffer (+1) | GUARD */
+static unsigned char *want;	/* expected file content */
+static unsigned char *got;	/* file content read back */
+static uint64_t seed = 1000;
+
+static int check_guards(unsigned char *buf, uint64_t n)
+{
+	unsigned char *lo = area, *hi = buf + n;
+	size_t nlo = (size_t)(buf - area);
+
+	for (size_t i = 0; i < nlo; i++)
+		if (lo[i] != GUARD_BYTE) {
+			T_FAILF("byte %zu before the buffer overwritten "
+				"(0x%02x)", nlo - i, lo[i]);
+			return 0;
+		}
+	for (size_t i = 0; i < GUARD; i++)
+		if (hi[i] != GUARD_BYTE) {
+			T_FAILF("byte %zu after the buffer overwritten (0x%02x)",
+				i, hi[i]);
+			return 0;
+		}
+	return 1;
+}
+
+/*
+ * One write and one read of n bytes at off through a buffer mis bytes
+ * past a page boundary. `tail` extra bytes of old content follow the
+ * range in the file (0: the range ends the file).
+ */
+static void round_trip(nvio_handle_t *h, const char *path, uint64_t n,
+		       int64_t off, int mis, uint64_t tail, unsigned flags)
+{
+	unsigned char *buf = area + GUARD + mis;
+	uint64_t old_size = (uint64_t)off + n + tail;
+	uint64_t s_old = seed++, s_new = seed++;
+	size_t fsz = 0;
+	int r;
+
+	/* The write: old random content around the range. */
+	t_fill_random(want, old_size, s_old);
+	if (t_write_file(path, want, old_size)) {
+		T_FAILF("libc write of %s failed", path);
+		return;
+	}
+	memset(area, GUARD_BYTE, GUARD + mis);
+	t_fill_random(buf, n, s_new);
+	memset(buf + n, GUARD_BYTE, GUARD);
+	r = nvio_pwrite(h, buf, n, path, off, flags);
+	if (flags & NVIO_ASYNC) {
+		if (T_OK(r))
+			T_EQ_INT(nvio_wait(h), 1);
+	} else {
+		T_OK(r);
+	}
+	T_EQ_INT(t_check_random_at(buf, n, s_new, 0), -1); /* not changed */
+	check_guards(buf, n);
+	memcpy(want + off, buf, n);
+	memset(got, 0, old_size + 1);
+	r = t_read_file(path, got, old_size + 1, &fsz);
+	if (T_OK(r) && T_EQ_U64(fsz, old_size))
+		T_MEM_EQ(got, want, old_size);
+
+	/* The read: fresh content written by libc. */
+	t_fill_random(want, old_size, s_old + 7777);
+	if (t_write_file(path, want, old_size)) {
+		T_FAILF("libc write of %s failed", path);
+		return;
+	}
+	memset(area, GUARD_BYTE, GUARD + mis + n + GUARD);
+	r = nvio_pread(h, buf, n, path, off, flags);
+	if (flags & NVIO_ASYNC) {
+		if (T_OK(r))
+			T_EQ_INT(nvio_wait(h), 1);
+	} else {
+		T_OK(r);
+	}
+	T_MEM_EQ(buf, want + off, n);
+	check_guards(buf, n);
+	T_EQ_INT(t_file_size(path), old_size);
+}
+
+static int g_fail_before;
+
+static void matrix(nvio_handle_t *h, const char *combo, int cfg_index)
+{
+	char path[T_PATH_MAX];
+
+	t_path(path, "rw");
+	for (size_t i = 0; i < NSIZES; i++) {
+		uint64_t n = sizes[i];
+		int large = n >= MiB - 1;
+
+		for (size_t j = 0; j < NOFFS; j++) {
+			int mis_lo = 0, mis_hi = 1;
+			unsigned flags = 0;
+
+			if (large) {
+				size_t a = (size_t)cfg_index % NOFFS;
+				size_t b = ((size_t)cfg_index + 2 + i) % NOFFS;
+
+				if (j != a && j != b)
+					continue;
+				mis_lo = mis_hi = (int)((cfg_index + i + j) & 1);
+			}
+			for (int mis = mis_lo; mis <= mis_hi; mis++) {
+				/* Every third case async, to cover both. */
+				flags = ((i + j + (size_t)mis) % 3 == 0) ?
+					NVIO_ASYNC : 0;
+				t_ctx("%s size %llu offset %lld mis %d%s", combo,
+				      (unsigned long long)n, (long long)offsets[j],
+				      mis, flags ? " async" : "");
+				round_trip(h, path, n, offsets[j], mis,
+					   (i + j) % 2 ? 0 : 777, flags);
+				if (t_failures() > g_fail_before + 10)
+					return;	/* one broken config is enough */
+			}
+		}
+	}
+	unlink(path);
+}
+
+/* pwrite past the end leaves a hole of zeros and grows the file. */
+static void test_grow(nvio_handle_t *h, const char *combo)
+{
+	char path[T_PATH_MAX];
+	unsigned char src[5000], chk[20000];
+	size_t sz = 0;
+
+	t_ctx("%s pwrite past EOF", combo);
+	t_path(path, "grow");
+	t_fill_random(src, sizeof(src), seed++);
+	if (t_write_file(path, src, 100))
+		return;
+	T_OK(nvio_pwrite(h, src + 100, 4900, path, 10000, 0));
+	T_EQ_INT(t_file_size(path), 14900);
+	if (T_OK(t_read_file(path, chk, sizeof(chk), &sz))) {
+		unsigned char zero[9900];
+
+		memset(zero, 0, sizeof(zero));
+		T_MEM_EQ(chk, src, 100);
+		T_MEM_EQ(chk + 100, zero, 9900);
+		T_MEM_EQ(chk + 10000, src + 100, 4900);
+	}
+	/* Creating a file at an offset. */
+	unlink(path);
+	T_OK(nvio_pwrite(h, src, 3, path, 4096, 0));
+	T_EQ_INT(t_file_size(path), 4099);
+	if (T_OK(t_read_file(path, chk, sizeof(chk), &sz))) {
+		unsigned char zero[4096];
+
+		memset(zero, 0, sizeof(zero));
+		T_MEM_EQ(chk, zero, 4096);
+		T_MEM_EQ(chk + 4096, src, 3);
+	}
+	{
+		struct stat st;
+		mode_t m = umask(022);
+
+		umask(m);
+		if (!stat(path, &st))
+			T_EQ_INT(st.st_mode & 0777, 0666 & ~m);
+	}
+	unlink(path);
+}
+
+/* write_file replaces a longer file with exactly nbytes; read_file reads
+ * the whole file and reports its size. */
+static void test_whole(nvio_handle_t *h, const char *combo)
+{
+	char path[T_PATH_MAX];
+	unsigned char *big = t_alloc(2 * MiB + 1), *chk = t_alloc(2 * MiB + 2);
+	static const uint64_t ns[] = { 0, 1, 4096, 4097, MiB + 3, 2 * MiB + 1 };
+	size_t sz;
+
+	t_path(path, "whole");
+	for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]); i++) {
+		uint64_t n = ns[i], size_out = 12345;
+
+		t_ctx("%s write_file/read_file %llu", combo,
+		      (unsigned long long)n);
+		/* A longer file first. */
+		t_fill_random(big, 2 * MiB + 1, seed++);
+		if (t_write_file(path, big, 2 * MiB + 1))
+			break;
+		t_fill_random(big, n, seed++);
+		T_OK(nvio_write_file(h, big + (i & 1), n, path, 0));
+		memmove(big, big + (i & 1), n);
+		sz = 0;
+		if (T_OK(t_read_file(path, chk, 2 * MiB + 2, &sz)) &&
+		    T_EQ_U64(sz, n))
+			T_MEM_EQ(chk, big, n);
+		T_EQ_INT(t_dir_count(t_tmpdir()), 1);	/* no temporary left */
+
+		/* read_file: a new libc file, buffer larger than it. */
+		t_fill_random(big, n, seed++);
+		if (t_write_file(path, big, n))
+			break;
+		memset(chk, 0xee, 2 * MiB + 2);
+		T_OK(nvio_read_file(h, chk + 1, 2 * MiB + 1, path, &size_out,
+				    0));
+		T_EQ_U64(size_out, n);
+		T_MEM_EQ(chk + 1, big, n);
+		T_EQ_INT(chk[0], 0xee);
+		/* Exactly the right capacity, and async. */
+		memset(chk, 0, n + 1);
+		size_out = 7;
+		if (T_OK(nvio_read_file(h, chk, n, path, &size_out,
+					NVIO_ASYNC))) {
+			T_EQ_U64(size_out, n);
+			T_EQ_INT(nvio_wait(h), 1);
+			T_MEM_EQ(chk, big, n);
+		}
+		T_OK(nvio_read_file(h, chk, n, path, NULL, 0));
+	}
+	/* write_file with FSYNC and async. */
+	t_ctx("%s write_file async fsync", combo);
+	t_fill_random(big, 100000, seed++);
+	if (T_OK(nvio_write_file(h, big, 100000, path, NVIO_ASYNC | NVIO_FSYNC))) {
+		T_EQ_INT(nvio_wait(h), 1);
+		if (T_OK(t_read_file(path, chk, 2 * MiB, &sz)) &&
+		    T_EQ_U64(sz, 100000))
+			T_MEM_EQ(chk, big, 100000);
+	}
+	unlink(path);
+	free(big);
+	free(chk);
+}
+
+/* A block size that is no multiple of 512: rejected or correct. */
+static void test_odd_block(int e, int d)
+{
+	nvio_config_t c;
+	nvio_handle_t *h = NULL;
+	int r;
+
+	t_ctx("%s/%s block_size 1000", t_engine_str(e), t_direct_str(d));
+	nvio_config_init(&c);
+	c.engine = e;
+	c.direct = d;
+	c.block_size = 1000;
+	c.intra_op_parallelism = 2;
+	r = nvio_handle_create(&h, &c);
+	if (r == -EINVAL)
+		return;
+	if (!T_OK(r))
+		return;
+	{
+		char path[T_PATH_MAX];
+
+		t_path(path, "odd");
+		round_trip(h, path, 100000, 4096, 0, 10, 0);
+		round_trip(h, path, 100001, 513, 1, 0, 0);
+		unlink(path);
+	}
+	nvio_handle_destroy(h);
+}
+
+int main(void)
+{
+	static const uint32_t pars[] = { 1, 3 };
+	static const uint64_t blocks[] = { 4096, MiB };
+	int cfg_index = 0;
+
+	t_init("rw");
+	area = t_alloc(GUARD + 4096 + MAXSZ + GUARD);
+	want = t_alloc(FILE_MAX);
+	got = t_alloc(FILE_MAX + 1);
+
+	for (int i = 0; i < T_N_ENGINES; i++) {
+		int e = t_engine_list[i];
+
+		cfg_index = 0;
+		for (int j = 0; j < T_N_DIRECTS; j++) {
+			int d = t_direct_list[j];
+
+			if (!t_combo_ok(e, d))
+				continue;
+			for (int p = 0; p < 2; p++)
+				for (int b = 0; b < 2; b++, cfg_index++) {
+					nvio_handle_t *h;
+					char combo[96];
+
+					snprintf(combo, sizeof(combo),
+						 "%s/%s par %u bs %llu",
+						 t_engine_str(e),
+						 t_direct_str(d), pars[p],
+						 (unsigned long long)blocks[b]);
+					t_ctx("%s create", combo);
+					if (t_handle(&h, e, d, pars[p],
+						     blocks[b]))
+						continue;
+					g_fail_before = t_failures();
+					matrix(h, combo, cfg_index);
+					if (p == 1 && b == 0) {
+						test_grow(h, combo);
+						test_whole(h, combo);
+					}
+					t_ctx("%s end", combo);
+					T_EQ_U64(nvio_pending(h), 0);
+					nvio_handle_destroy(h);
+				}
+			test_odd_block(e, d);
+		}
+	}
+	free(area);
+	free(want);
+	free(got);
+	return t_done();
+}
