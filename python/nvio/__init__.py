@@ -1,0 +1,59 @@
+"""nvio: move bytes between memory and files at full device speed.
+
+    import nvio
+    h = nvio.AioHandle()                      # DeepNVMe's aio_handle, same methods
+    h.sync_pwrite(tensor, "/nvme/t.bin")
+    h.async_pread(tensor, "/nvme/t.bin"); h.wait()
+
+Code written for DeepSpeed's DeepNVMe runs with an import change:
+``from nvio.compat import AsyncIOBuilder``.
+"""
+from . import _nvio
+from ._nvio import (
+    Handle,
+    LockedBuffer,
+    NvioError,
+    NvioBlockingIOError,
+    NvioFileExistsError,
+    NvioFileNotFoundError,
+    NvioInterruptedError,
+    NvioIsADirectoryError,
+    NvioNotADirectoryError,
+    NvioPermissionError,
+    NvioTimeoutError,
+    buffer_info,
+    file_size,
+    load_tuned,
+    probe,
+    strerror,
+)
+from .handles import AioHandle, aio_handle
+
+__version__ = _nvio.version_string
+
+ENGINES = ("io_uring", "libaio", "psync")
+
+
+def engine_available(engine):
+    """(True, "") if the engine can run here, else (False, why)."""
+    return _nvio.engine_available(engine)
+
+
+def available_engines():
+    """The engines that can run in this process, best first."""
+    return [e for e in ENGINES if _nvio.engine_available(e)[0]]
+
+
+def version():
+    """The libnvio version string, e.g. '0.1.0'."""
+    return _nvio.version_string
+
+
+__all__ = [
+    "AioHandle", "aio_handle", "Handle", "LockedBuffer", "NvioError",
+    "NvioFileNotFoundError", "NvioFileExistsError", "NvioPermissionError",
+    "NvioIsADirectoryError", "NvioNotADirectoryError", "NvioInterruptedError",
+    "NvioTimeoutError", "NvioBlockingIOError", "ENGINES", "engine_available",
+    "available_engines", "buffer_info", "file_size", "load_tuned", "probe",
+    "strerror", "version", "__version__",
+]

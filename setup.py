@@ -1,0 +1,142 @@
+"""Build of the nvio Python package.
+
+The extension nvio._nvio compiles libnvio's sources (src/*.c) together with
+python/nvio/_nvio.c; it includes no PyTorch, NumPy or CUDA header, so one
+abi3 wheel (limited API 3.11) serves every Python >= 3.11 and every torch.
+
+liburing and libaio are used when their headers are found, linked from their
+static archives when those link into a shared object (so the wheel needs no
+runtime package), else dynamically. Environment knobs:
+  NVIO_NO_URING=1 / NVIO_NO_AIO=1   build without that engine
+  NVIO_STATIC_DEPS=0                link liburing/libaio dynamically
+"""
+import glob
+import os
+import re
+import subprocess
+import tempfile
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LIMITED = 0x030B0000
+
+
+def version():
+    text = open(os.path.join(HERE, "include", "nvio.h")).read()
+    parts = [re.search(r"#define NVIO_VERSION_%s (\d+)" % k, text).group(1)
+             for k in ("MAJOR", "MINOR", "PATCH")]
+    return ".".join(parts)
+
+
+def _cc():
+    import sysconfig
+    return (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()
+
+
+def _try(args, src):
+    """True if the compiler accepts `src` with `args`."""
+    with tempfile.TemporaryDirectory() as d:
+        c = os.path.join(d, "t.c")
+        with open(c, "w") as f:
+            f.write(src)
+        r = subprocess.run(_cc() + [c] + args + ["-o", os.path.join(d, "t.out")],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return r.returncode == 0
+
+
+def _static_archive(name):
+    """Path of lib<name>.a if it can go into a shared object, else None."""
+    try:
+        out = subprocess.run(_cc() + ["-print-file-name=lib%s.a" % name],
+                             capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return None
+    if not os.path.isabs(out) or not os.path.exists(out):
+        return None
+    return out
+
+
+# Version nodes that static archives may bind symbols to (libaio uses
+# .symver); listing them with "local: *" keeps them out of our exports.
+_VERSION_NODES = ("LIBAIO_0.1", "LIBAIO_0.4")
+
+
+def _version_script(path):
+    """Export PyInit__nvio only (libnvio and static deps stay hidden)."""
+    with open(path, "w") as f:
+        for node in _VERSION_NODES:
+            f.write("%s { local: *; };\n" % node)
+        f.write("NVIO_PYTHON { global: PyInit__nvio; local: *; };\n")
+    return path
+
+
+def _dep(name, header, symbols, vscript):
+    """Link kwargs for an optional engine library, or None."""
+    probe = "#include <%s>\nvoid *nvio_probe_syms[] = { %s };\nint PyInit__nvio(void) { return 0; }\n" % (
+        header, ", ".join("(void *)" + s for s in symbols))
+    if not _try(["-fPIC", "-c"], probe):
+        return None
+    link = ["-fPIC", "-shared", "-Wl,--version-script=" + vscript]
+    if os.environ.get("NVIO_STATIC_DEPS", "1") != "0":
+        a = _static_archive(name)
+        if a and _try(link + [a], probe):
+            return {"extra_objects": [a]}
+    if _try(link + ["-l" + name], probe):
+        return {"libraries": [name]}
+    return None
+
+
+class BuildExt(build_ext):
+    def initialize_options(self):
+        super().initialize_options()
+        self.parallel = os.cpu_count() or 1
+
+    def build_extensions(self):
+        deps = [("URING", "uring", "liburing.h",
+                 ("io_uring_queue_init", "io_uring_queue_init_params", "io_uring_queue_exit",
+                  "io_uring_submit", "io_uring_wait_cqe_timeout", "io_uring_get_probe",
+                  "io_uring_register_buffers", "io_uring_register_files")),
+                ("AIO", "aio", "libaio.h",
+                 ("io_setup", "io_submit", "io_getevents", "io_destroy", "io_cancel"))]
+        os.makedirs(self.build_temp, exist_ok=True)
+        vscript = _version_script(os.path.join(self.build_temp, "nvio_python.map"))
+        for ext in self.extensions:
+            ext.extra_link_args = (ext.extra_link_args or []) + [
+                "-Wl,--version-script=" + vscript]
+            for macro, lib, header, syms in deps:
+                if os.environ.get("NVIO_NO_" + macro) == "1":
+                    continue
+                got = _dep(lib, header, syms, vscript)
+                if got is None:
+                    print("nvio: building without %s (no usable %s)" % (lib, header))
+                    continue
+                ext.define_macros.append(("NVIO_HAVE_" + macro, "1"))
+                ext.extra_objects = (ext.extra_objects or []) + got.get("extra_objects", [])
+                ext.libraries = (ext.libraries or []) + got.get("libraries", [])
+                print("nvio: %s engine linked %s" % (lib, "statically" if
+                      got.get("extra_objects") else "dynamically"))
+            ext.libraries = (ext.libraries or []) + ["dl"]
+        super().build_extensions()
+
+
+sources = sorted(glob.glob("src/*.c")) + ["python/nvio/_nvio.c"]
+
+ext = Extension(
+    "nvio._nvio",
+    sources=sources,
+    include_dirs=["include"],
+    define_macros=[("Py_LIMITED_API", hex(LIMITED))],
+    extra_compile_args=["-std=c11", "-D_GNU_SOURCE", "-pthread", "-fvisibility=hidden",
+                        "-O2", "-Wall", "-Wno-unused-parameter"],
+    extra_link_args=["-pthread"],
+    py_limited_api=True,
+)
+
+setup(
+    version=version(),
+    ext_modules=[ext],
+    cmdclass={"build_ext": BuildExt},
+    options={"bdist_wheel": {"py_limited_api": "cp311"}},
+)
