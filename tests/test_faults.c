@@ -1,0 +1,431 @@
+/*
+ * test_faults.c - injected system call failures through nvio__sys.
+ *
+ * Every case: install a hook, run one op (sync, then async), remove the
+ * hook with nvio__sys_reset(), and check
+ *   - an error (EIO, ENOSPC) surfaces as exactly that -errno, from the
+ *     sync call or from nvio_wait(), and the next wait returns 0;
+ *   - EINTR is retried: the op succeeds and the bytes are right;
+ *   - a short count is completed (bytes right) or reported (an error),
+ *     never lost: with a 0 return the file/buffer is checked byte by byte.
+ * Hooks count calls with atomics (worker threads call them) and only
+ * count descriptors that name files in the test directory.
+ *
+ * Which calls a hook can reach depends on the engine: completions of
+ * every engine pass io_result; pread/pwrite are psync's (and of buffered
+ * heads/tails); reap_fault is called by engines that wait for
+ * completions (io_uring, libaio). A hook that should have fired but never
+ * did is a failure for the engines it is documented for.
+ */
+#include <dirent.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "t.h"
+#include "sys.h"
+
+#define OPSZ (256u << 10)	/* 4 pieces of BS */
+#define BS (64u << 10)
+#define OFF 4096
+
+static struct nvio__sys real;
+static atomic_int calls;	/* matching calls seen */
+static atomic_int fired;	/* faults injected */
+static int fail_at;		/* which matching call fails (1-based) */
+static int fail_errno;		/* errno to give (pread/pwrite/...) */
+static int fail_kind;		/* see enum */
+static int want_write;		/* io_result: direction to hit */
+static uint64_t seed = 9000;
+
+enum { K_ERR, K_SHORT_HALF, K_SHORT_ZERO, K_ONCE_EINTR };
+
+static int hit(int fd)
+{
+	int k;
+
+	if (fd >= 0 && !t_fd_is_ours(fd))
+		return 0;
+	k = atomic_fetch_add(&calls, 1) + 1;
+	if (k != fail_at)
+		return 0;
+	atomic_fetch_add(&fired, 1);
+	return 1;
+}
+
+static ssize_t h_pread(int fd, void *buf, size_t n, off_t off)
+{
+	if (!hit(fd))
+		return real.pread(fd, buf, n, off);
+	if (fail_kind == K_SHORT_HALF && n > 1)
+		return real.pread(fd, buf, n / 2, off);
+	errno = fail_errno;
+	return -1;
+}
+
+static ssize_t h_pwrite(int fd, const void *buf, size_t n, off_t off)
+{
+	if (!hit(fd))
+		return real.pwrite(fd, buf, n, off);
+	if (fail_kind == K_SHORT_HALF && n > 1)
+		return real.pwrite(fd, buf, n / 2, off);
+	errno = fail_errno;
+	return -1;
+}
+
+static ssize_t h_io_result(int is_write, int fd, uint64_t off, size_t n,
+			   ssize_t res)
+{
+	if (is_write != want_write || !hit(fd))
+		return res;
+	switch (fail_kind) {
+	case K_SHORT_HALF:
+		return res > 1 ? res / 2 : res;
+	case K_SHORT_ZERO:
+		return 0;
+	default:
+		return -fail_errno;
+	}
+}
+
+static int h_reap_fault(void)
+{
+	return hit(-1) ? -fail_errno : 0;
+}
+
+static int h_fsync(int fd)
+{
+	if (!hit(-1))
+		return real.fsync(fd);
+	errno = fail_errno;
+	return -1;
+}
+
+static int h_rename(const char *a, const char *b)
+{
+	if (!hit(-1))
+		return real.rename(a, b);
+	errno = fail_errno;
+	return -1;
+}
+
+static void arm(int at, int kind, int err)
+{
+	nvio__sys_reset();
+	atomic_store(&calls, 0);
+	atomic_store(&fired, 0);
+	fail_at = at;
+	fail_kind = kind;
+	fail_errno = err;
+}
+
+static unsigned char *buf, *file, *chk;
+
+/* Runs one write or read of OPSZ at off with the armed hook; returns the
+ * op's result (sync) or the wait's (async). */
+static int run(nvio_handle_t *h, const char *path, int is_write, int async,
+	       uint64_t n, int64_t off, uint64_t s)
+{
+	int r;
+
+	/* libc prepares the file: old content for writes, data for reads. */
+	t_fill_random(file, OPSZ + 2 * OFF, s + 1);
+	t_write_file(path, file, OPSZ + 2 * OFF);
+	if (is_write) {
+		t_fill_random(buf, n, s);
+		memcpy(file + off, buf, n);
+	} else {
+		memset(buf, 0, n);
+	}
+	r = is_write ?
+	    nvio_pwrite(h, buf, n, path, off, async ? NVIO_ASYNC : 0) :
+	    nvio_pread(h, buf, n, path, off, async ? NVIO_ASYNC : 0);
+	if (async) {
+		if (!T_OK(r))
+			return r;
+		r = nvio_wait(h);
+		if (r == 1)
+			r = 0;
+	}
+	return r;
+}
+
+/* After a successful op, the bytes must be right. */
+static void check_bytes(const char *path, int is_write, uint64_t n,
+			int64_t off)
+{
+	size_t sz = 0;
+
+	if (is_write) {
+		if (T_OK(t_read_file(path, chk, OPSZ + 2 * OFF, &sz)) &&
+		    T_EQ_U64(sz, OPSZ + 2 * OFF))
+			T_MEM_EQ(chk, file, OPSZ + 2 * OFF);
+	} else {
+		T_MEM_EQ(buf, file + off, n);
+	}
+}
+
+/*
+ * One case: hook armed for the at-th matching call. `must_fire`: the hook
+ * has to be reached on this engine. Expected: err (exact -errno) or 0.
+ */
+static void one_case(nvio_handle_t *h, const char *path, const char *what,
+		     void (*install)(void), int at, int kind, int err,
+		     int is_write, int must_fire, int want)
+{
+	for (int async = 0; async < 2; async++) {
+		uint64_t n = OPSZ;
+		int64_t off = OFF;
+		int r, f;
+
+		t_ctx("%s%s", what, async ? " async" : "");
+		arm(at, kind, err);
+		install();
+		r = run(h, path, is_write, async, n, off, seed++);
+		nvio__sys_reset();
+		f = atomic_load(&fired);
+		if (!f) {
+			if (must_fire)
+				T_FAILF("the hook was not reached (%d matching "
+					"calls, needed %d)", atomic_load(&calls),
+					at);
+			T_OK(r);
+			check_bytes(path, is_write, n, off);
+		} else if (kind == K_SHORT_HALF || kind == K_SHORT_ZERO) {
+			/* completed (bytes right) or reported, never lost */
+			if (r == 0)
+				check_bytes(path, is_write, n, off);
+			else if (r > 0)
+				T_FAILF("got %d, expected 0 or an error", r);
+			else
+				t_note("%s: short count reported as %s", what,
+				       t_errname(r));
+		} else {
+			T_ERR(r, want);
+			if (want == 0)
+				check_bytes(path, is_write, n, off);
+		}
+		if (async)
+			T_ERR(nvio_wait(h), 0);
+		T_EQ_U64(nvio_pending(h), 0);
+		if (r < 0) {
+			nvio_error_t e;
+
+			memset(&e, 0, sizeof(e));
+			nvio_last_error(h, &e);
+			T_ERR(e.err, r);
+			T_EQ_INT(e.is_write, is_write);
+		}
+		/* The handle still works afterwards. */
+		r = run(h, path, is_write, 0, n, off, seed++);
+		T_OK(r);
+		check_bytes(path, is_write, n, off);
+	}
+}
+
+static void i_pread(void) { nvio__sys.pread = h_pread; }
+static void i_pwrite(void) { nvio__sys.pwrite = h_pwrite; }
+static void i_result_w(void) { want_write = 1; nvio__sys.io_result = h_io_result; }
+static void i_result_r(void) { want_write = 0; nvio__sys.io_result = h_io_result; }
+static void i_reap(void) { nvio__sys.reap_fault = h_reap_fault; }
+
+static void faults(nvio_handle_t *h, int e, const char *combo)
+{
+	char path[T_PATH_MAX], what[160];
+	int psync = e == NVIO_ENGINE_PSYNC;
+	int ring = e == NVIO_ENGINE_URING || e == NVIO_ENGINE_AIO;
+	static const int errs[] = { EIO, ENOSPC };
+
+	t_path(path, "faults");
+	for (int k = 0; k < 2; k++) {
+		int er = errs[k];
+
+		snprintf(what, sizeof(what), "%s pwrite call 2 fails %s", combo,
+			 t_errname(-er));
+		one_case(h, path, what, i_pwrite, 2, K_ERR, er, 1, psync, -er);
+		snprintf(what, sizeof(what), "%s pread call 2 fails %s", combo,
+			 t_errname(-er));
+		one_case(h, path, what, i_pread, 2, K_ERR, er, 0, psync, -er);
+		snprintf(what, sizeof(what), "%s write completion 2 is %s",
+			 combo, t_errname(-er));
+		one_case(h, path, what, i_result_w, 2, K_ERR, er, 1, 1, -er);
+		snprintf(what, sizeof(what), "%s read completion 3 is %s",
+			 combo, t_errname(-er));
+		one_case(h, path, what, i_result_r, 3, K_ERR, er, 0, 1, -er);
+	}
+	snprintf(what, sizeof(what), "%s pread EINTR once", combo);
+	one_case(h, path, what, i_pread, 1, K_ERR, EINTR, 0, psync, 0);
+	snprintf(what, sizeof(what), "%s pwrite EINTR once", combo);
+	one_case(h, path, what, i_pwrite, 1, K_ERR, EINTR, 1, psync, 0);
+	snprintf(what, sizeof(what), "%s pread short once", combo);
+	one_case(h, path, what, i_pread, 2, K_SHORT_HALF, 0, 0, psync, 0);
+	snprintf(what, sizeof(what), "%s pwrite short once", combo);
+	one_case(h, path, what, i_pwrite, 2, K_SHORT_HALF, 0, 1, psync, 0);
+	snprintf(what, sizeof(what), "%s write completion 2 short", combo);
+	one_case(h, path, what, i_result_w, 2, K_SHORT_HALF, 0, 1, 1, 0);
+	snprintf(what, sizeof(what), "%s read completion 2 short", combo);
+	one_case(h, path, what, i_result_r, 2, K_SHORT_HALF, 0, 0, 1, 0);
+	snprintf(what, sizeof(what), "%s write completion 1 is 0 bytes", combo);
+	one_case(h, path, what, i_result_w, 1, K_SHORT_ZERO, 0, 1, 1, 0);
+	snprintf(what, sizeof(what), "%s read completion 4 is 0 bytes", combo);
+	one_case(h, path, what, i_result_r, 4, K_SHORT_ZERO, 0, 0, 1, 0);
+	snprintf(what, sizeof(what), "%s reap_fault EINTR once (read)", combo);
+	one_case(h, path, what, i_reap, 1, K_ERR, EINTR, 0, ring, 0);
+	snprintf(what, sizeof(what), "%s reap_fault EINTR once (write)", combo);
+	one_case(h, path, what, i_reap, 1, K_ERR, EINTR, 1, ring, 0);
+	unlink(path);
+}
+
+/* ---- nvio_write_file failing midway ---- */
+
+static int h_open_fail(const char *p, int flags, mode_t mode)
+{
+	if (!hit(-1))
+		return real.open(p, flags, mode);
+	errno = fail_errno;
+	return -1;
+}
+
+static void i_fsync(void) { nvio__sys.fsync = h_fsync; }
+static void i_rename(void) { nvio__sys.rename = h_rename; }
+static void i_open(void) { nvio__sys.open = h_open_fail; }
+
+static void list_dir(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *de;
+
+	if (!d)
+		return;
+	while ((de = readdir(d)))
+		if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
+			fprintf(stderr, "    left in %s: %s\n", dir, de->d_name);
+	closedir(d);
+}
+
+static void write_file_case(nvio_handle_t *h, const char *combo,
+			    const char *what, void (*install)(void), int at,
+			    int err, unsigned flags, int must_fire)
+{
+	char dir[T_PATH_MAX], path[T_PATH_MAX];
+	enum { OLD = 100000, NEW = 200000 };
+	size_t sz = 0;
+	int r, f;
+
+	t_ctx("%s write_file fails: %s", combo, what);
+	t_subdir(dir, "wf");
+	snprintf(path, sizeof(path), "%s/target", dir);
+	t_fill_random(file, OLD, seed++);
+	if (t_write_file(path, file, OLD))
+		return;
+	t_fill_random(buf, NEW, seed++);
+	arm(at, K_ERR, err);
+	install();
+	r = nvio_write_file(h, buf, NEW, path, flags);
+	if (flags & NVIO_ASYNC) {
+		if (T_OK(r))
+			r = nvio_wait(h);
+	}
+	nvio__sys_reset();
+	f = atomic_load(&fired);
+	if (!f) {
+		if (must_fire)
+			T_FAILF("the hook was not reached (%d calls, needed %d)",
+				atomic_load(&calls), at);
+		if (r == 1 && (flags & NVIO_ASYNC))
+			r = 0;
+		T_OK(r);
+	} else {
+		T_ERR(r, -err);
+		/* The old file untouched, and nothing else left there. */
+		if (T_OK(t_read_file(path, chk, NEW, &sz)) &&
+		    T_EQ_U64(sz, OLD))
+			T_MEM_EQ(chk, file, OLD);
+		if (!T_EQ_INT(t_dir_count(dir), 1))
+			list_dir(dir);
+	}
+	T_ERR(nvio_wait(h), 0);
+	unlink(path);
+	rmdir(dir);
+}
+
+static void write_file_faults(nvio_handle_t *h, int e, const char *combo)
+{
+	int psync = e == NVIO_ENGINE_PSYNC;
+
+	write_file_case(h, combo, "write completion 2 ENOSPC", i_result_w, 2,
+			ENOSPC, 0, 1);
+	write_file_case(h, combo, "write completion 3 EIO, async", i_result_w,
+			3, EIO, NVIO_ASYNC, 1);
+	write_file_case(h, combo, "pwrite 2 ENOSPC", i_pwrite, 2, ENOSPC, 0,
+			psync);
+	write_file_case(h, combo, "rename EIO", i_rename, 1, EIO, 0, 1);
+	write_file_case(h, combo, "rename EXDEV", i_rename, 1, EXDEV, 0, 1);
+	write_file_case(h, combo, "fsync EIO with NVIO_FSYNC", i_fsync, 1, EIO,
+			NVIO_FSYNC, 1);
+	write_file_case(h, combo, "open EACCES", i_open, 1, EACCES, 0, 1);
+}
+
+/* A failing open surfaces as its error for the range ops too. */
+static void open_faults(nvio_handle_t *h, const char *combo)
+{
+	char path[T_PATH_MAX];
+
+	t_path(path, "openfail");
+	t_write_file(path, "abc", 3);
+	for (int async = 0; async < 2; async++) {
+		unsigned fl = async ? NVIO_ASYNC : 0;
+
+		t_ctx("%s open EMFILE%s", combo, async ? " async" : "");
+		arm(1, K_ERR, EMFILE);
+		i_open();
+		T_ERR(nvio_pread(h, buf, 3, path, 0, fl), -EMFILE);
+		arm(1, K_ERR, EACCES);
+		i_open();
+		T_ERR(nvio_pwrite(h, buf, 3, path, 0, fl), -EACCES);
+		nvio__sys_reset();
+		T_ERR(nvio_wait(h), 0);
+		T_EQ_U64(nvio_pending(h), 0);
+		/* EINTR on open is retried. */
+		arm(1, K_ERR, EINTR);
+		i_open();
+		T_OK(nvio_pread(h, buf, 3, path, 0, 0));
+		nvio__sys_reset();
+		T_MEM_EQ(buf, "abc", 3);
+	}
+	unlink(path);
+}
+
+int main(void)
+{
+	t_init("faults");
+	nvio__sys_reset();
+	real = nvio__sys;
+	buf = t_alloc(OPSZ + 2 * OFF);
+	file = t_alloc(OPSZ + 2 * OFF);
+	chk = t_alloc(OPSZ + 2 * OFF);
+	for (int i = 0; i < T_N_ENGINES; i++)
+		for (int j = 0; j < T_N_DIRECTS; j++) {
+			int e = t_engine_list[i], d = t_direct_list[j];
+			nvio_handle_t *h;
+			char combo[64];
+
+			if (!t_combo_ok(e, d))
+				continue;
+			snprintf(combo, sizeof(combo), "%s/%s", t_engine_str(e),
+				 t_direct_str(d));
+			t_ctx("%s create", combo);
+			if (t_handle(&h, e, d, 1, BS))
+				continue;
+			faults(h, e, combo);
+			write_file_faults(h, e, combo);
+			open_faults(h, combo);
+			nvio__sys_reset();
+			nvio_handle_destroy(h);
+		}
+	free(buf);
+	free(file);
+	free(chk);
+	return t_done();
+}
