@@ -1053,9 +1053,6 @@ static int resolve_async(PyObject *a, PyObject *b, int *out)
 	return 0;
 }
 
-#define SIG_RW(name) name "($self, buffer, filename, validate=False, async_op=False, " \
-	"file_offset=0, *, fd=None"
-
 static PyObject *rw_generic(HandleObject *self, PyObject *args, PyObject *kw, int kind)
 {
 	static char *kwlist[] = { "buffer", "filename", "validate", "async_op",
@@ -1176,21 +1173,18 @@ static PyObject *h_wait(PyObject *s, PyObject *unused)
 	Py_END_ALLOW_THREADS
 	self->busy--;
 	if (rc < 0) {
-		raise_nvio(h, rc, NULL, -1, 0, 0, "wait", 0);
-		/* Fill in the file name from the error record when there is one. */
-		PyObject *et, *ev, *tb;
-		PyErr_Fetch(&et, &ev, &tb);
+		/* Name the file of the failed op when the error record has one. */
+		PyObject *target = NULL;
 		nvio_error_t *e = PyMem_Malloc(sizeof(*e));
-		if (ev && e && nvio_last_error(h, e) == rc && e->path[0]) {
-			PyObject *p = PyUnicode_DecodeFSDefault(e->path);
-			if (p) {
-				PyObject_SetAttrString(ev, "filename", p);
-				Py_DECREF(p);
-			}
-			PyErr_Clear();
+		if (e && nvio_last_error(h, e) == rc && e->path[0] &&
+		    strncmp(e->path, "fd ", 3) != 0) {
+			target = PyUnicode_DecodeFSDefault(e->path);
+			if (!target)
+				PyErr_Clear();
 		}
 		PyMem_Free(e);
-		PyErr_Restore(et, ev, tb);
+		raise_nvio(h, rc, target, -1, 0, 0, "wait", 0);
+		Py_XDECREF(target);
 		release_holds(self, limit);
 		return NULL;
 	}
@@ -1283,7 +1277,7 @@ static PyObject *config_dict(const nvio_config_t *c)
 {
 	const char *en = nvio_engine_name(c->engine);
 	const char *dn = nvio_direct_name(c->direct);
-	return Py_BuildValue("{sKsIsOsOsIssssK}",
+	return Py_BuildValue("{sKsIsOsOsIsssssK}",
 		"block_size", (unsigned long long)c->block_size,
 		"queue_depth", (unsigned)c->queue_depth,
 		"single_submit", c->single_submit ? Py_True : Py_False,
@@ -1351,28 +1345,28 @@ static PyObject *h_get_closed(PyObject *s, void *c)
 
 static PyMethodDef handle_methods[] = {
 	{ "pread", (PyCFunction)(void (*)(void))h_pread, METH_VARARGS | METH_KEYWORDS,
-	  "pread($self, buffer, filename, validate=False, async_op=False, file_offset=0)\n--\n\n"
+	  "pread($self, buffer, filename, validate=False, async_op=False, file_offset=0, *, fd=None)\n--\n\n"
 	  "Read len(buffer) bytes of the file at file_offset into buffer.\n"
 	  "async_op (also accepted as async=, as in DeepSpeed) returns at submit; wait()\n"
 	  "then reports the op. Returns 1 when done (sync) or 0 when queued (async).\n"
 	  "Reading past the end of the file raises NvioError(ENODATA).\n" RW_DOC_TAIL },
 	{ "pwrite", (PyCFunction)(void (*)(void))h_pwrite, METH_VARARGS | METH_KEYWORDS,
-	  "pwrite($self, buffer, filename, validate=False, async_op=False, file_offset=0, *, fsync=False)\n--\n\n"
+	  "pwrite($self, buffer, filename, validate=False, async_op=False, file_offset=0, *, fd=None, fsync=False)\n--\n\n"
 	  "Write buffer to the file at file_offset. The file is created if missing and\n"
 	  "never truncated. fsync=True makes the data durable before completion.\n"
 	  "Returns 1 when done (sync) or 0 when queued (async).\n" RW_DOC_TAIL },
 	{ "sync_pread", (PyCFunction)(void (*)(void))h_sync_pread, METH_VARARGS | METH_KEYWORDS,
-	  "sync_pread($self, buffer, filename, file_offset=0)\n--\n\n"
+	  "sync_pread($self, buffer, filename, file_offset=0, *, fd=None, validate=False)\n--\n\n"
 	  "Blocking pread; returns 1.\n" RW_DOC_TAIL },
 	{ "sync_pwrite", (PyCFunction)(void (*)(void))h_sync_pwrite, METH_VARARGS | METH_KEYWORDS,
-	  "sync_pwrite($self, buffer, filename, file_offset=0, *, fsync=False)\n--\n\n"
+	  "sync_pwrite($self, buffer, filename, file_offset=0, *, fd=None, validate=False, fsync=False)\n--\n\n"
 	  "Blocking pwrite; returns 1.\n" RW_DOC_TAIL },
 	{ "async_pread", (PyCFunction)(void (*)(void))h_async_pread, METH_VARARGS | METH_KEYWORDS,
-	  "async_pread($self, buffer, filename, file_offset=0)\n--\n\n"
+	  "async_pread($self, buffer, filename, file_offset=0, *, fd=None, validate=False)\n--\n\n"
 	  "Queue a read and return 0; wait() reports it. The buffer is kept alive\n"
 	  "until then; do not touch its contents before wait().\n" RW_DOC_TAIL },
 	{ "async_pwrite", (PyCFunction)(void (*)(void))h_async_pwrite, METH_VARARGS | METH_KEYWORDS,
-	  "async_pwrite($self, buffer, filename, file_offset=0, *, fsync=False)\n--\n\n"
+	  "async_pwrite($self, buffer, filename, file_offset=0, *, fd=None, validate=False, fsync=False)\n--\n\n"
 	  "Queue a write and return 0; wait() reports it. The buffer is kept alive\n"
 	  "until then; do not modify it before wait().\n" RW_DOC_TAIL },
 	{ "read", (PyCFunction)(void (*)(void))h_read, METH_VARARGS | METH_KEYWORDS,

@@ -1,0 +1,139 @@
+"""The handle's API surface: constructor, getters, signatures, module functions."""
+import inspect
+
+import pytest
+
+import nvio
+
+
+def test_defaults_match_deepspeed():
+    h = nvio.aio_handle()
+    assert nvio.aio_handle is nvio.AioHandle
+    assert h.get_block_size() == 1048576
+    assert h.get_queue_depth() == 128
+    assert h.get_single_submit() is False
+    assert h.get_overlap_events() is False
+    assert h.get_intra_op_parallelism() == 1
+    assert h.get_engine() in ("io_uring", "libaio", "psync")
+    assert h.get_direct() == "auto"
+    assert isinstance(h.get_engine_note(), str)
+    cfg = h.get_config()
+    assert cfg["block_size"] == 1048576 and cfg["engine"] == h.get_engine()
+    h.close()
+
+
+def test_positional_and_keyword_construction():
+    h = nvio.AioHandle(65536, 16, True, True, 3)
+    assert (h.get_block_size(), h.get_queue_depth(), h.get_single_submit(),
+            h.get_overlap_events(), h.get_intra_op_parallelism()) == (65536, 16, True, True, 3)
+    h2 = nvio.AioHandle(block_size=131072, queue_depth=8, single_submit=False,
+                        overlap_events=True, intra_op_parallelism=2)
+    assert h2.get_block_size() == 131072 and h2.get_overlap_events() is True
+
+
+def test_engine_and_direct_arguments(engine):
+    for direct, name in ((True, "on"), (False, "off"), ("auto", "auto"), (None, "auto"),
+                         ("on", "on"), ("off", "off")):
+        with nvio.AioHandle(engine=engine, direct=direct) as h:
+            assert h.get_engine() == engine
+            assert h.get_direct() == name
+
+
+def test_unavailable_engine_is_an_error():
+    for e in nvio.ENGINES:
+        ok, why = nvio.engine_available(e)
+        assert isinstance(ok, bool) and isinstance(why, str)
+        if not ok:
+            assert why
+            with pytest.raises(OSError):
+                nvio.AioHandle(engine=e)
+    assert "psync" in nvio.available_engines()
+
+
+def test_signatures_visible_to_help():
+    sig = inspect.signature(nvio.AioHandle)
+    assert list(sig.parameters)[:5] == ["block_size", "queue_depth", "single_submit",
+                                        "overlap_events", "intra_op_parallelism"]
+    assert sig.parameters["block_size"].default == 1048576
+    assert "engine" in sig.parameters and "direct" in sig.parameters
+    h = nvio.AioHandle()
+    p = inspect.signature(h.pread)
+    assert list(p.parameters)[:5] == ["buffer", "filename", "validate", "async_op",
+                                      "file_offset"]
+    assert p.parameters["file_offset"].default == 0
+    assert list(inspect.signature(h.sync_pwrite).parameters)[:3] == [
+        "buffer", "filename", "file_offset"]
+    assert list(inspect.signature(h.wait).parameters) == []
+    text = pydoc_text(nvio.AioHandle)
+    assert "pread(self, /, buffer, filename, validate=False, async_op=False, file_offset=0" in text
+    assert "new_cpu_locked_tensor(self, num_elem, example_tensor)" in text
+
+
+def pydoc_text(obj):
+    import pydoc
+    return pydoc.render_doc(obj, renderer=pydoc.plaintext)
+
+
+def test_tuned(tmp_path, monkeypatch):
+    monkeypatch.setenv("NVIO_TUNED_FILE", str(tmp_path / "tuned.conf"))
+    monkeypatch.delenv("NVIO_NO_TUNED", raising=False)
+    d = str(tmp_path)
+    h = nvio.AioHandle.tuned(d)                       # nothing saved: defaults
+    assert h.get_block_size() == 1048576
+    src = nvio.AioHandle(block_size=262144, queue_depth=16, intra_op_parallelism=2,
+                         overlap_events=True, engine="psync")
+    src.save_tuned(d, for_write=True)
+    assert nvio.load_tuned(d, for_write=True)["block_size"] == 262144
+    assert nvio.load_tuned(d, for_write=False) is None
+    w = nvio.AioHandle.tuned(d, for_write=True)
+    assert (w.get_block_size(), w.get_queue_depth(), w.get_intra_op_parallelism(),
+            w.get_overlap_events(), w.get_engine()) == (262144, 16, 2, True, "psync")
+    o = nvio.AioHandle.tuned(d, True, queue_depth=4)
+    assert o.get_queue_depth() == 4 and o.get_block_size() == 262144
+    monkeypatch.setenv("NVIO_NO_TUNED", "1")
+    assert nvio.AioHandle.tuned(d, True).get_block_size() == 1048576
+
+
+def test_environment_overrides_engine(monkeypatch):
+    monkeypatch.setenv("NVIO_ENGINE", "psync")
+    with nvio.AioHandle(engine="auto") as h:
+        assert h.get_engine() == "psync"
+
+
+def test_module_functions(tmp_path):
+    assert nvio.__version__ == nvio.version() and nvio.version().count(".") == 2
+    assert nvio._nvio.VERSION_NUM == nvio._nvio.HEADER_VERSION_NUM
+    p = nvio.probe(str(tmp_path))
+    assert set(p["engines"]) == {"io_uring", "libaio", "psync"}
+    assert p["engines"]["psync"][0] is True
+    assert nvio.probe()["fs_type"] == ""
+    (tmp_path / "f").write_bytes(b"12345")
+    assert nvio.file_size(str(tmp_path / "f")) == 5
+    with pytest.raises(FileNotFoundError):
+        nvio.file_size(str(tmp_path / "missing"))
+    assert "No such file" in nvio.strerror(2)
+    addr, n = nvio.buffer_info(bytearray(7))
+    assert n == 7 and addr
+
+
+def test_exception_hierarchy():
+    assert issubclass(nvio.NvioError, OSError)
+    assert issubclass(nvio.NvioFileNotFoundError, FileNotFoundError)
+    assert issubclass(nvio.NvioFileNotFoundError, nvio.NvioError)
+    assert issubclass(nvio.NvioPermissionError, PermissionError)
+    assert issubclass(nvio.NvioIsADirectoryError, IsADirectoryError)
+
+
+def test_permission_and_directory_errors(np, tmp_path):
+    import os
+    a = np.zeros(4, np.uint8)
+    with nvio.AioHandle() as h:
+        with pytest.raises(IsADirectoryError) as ei:
+            h.sync_pread(a, str(tmp_path))
+        assert isinstance(ei.value, nvio.NvioError)
+        if os.geteuid() != 0:
+            f = tmp_path / "noperm"
+            f.write_bytes(b"1234")
+            f.chmod(0)
+            with pytest.raises(PermissionError):
+                h.sync_pread(a, str(f))
