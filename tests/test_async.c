@@ -179,14 +179,13 @@ static void test_one_fails(nvio_handle_t *h, const char *combo)
 	for (int i = 0; i < n; i++) {
 		ops[i].seed = seed++;
 		t_fill_random(ops[i].buf, ops[i].n, ops[i].seed);
-		if (t_write_file(ops[i].path, ops[i].buf, ops[i].n +
-				 (uint64_t)ops[i].off)) {
+		/* The file holds the stream at [off, off+n). */
+		if (t_write_file(ops[i].path, "", 0) ||
+		    t_pwrite_file(ops[i].path, ops[i].buf, ops[i].n,
+				  ops[i].off)) {
 			T_FAILF("libc write failed");
 			return;
 		}
-		/* The file holds the stream at [off, off+n). */
-		if (t_pwrite_file(ops[i].path, ops[i].buf, ops[i].n, ops[i].off))
-			return;
 		memset(ops[i].buf, 0, ops[i].n + 2);
 	}
 	snprintf(bad_path, sizeof(bad_path), "%s", ops[4].path);

@@ -147,7 +147,7 @@ static void b_eng_count(nvio_config_t *c) { c->engine = NVIO_ENGINE_COUNT_; }
 static void b_eng_99(nvio_config_t *c) { c->engine = 99; }
 static void b_dir_neg(nvio_config_t *c) { c->direct = -1; }
 static void b_dir_3(nvio_config_t *c) { c->direct = 3; }
-static void b_flags1(nvio_config_t *c) { c->flags = 1; }
+static void b_flags1(nvio_config_t *c) { c->flags = 1u << 1; }
 static void b_flagshi(nvio_config_t *c) { c->flags = 0x80000000u; }
 static void b_res0(nvio_config_t *c) { c->reserved[0] = 1; }
 static void b_res5(nvio_config_t *c) { c->reserved[5] = 1ull << 63; }
@@ -169,7 +169,7 @@ static const struct bad_cfg bad_cfgs[] = {
 	{ "engine 99", b_eng_99 },
 	{ "direct -1", b_dir_neg },
 	{ "direct 3", b_dir_3 },
-	{ "flags 1", b_flags1 },
+	{ "flags 1<<1 (unknown)", b_flags1 },
 	{ "flags high bit", b_flagshi },
 	{ "reserved[0]", b_res0 },
 	{ "reserved[5]", b_res5 },
@@ -194,6 +194,28 @@ static void test_invalid(void)
 		T_ERR(r, -EINVAL);
 		if (r == 0)
 			nvio_handle_destroy(h);
+	}
+	/* The one known handle flag is accepted; without cuFile it does
+	 * not route anything through cuFile. */
+	{
+		nvio_config_t c;
+		nvio_handle_t *h = NULL;
+		char why[256] = "";
+		int mode = nvio_gds_mode(why, sizeof(why));
+
+		t_ctx("NVIO_HANDLE_GDS");
+		T_TRUE(mode == NVIO_CUFILE_NONE || mode == NVIO_CUFILE_DIRECT ||
+		       mode == NVIO_CUFILE_COMPAT);
+		if (mode == NVIO_CUFILE_NONE)
+			T_TRUE(why[0] != 0);
+		nvio_config_init(&c);
+		c.engine = NVIO_ENGINE_PSYNC;
+		c.flags = NVIO_HANDLE_GDS;
+		if (T_OK(nvio_handle_create(&h, &c))) {
+			if (mode == NVIO_CUFILE_NONE)
+				T_EQ_INT(nvio_get_gds(h), 0);
+			nvio_handle_destroy(h);
+		}
 	}
 	t_ctx("invalid config: out NULL");
 	T_ERR(nvio_handle_create(NULL, NULL), -EINVAL);

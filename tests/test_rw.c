@@ -205,7 +205,7 @@ static void test_grow(nvio_handle_t *h, const char *combo)
 static void test_whole(nvio_handle_t *h, const char *combo)
 {
 	char path[T_PATH_MAX];
-	unsigned char *big = t_alloc(2 * MiB + 1), *chk = t_alloc(2 * MiB + 2);
+	unsigned char *big = t_alloc(2 * MiB + 2), *chk = t_alloc(2 * MiB + 2);
 	static const uint64_t ns[] = { 0, 1, 4096, 4097, MiB + 3, 2 * MiB + 1 };
 	size_t sz;
 
