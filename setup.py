@@ -132,11 +132,15 @@ ext = Extension(
                         "-O2", "-Wall", "-Wno-unused-parameter"],
     extra_link_args=["-pthread"],
     py_limited_api=True,
+    # Any header change rebuilds everything (setuptools only tracks .c files).
+    depends=sorted(glob.glob("include/*.h") + glob.glob("src/*.h")),
 )
 
 setup(
     version=version(),
     ext_modules=[ext],
     cmdclass={"build_ext": BuildExt},
-    options={"bdist_wheel": {"py_limited_api": "cp311"}},
+    options={"bdist_wheel": {"py_limited_api": "cp311"},
+             # Apart from the Makefile's build/.
+             "build": {"build_base": "python/build"}},
 )

@@ -9,11 +9,6 @@ import sys
 
 import pytest
 
-# Explicit choices in the tests must not be overridden by the environment.
-for _var in ("NVIO_ENGINE", "NVIO_DIRECT"):
-    os.environ.pop(_var, None)
-os.environ["NVIO_NO_TUNED"] = "1"
-
 try:
     import nvio  # noqa: F401  (installed with pip install .)
 except ImportError:  # an in-place build: python setup.py build_ext --inplace
@@ -21,6 +16,19 @@ except ImportError:  # an in-place build: python setup.py build_ext --inplace
     import nvio  # noqa: F401
 
 ENGINES = ("io_uring", "libaio", "psync")
+# Modules in this directory that are not the binding's (they get no fixtures).
+OTHERS = ("test_cli.py",)
+
+
+@pytest.fixture(autouse=True)
+def _explicit_choices_win(request, monkeypatch):
+    """The binding's tests pick engines and direct modes explicitly: the
+    environment (NVIO_ENGINE, NVIO_DIRECT, a tuned file) must not override them."""
+    if os.path.basename(str(request.node.fspath)) in OTHERS:
+        return
+    for var in ("NVIO_ENGINE", "NVIO_DIRECT", "NVIO_TUNED_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NVIO_NO_TUNED", "1")
 
 
 def pytest_report_header(config):
