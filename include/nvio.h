@@ -172,7 +172,8 @@ NVIO_API const char *nvio_get_engine_note(const nvio_handle_t *h);
  * to replace a file. A file that grows is allocated up front, so a full
  * disk fails the op with -ENOSPC at submit; if a write fails later, the
  * range's bytes are unspecified and the file may already have its new
- * size. A read of 0 bytes succeeds when offset is within the file.
+ * size. A read of 0 bytes succeeds when offset is within the file; a write of
+ * 0 bytes changes nothing, as with pwrite(2).
  *
  * The _fd variants use the caller's open descriptor, which is never
  * closed or changed; O_DIRECT is used through a second descriptor opened
@@ -247,8 +248,9 @@ NVIO_API int nvio_format_error(const nvio_error_t *e, char *buf, size_t len);
 
 /*
  * Page-aligned, page-locked host memory.
- * nvio_mem_alloc stores in *out nbytes (>= 1) of zeroed memory aligned to
- * the page size. It tries to lock the pages; where RLIMIT_MEMLOCK or the
+ * nvio_mem_alloc stores in *out nbytes of zeroed memory aligned to the
+ * page size; nbytes 0 is allowed and gives a valid, freeable allocation
+ * (an empty locked tensor is a legitimate request). It tries to lock the pages; where RLIMIT_MEMLOCK or the
  * system refuses, it returns unlocked memory instead, unless
  * NVIO_MEM_REQUIRE_LOCKED is given, in which case it fails with the
  * error mlock gave (-ENOMEM or -EPERM). *flags_out (if not NULL) gets

@@ -72,6 +72,8 @@ struct nvio__op {
 	int own_fd, own_dfd;	/* close them when the op ends */
 	int stage;		/* body pieces go through staging buffers */
 	void *cufh;		/* cuFile handle: pieces go through cuFile */
+	int plain;		/* not a file or block device: pieces go
+				 * through pread/pwrite (AIO refuses them) */
 	char *path;		/* for errors; the target of write_file */
 	char *tmp_path;		/* write_file: the temporary, else NULL */
 	atomic_uint tasks_left;

@@ -145,6 +145,15 @@ static int open_main(struct nvio__op *op, const struct request *rq)
 	return 0;
 }
 
+/* Regular files and block devices; everything else is moved plainly. */
+static int seekable_file(int fd)
+{
+	struct stat st;
+
+	return nvio__sys.fstat(fd, &st) < 0 || S_ISREG(st.st_mode) ||
+	       S_ISBLK(st.st_mode);
+}
+
 /* The file's size for reads: regular files and block devices. */
 static int file_size(int fd, uint64_t *size)
 {
@@ -373,6 +382,8 @@ static int submit(struct nvio_handle *h, struct request *rq)
 		what = "open O_DIRECT";
 		r = plan_op(h, op, rq, nbytes);
 	}
+	if (!r && op->mem == NVIO__MEM_HOST && !op->cufh && op->dfd < 0)
+		op->plain = !seekable_file(op->fd);
 	if (r) {
 		nvio__set_error(h, r, op, what, (uint64_t)rq->offset, nbytes);
 		if (op->tmp_path)

@@ -200,11 +200,17 @@ static void fill(struct wstate *s)
 			return;
 		op = t->op;
 		nvio__plan_piece(&op->plan, t->next_piece, &off, &len, &body);
-		if (op->cufh) {		/* GDS: cuFile moves it, synchronously */
-			const char *what;
+		if (op->cufh || op->plain) {	/* moved here, synchronously */
+			const char *what = op->is_write ? "pwrite" : "pread";
+			void *p = op->buf + (off - op->plan.off);
 
 			take_piece(s, t);
-			err = nvio__cufile_rw(op, off, len, &what);
+			if (op->cufh)
+				err = nvio__cufile_rw(op, off, len, &what);
+			else if (op->is_write)
+				err = nvio__pwrite_full(op->fd, p, (size_t)len, off);
+			else
+				err = nvio__pread_full(op->fd, p, (size_t)len, off);
 			if (err)
 				nvio__op_fail(op, err, what, off, len);
 			task_pieces_done(t, 1);

@@ -27,7 +27,7 @@ from ._nvio import (
     probe,
     strerror,
 )
-from .handles import AioHandle, aio_handle
+from .handles import AioHandle, GdsHandle, aio_handle, gds_handle, gds_mode
 
 __version__ = _nvio.version_string
 
@@ -50,7 +50,7 @@ def version():
 
 
 __all__ = [
-    "AioHandle", "aio_handle", "Handle", "LockedBuffer", "NvioError",
+    "AioHandle", "aio_handle", "GdsHandle", "gds_handle", "gds_mode", "Handle", "LockedBuffer", "NvioError",
     "NvioFileNotFoundError", "NvioFileExistsError", "NvioPermissionError",
     "NvioIsADirectoryError", "NvioNotADirectoryError", "NvioInterruptedError",
     "NvioTimeoutError", "NvioBlockingIOError", "ENGINES", "engine_available",

@@ -292,6 +292,40 @@ static int is_torch_like(PyObject *obj)
 	       PyObject_HasAttrString(obj, "numel");
 }
 
+/*
+ * torch.cuda.current_stream(device).synchronize(), after making sure this
+ * process really has CUDA: otherwise the pointer would be taken for host
+ * memory.
+ */
+static int cuda_sync_current_stream(PyObject *dev)
+{
+	PyObject *cuda = PyImport_ImportModule("torch.cuda");
+	PyObject *stream, *avail, *r = NULL;
+	int ok;
+
+	if (!cuda)
+		return -1;
+	avail = call0(cuda, "is_available");
+	ok = avail ? PyObject_IsTrue(avail) : -1;
+	Py_XDECREF(avail);
+	if (ok <= 0) {
+		if (ok == 0)
+			PyErr_Format(PyExc_RuntimeError,
+				     "nvio: tensor on device '%S' but this process has no "
+				     "usable CUDA (torch.cuda.is_available() is False)", dev);
+		Py_DECREF(cuda);
+		return -1;
+	}
+	stream = PyObject_CallMethod(cuda, "current_stream", "O", dev);
+	Py_DECREF(cuda);
+	if (stream) {
+		r = call0(stream, "synchronize");
+		Py_DECREF(stream);
+	}
+	Py_XDECREF(r);
+	return r ? 0 : -1;
+}
+
 static int torch_get(PyObject *obj, nv_buf *b)
 {
 	PyObject *dev = PyObject_GetAttrString(obj, "device");
@@ -304,11 +338,22 @@ static int torch_get(PyObject *obj, nv_buf *b)
 	}
 	int is_cpu = PyUnicode_Check(dtype_name) &&
 		     PyUnicode_CompareWithASCIIString(dtype_name, "cpu") == 0;
+	int is_cuda = PyUnicode_Check(dtype_name) &&
+		      PyUnicode_CompareWithASCIIString(dtype_name, "cuda") == 0;
 	Py_DECREF(dtype_name);
-	if (!is_cpu) {
+	if (!is_cpu && !is_cuda) {
 		PyErr_Format(PyExc_TypeError,
-			     "nvio: tensor on device '%S' is not supported yet; "
-			     "only CPU tensors can be used (move it with .cpu())", dev);
+			     "nvio: tensor on device '%S' is not supported; "
+			     "use a CPU or CUDA tensor", dev);
+		Py_DECREF(dev);
+		return -1;
+	}
+	/*
+	 * Kernels that produce a CUDA tensor run asynchronously on torch's
+	 * current stream: let them finish before nvio copies the memory. (nvio
+	 * finds device memory through the CUDA driver torch has loaded.)
+	 */
+	if (is_cuda && cuda_sync_current_stream(dev) < 0) {
 		Py_DECREF(dev);
 		return -1;
 	}
@@ -810,15 +855,15 @@ static PyObject *handle_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "block_size", "queue_depth", "single_submit",
 		"overlap_events", "intra_op_parallelism", "engine", "direct",
-		"staging_bytes", NULL };
+		"staging_bytes", "gds", NULL };
 	long long block = NVIO_DEFAULT_BLOCK_SIZE, staging = NVIO_DEFAULT_STAGING_BYTES;
 	long long depth = NVIO_DEFAULT_QUEUE_DEPTH, par = 1;
-	int single = 0, overlap = 0;
+	int single = 0, overlap = 0, gds = 0;
 	PyObject *engine = NULL, *direct = NULL;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|LLppL$OOL:AioHandle", kwlist,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|LLppL$OOLp:AioHandle", kwlist,
 					 &block, &depth, &single, &overlap, &par,
-					 &engine, &direct, &staging))
+					 &engine, &direct, &staging, &gds))
 		return NULL;
 	if (block <= 0 || depth <= 0 || par <= 0 || staging < 0 ||
 	    depth > UINT32_MAX || par > UINT32_MAX) {
@@ -836,6 +881,8 @@ static PyObject *handle_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 	cfg.overlap_events = (uint32_t)overlap;
 	if (staging)
 		cfg.staging_bytes = (uint64_t)staging;
+	if (gds)
+		cfg.flags |= NVIO_HANDLE_GDS;
 	if (parse_engine(engine, &cfg.engine) < 0 || parse_direct(direct, &cfg.direct) < 0)
 		return NULL;
 
@@ -1192,6 +1239,14 @@ static PyObject *h_wait(PyObject *s, PyObject *unused)
 	return PyLong_FromLong(rc);
 }
 
+static PyObject *h_uses_gds(PyObject *s, PyObject *unused)
+{
+	HandleObject *self = (HandleObject *)s;
+	if (check_open(self) < 0)
+		return NULL;
+	return PyBool_FromLong(nvio_get_gds(self->h) == 1);
+}
+
 static PyObject *h_pending(PyObject *s, PyObject *unused)
 {
 	HandleObject *self = (HandleObject *)s;
@@ -1382,6 +1437,8 @@ static PyMethodDef handle_methods[] = {
 	  "Block until every queued op has ended. Returns the number of ops completed\n"
 	  "since the previous wait (0 if none). If any failed, raises NvioError for\n"
 	  "the first failure; every op has ended either way and its buffer is released.\n" },
+	{ "uses_gds", h_uses_gds, METH_NOARGS,
+	  "uses_gds($self)\n--\n\nTrue if CUDA tensors on this handle go through cuFile." },
 	{ "pending", h_pending, METH_NOARGS,
 	  "pending($self)\n--\n\nNumber of queued ops not yet reported by wait()." },
 	{ "close", h_close, METH_NOARGS,
@@ -1586,7 +1643,56 @@ static PyObject *m_probe(PyObject *m, PyObject *args)
 	return res;
 }
 
+static PyObject *m_gds_mode(PyObject *m, PyObject *unused)
+{
+	char why[256];
+	int mode;
+
+	Py_BEGIN_ALLOW_THREADS
+	mode = nvio_gds_mode(why, sizeof(why));
+	Py_END_ALLOW_THREADS
+	return Py_BuildValue("(ss)", mode == NVIO_CUFILE_DIRECT ? "direct" :
+			     mode == NVIO_CUFILE_COMPAT ? "compat" : "none", why);
+}
+
+static PyObject *m_gds_register(PyObject *m, PyObject *args)
+{
+	unsigned long long addr, n;
+	int rc;
+
+	if (!PyArg_ParseTuple(args, "KK:gds_register", &addr, &n))
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = nvio_gds_register((void *)(uintptr_t)addr, n);
+	Py_END_ALLOW_THREADS
+	if (rc < 0)
+		return raise_plain(rc, "nvio: cannot register the tensor with cuFile");
+	Py_RETURN_NONE;
+}
+
+static PyObject *m_gds_deregister(PyObject *m, PyObject *arg)
+{
+	unsigned long long addr = PyLong_AsUnsignedLongLong(arg);
+	int rc;
+
+	if (addr == (unsigned long long)-1 && PyErr_Occurred())
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = nvio_gds_deregister((void *)(uintptr_t)addr);
+	Py_END_ALLOW_THREADS
+	if (rc < 0)
+		return raise_plain(rc, "nvio: cannot deregister the tensor from cuFile");
+	Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
+	{ "gds_mode", m_gds_mode, METH_NOARGS,
+	  "gds_mode()\n--\n\n(mode, why): 'direct' (GPUDirect), 'compat' (cuFile compatibility\n"
+	  "mode) or 'none' (GDS handles use bounce buffers), and the reason." },
+	{ "gds_register", m_gds_register, METH_VARARGS,
+	  "gds_register(address, nbytes)\n--\n\nRegister device memory with cuFile." },
+	{ "gds_deregister", m_gds_deregister, METH_O,
+	  "gds_deregister(address)\n--\n\nUndo gds_register." },
 	{ "engine_available", m_engine_available, METH_O,
 	  "engine_available(engine)\n--\n\n(available, why) for 'io_uring', 'libaio' or 'psync'." },
 	{ "strerror", m_strerror, METH_O,

@@ -7,8 +7,8 @@ Code written for DeepNVMe runs with an import change::
     h = AsyncIOBuilder().load().aio_handle(block_size=1048576, queue_depth=32)
 
 Provided: ``AsyncIOBuilder`` (op ``async_io``: ``aio_handle``, ``aio_read``,
-``aio_write``, ``deepspeed_memcpy``), ``GDSBuilder`` (``gds_handle`` raises
-until nvio's GDS support lands), ``PinMemoryBuilder`` (``pin_handle``) and
+``aio_write``, ``deepspeed_memcpy``), ``GDSBuilder`` (``gds_handle``),
+``PinMemoryBuilder`` (``pin_handle``) and
 ``UtilsBuilder`` (``cast_to_byte_tensor``). Failures raise
 :class:`nvio.NvioError` instead of returning -1.
 """
@@ -18,7 +18,7 @@ import sys
 import types
 
 from . import _nvio
-from .handles import AioHandle
+from .handles import AioHandle, GdsHandle
 
 __all__ = ["AsyncIOBuilder", "GDSBuilder", "PinMemoryBuilder", "UtilsBuilder",
            "cast_to_byte_tensor"]
@@ -79,22 +79,20 @@ class AsyncIOBuilder(_Builder):
 
 # --------------------------------------------------------------------- gds
 
-def gds_handle(*args, **kwargs):
-    raise NotImplementedError(
-        "nvio: gds_handle (GPUDirect Storage) is not supported yet; use "
-        "aio_handle, which reads and writes the same files")
-
-
-_gds = types.SimpleNamespace(gds_handle=gds_handle, __name__="nvio.compat.gds")
+_gds = types.SimpleNamespace(gds_handle=GdsHandle, __name__="nvio.compat.gds")
 
 
 class GDSBuilder(_Builder):
-    """GPUDirect Storage: not available yet (``gds_handle`` raises)."""
+    """GPUDirect Storage: ``gds_handle`` is :class:`nvio.GdsHandle`, which uses
+    cuFile where usable and locked bounce buffers otherwise."""
     NAME = "gds"
     BUILD_VAR = "DS_BUILD_GDS"
 
     def is_compatible(self, verbose=False):
-        return False
+        """True where torch sees a CUDA device (GDS itself may still run in
+        compatibility mode or through bounce buffers: see nvio.gds_mode())."""
+        torch = sys.modules.get("torch")
+        return bool(torch is not None and torch.cuda.is_available())
 
     def _module(self):
         return _gds

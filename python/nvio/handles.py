@@ -26,7 +26,7 @@ import sys
 
 from . import _nvio
 
-__all__ = ["AioHandle", "aio_handle"]
+__all__ = ["AioHandle", "aio_handle", "GdsHandle", "gds_handle", "gds_mode"]
 
 _TUNABLE = ("block_size", "queue_depth", "single_submit", "overlap_events",
             "intra_op_parallelism", "engine")
@@ -54,13 +54,17 @@ class AioHandle(_nvio.Handle):
 
     __slots__ = ("_locked", "__weakref__")
 
+    _GDS = False
+
     def __new__(cls, block_size=1048576, queue_depth=128, single_submit=False,
                 overlap_events=False, intra_op_parallelism=1, *, engine="auto",
                 direct="auto", staging_bytes=16777216):
+        if cls._GDS:
+            _find_cufile()
         self = super().__new__(cls, block_size, queue_depth, single_submit,
                                overlap_events, intra_op_parallelism,
                                engine=engine, direct=direct,
-                               staging_bytes=staging_bytes)
+                               staging_bytes=staging_bytes, gds=cls._GDS)
         self._locked = {}
         return self
 
@@ -158,3 +162,106 @@ class AioHandle(_nvio.Handle):
 
 #: DeepSpeed's name for the class.
 aio_handle = AioHandle
+
+
+def _find_cufile():
+    """Point libnvio at the libcufile the nvidia-cufile wheel ships, if any
+    (libnvio loads it at run time; NVIO_CUFILE_LIB set by the user wins)."""
+    import glob
+    import os
+    if os.environ.get("NVIO_CUFILE_LIB"):
+        return
+    for d in sys.path:
+        hits = sorted(glob.glob(os.path.join(d, "nvidia", "cu*", "lib", "libcufile.so*")) +
+                      glob.glob(os.path.join(d, "nvidia", "cufile", "lib", "libcufile.so*")))
+        if hits:
+            os.environ["NVIO_CUFILE_LIB"] = hits[0]
+            return
+
+
+def gds_mode():
+    """('direct' | 'compat' | 'none', why): how GdsHandle moves CUDA tensors.
+
+    'direct' is true GPUDirect Storage (nvidia-fs), 'compat' cuFile's
+    compatibility mode, 'none' means GdsHandle stages through locked host
+    buffers like AioHandle (why says what is missing).
+    """
+    _find_cufile()
+    return _nvio.gds_mode()
+
+
+def _cuda_tensor(t, what):
+    if not (_is_torch_tensor(t) and t.is_cuda):
+        raise TypeError(f"nvio: {what} needs a CUDA torch.Tensor, not "
+                        f"{getattr(t, 'device', type(t).__name__)}")
+    if not t.is_contiguous():
+        raise ValueError(f"nvio: {what} needs a contiguous tensor")
+    return t.data_ptr(), t.numel() * t.element_size()
+
+
+class GdsHandle(AioHandle):
+    """DeepNVMe's ``gds_handle``: the methods of AioHandle, with CUDA tensors
+    moved by NVIDIA cuFile (GPUDirect Storage) when it is usable.
+
+    Where cuFile is missing or refuses, CUDA tensors go through locked host
+    bounce buffers instead (``uses_gds()`` and ``get_engine_note()`` say
+    which; :func:`nvio.gds_mode` says why). CPU tensors take the host path.
+    Registering tensors (``pin_device_tensor``) is optional: it makes GDS
+    transfers faster, and unregistered tensors work too.
+    """
+    __slots__ = ("_pinned",)
+    _GDS = True
+
+    def __new__(cls, *args, **kwargs):
+        self = super().__new__(cls, *args, **kwargs)
+        self._pinned = {}
+        return self
+
+    def new_pinned_device_tensor(self, num_elem, example_tensor):
+        """An uninitialised 1-D CUDA tensor of ``num_elem`` elements of the
+        example's dtype (on the example's device if it is a CUDA tensor),
+        registered with cuFile."""
+        import torch
+        n = operator.index(num_elem)
+        if n < 0:
+            raise ValueError(f"nvio: num_elem must be >= 0, not {n}")
+        device = example_tensor.device if example_tensor.is_cuda else "cuda"
+        t = torch.empty(n, dtype=example_tensor.dtype, device=device)
+        if n:
+            self.pin_device_tensor(t)
+        return t
+
+    def free_pinned_device_tensor(self, tensor):
+        """Deregister a tensor from new_pinned_device_tensor; torch frees the
+        memory when the tensor goes. Returns True."""
+        if tensor.numel():
+            self.unpin_device_tensor(tensor)
+        return True
+
+    def pin_device_tensor(self, tensor):
+        """Register a CUDA tensor's memory with cuFile. Returns True."""
+        addr, n = _cuda_tensor(tensor, "pin_device_tensor")
+        _nvio.gds_register(addr, n)
+        self._pinned[addr] = tensor   # keep the memory alive while registered
+        return True
+
+    def unpin_device_tensor(self, tensor):
+        """Undo pin_device_tensor. Returns True."""
+        addr, _ = _cuda_tensor(tensor, "unpin_device_tensor")
+        _nvio.gds_deregister(addr)
+        self._pinned.pop(addr, None)
+        return True
+
+    def close(self):
+        """Wait for ops in flight, deregister pinned tensors, free the handle."""
+        for addr in list(self._pinned):
+            try:
+                _nvio.gds_deregister(addr)
+            except OSError:
+                pass
+        self._pinned.clear()
+        super().close()
+
+
+gds_handle = GdsHandle
+

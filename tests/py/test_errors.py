@@ -165,7 +165,10 @@ def test_wrong_types(handle, np, tmp_path):
     assert handle.pending() == 0
 
 
-def test_device_tensors_rejected(handle, torch, tmp_path):
+def test_unusable_device_tensors_rejected(handle, torch, tmp_path):
+    """CUDA tensors are taken where CUDA works (tests/py/test_gpu.py); where
+    it does not, a tensor claiming to be on CUDA is one clear error, never a
+    device pointer mistaken for host memory. Other devices are refused."""
     class FakeDevice:
         type = "cuda"
 
@@ -187,8 +190,9 @@ def test_device_tensors_rejected(handle, torch, tmp_path):
         def is_contiguous(self):
             return True
 
-    with pytest.raises(TypeError, match="cuda"):
-        handle.sync_pwrite(FakeCudaTensor(), str(tmp_path / "c.bin"))
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="no usable CUDA"):
+            handle.sync_pwrite(FakeCudaTensor(), str(tmp_path / "c.bin"))
     with pytest.raises(TypeError, match="meta"):
         handle.sync_pwrite(torch.empty(10, device="meta"), str(tmp_path / "c.bin"))
 
