@@ -38,6 +38,16 @@
 #ifndef T_SANITIZED
 #define T_SANITIZED 0
 #endif
+#if defined(__SANITIZE_THREAD__)
+#define T_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define T_TSAN 1
+#endif
+#endif
+#ifndef T_TSAN
+#define T_TSAN 0
+#endif
 
 /* Checks. Each returns 1 when it held, 0 (and records a failure) if not. */
 #define T_EQ_INT(a, b) \
