@@ -292,6 +292,39 @@ static void test_odd_block(int e, int d)
 	nvio_handle_destroy(h);
 }
 
+/* Submission modes and small queues move the same bytes. */
+static void test_modes(int e, int d)
+{
+	static const struct { uint32_t qd, single, overlap, par; } ms[] = {
+		{ 1, 0, 0, 1 }, { 2, 1, 0, 2 }, { 3, 0, 1, 3 }, { 8, 1, 1, 2 },
+	};
+	char path[T_PATH_MAX];
+
+	t_path(path, "modes");
+	for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++) {
+		nvio_config_t c;
+		nvio_handle_t *h = NULL;
+
+		t_ctx("%s/%s qd %u single %u overlap %u par %u",
+		      t_engine_str(e), t_direct_str(d), ms[i].qd, ms[i].single,
+		      ms[i].overlap, ms[i].par);
+		nvio_config_init(&c);
+		c.engine = e;
+		c.direct = d;
+		c.block_size = 8192;
+		c.queue_depth = ms[i].qd;
+		c.single_submit = ms[i].single;
+		c.overlap_events = ms[i].overlap;
+		c.intra_op_parallelism = ms[i].par;
+		if (!T_OK(nvio_handle_create(&h, &c)))
+			continue;
+		round_trip(h, path, 300001, 511, 1, 100, 0);
+		round_trip(h, path, 262144, 8192, 0, 0, NVIO_ASYNC);
+		nvio_handle_destroy(h);
+	}
+	unlink(path);
+}
+
 int main(void)
 {
 	static const uint32_t pars[] = { 1, 3 };
@@ -337,8 +370,13 @@ int main(void)
 					nvio_handle_destroy(h);
 				}
 			test_odd_block(e, d);
+			test_modes(e, d);
 		}
 	}
+	/* Direct AUTO: whatever it picks, the bytes are the same. */
+	for (int i = 0; i < T_N_ENGINES; i++)
+		if (t_engine_ok(t_engine_list[i]))
+			test_modes(t_engine_list[i], NVIO_DIRECT_AUTO);
 	free(area);
 	free(want);
 	free(got);
