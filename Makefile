@@ -62,7 +62,13 @@ all: lib tool
 lib: $(BUILD)/libnvio.a $(BUILD)/libnvio.so
 tool: $(BUILD)/nvio
 
-$(BUILD)/obj/%.o: src/%.c include/nvio.h $(wildcard src/*.h) Makefile
+# Objects depend on the compiler and flags they were built with.
+FLAGS_STAMP := $(BUILD)/.flags
+FLAGS_NOW := $(CC) $(CFLAGS) $(NVIO_CFLAGS) $(LIBS)
+$(shell mkdir -p $(BUILD); echo '$(FLAGS_NOW)' | cmp -s - $(FLAGS_STAMP) || \
+	echo '$(FLAGS_NOW)' > $(FLAGS_STAMP))
+
+$(BUILD)/obj/%.o: src/%.c include/nvio.h $(wildcard src/*.h) Makefile $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(NVIO_CFLAGS) -c $< -o $@
 

@@ -183,8 +183,11 @@ NVIO_API const char *nvio_get_engine_note(const nvio_handle_t *h);
  * Other ops in flight on the handle are not waited for.
  * With NVIO_ASYNC: returns 0 if the op was accepted (it then completes at
  * a later nvio_wait()), or an error if it was rejected (it never runs).
- * Errors found at submit: -EINVAL (bad argument or flags), -ENOENT and
- * other open/stat errors, -ENODATA (read past end of file), -EBADF.
+ * Errors found at submit: -EINVAL (bad argument or flags, a negative
+ * offset, offset + nbytes past INT64_MAX), -ENOENT and other open/stat
+ * errors, -ENODATA (read past end of file), -EBADF, -ENOSPC (growth).
+ * A read that the kernel ends early (the file shrank meanwhile) fails
+ * with -ENODATA; other short transfers are completed, never returned.
  */
 NVIO_API int nvio_pread(nvio_handle_t *h, void *buf, uint64_t nbytes,
 	       const char *path, int64_t offset, unsigned flags);
@@ -198,8 +201,8 @@ NVIO_API int nvio_pwrite_fd(nvio_handle_t *h, const void *buf, uint64_t nbytes,
 /*
  * Whole files. nvio_read_file reads all of `path` into buf, whose
  * capacity is `capacity` bytes; the file's size is stored in *size_out
- * (if not NULL) at submit. -EOVERFLOW if the file is larger than the
- * buffer.
+ * (if not NULL) at submit, also when the call then fails with -EOVERFLOW
+ * because the file is larger than the buffer.
  *
  * nvio_write_file creates or replaces `path` with exactly nbytes bytes.
  * The data goes to a temporary file in the same directory that is
@@ -262,7 +265,8 @@ NVIO_API int nvio_format_error(const nvio_error_t *e, char *buf, size_t len);
 NVIO_API int nvio_mem_alloc(void **out, uint64_t nbytes, unsigned flags,
 		   unsigned *flags_out);
 /* Frees memory from nvio_mem_alloc; -EINVAL (and nothing freed) for a
- * pointer that is not a live nvio allocation, so a double free is safe. */
+ * pointer that is not a live nvio allocation (NULL included), so a
+ * double free is safe. */
 NVIO_API int nvio_mem_free(void *p);
 /* NVIO_MEM_NVIO|NVIO_MEM_LOCKED if [p, p+nbytes) lies inside one live
  * nvio allocation (LOCKED only if locked), else 0. */

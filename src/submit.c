@@ -281,10 +281,6 @@ static int plan_op(struct nvio_handle *h, struct nvio__op *op,
 	}
 	if (r < 0)
 		return r;
-	if (op->is_write)
-		r = preallocate(op);
-	if (r < 0)
-		return r;
 	/* All body pieces share one alignment relative to mem_align. */
 	op->stage = ((uintptr_t)(op->buf + op->plan.head) % mem_align) != 0;
 	return 0;
@@ -384,6 +380,10 @@ static int submit(struct nvio_handle *h, struct request *rq)
 	}
 	if (!r && op->mem == NVIO__MEM_HOST && !op->cufh && op->dfd < 0)
 		op->plain = !seekable_file(op->fd);
+	if (!r && rq->is_write) {
+		what = "fallocate";
+		r = preallocate(op);
+	}
 	if (r) {
 		nvio__set_error(h, r, op, what, (uint64_t)rq->offset, nbytes);
 		if (op->tmp_path)

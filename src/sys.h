@@ -4,7 +4,8 @@
  * Tests replace entries to inject faults (EIO, ENOSPC, short transfers,
  * EINTR) at a chosen call; nvio__sys_reset() restores the real calls.
  * The table is read without locks: tests change it only while no handle
- * has I/O in flight.
+ * has I/O in flight. Entries named after a libc call follow libc's
+ * convention (-1 and errno); io_result and reap_fault return -errno.
  */
 #ifndef NVIO_SYS_H
 #define NVIO_SYS_H

@@ -18,6 +18,8 @@
  * did is a failure for the engines it is documented for.
  */
 #include <dirent.h>
+#include <errno.h>
+#include <sys/stat.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -368,6 +370,19 @@ static void write_file_faults(nvio_handle_t *h, int e, const char *combo)
 }
 
 /* A failing open surfaces as its error for the range ops too. */
+static void check_file_is(const char *path, const unsigned char *want, size_t n)
+{
+	struct stat st;
+
+	T_OK(stat(path, &st) < 0 ? -errno : 0);
+	T_EQ_U64((uint64_t)st.st_size, n);
+	size_t got = 0;
+
+	T_OK(t_read_file(path, chk, n, &got));
+	T_EQ_U64(got, n);
+	T_MEM_EQ(chk, want, n);
+}
+
 static void open_faults(nvio_handle_t *h, const char *combo)
 {
 	char path[T_PATH_MAX];
@@ -397,6 +412,44 @@ static void open_faults(nvio_handle_t *h, const char *combo)
 	unlink(path);
 }
 
+static int h_fallocate_enospc(int fd, int mode, off_t off, off_t len)
+{
+	atomic_fetch_add(&calls, 1);
+	errno = ENOSPC;
+	return -1;
+}
+
+/*
+ * A write that grows a file is allocated first, so a full disk fails it
+ * at submit with -ENOSPC and no byte of the old content changes.
+ */
+static void enospc_at_submit(nvio_handle_t *h, const char *combo)
+{
+	char path[T_PATH_MAX];
+	unsigned char old[8192];
+
+	t_path(path, "full");
+	t_fill_random(old, sizeof(old), 77);
+	t_write_file(path, old, sizeof(old));
+	for (int async = 0; async < 2; async++) {
+		t_ctx("%s fallocate ENOSPC%s", combo, async ? " async" : "");
+		atomic_store(&calls, 0);
+		nvio__sys.fallocate = h_fallocate_enospc;
+		T_ERR(nvio_pwrite(h, buf, OPSZ, path, 4096, async ? NVIO_ASYNC : 0),
+		      -ENOSPC);
+		nvio__sys_reset();
+		T_ERR(nvio_wait(h), 0);
+		check_file_is(path, old, sizeof(old));
+		/* a write inside the file needs no allocation */
+		nvio__sys.fallocate = h_fallocate_enospc;
+		T_OK(nvio_pwrite(h, buf, 100, path, 10, 0));
+		nvio__sys_reset();
+		memcpy(old + 10, buf, 100);
+		check_file_is(path, old, sizeof(old));
+	}
+	unlink(path);
+}
+
 int main(void)
 {
 	t_init("faults");
@@ -421,6 +474,7 @@ int main(void)
 			faults(h, e, combo);
 			write_file_faults(h, e, combo);
 			open_faults(h, combo);
+			enospc_at_submit(h, combo);
 			nvio__sys_reset();
 			nvio_handle_destroy(h);
 		}

@@ -84,10 +84,12 @@ static void test_alloc(void)
 	{
 		void *p = (void *)1;
 
-		/* "nbytes (>= 1)" */
-		if (!T_ERR(nvio_mem_alloc(&p, 0, 0, NULL), -EINVAL) &&
-		    p != (void *)1)
-			nvio_mem_free(p);
+		/* 0 bytes is a valid, freeable allocation (an empty tensor) */
+		T_OK(nvio_mem_alloc(&p, 0, 0, NULL));
+		T_TRUE(p != (void *)1 && p != NULL);
+		T_TRUE(((uintptr_t)p & 4095) == 0);
+		T_OK(nvio_mem_free(p));
+		T_ERR(nvio_mem_free(p), -EINVAL);
 		p = (void *)1;
 		T_ERR(nvio_mem_alloc(NULL, 10, 0, NULL), -EINVAL);
 		T_ERR(nvio_mem_alloc(&p, 10, 1u << 20, NULL), -EINVAL);
