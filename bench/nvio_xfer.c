@@ -6,9 +6,11 @@
  * and handles live across the interleaved rounds and only the transfer
  * itself is timed (as for fio's own runtime and DeepSpeed's call).
  *
- *   run OP MEM PATH SIZE SEED CFG   OP read|write; MEM locked|pageable
+ *   run OP MEM PATH SIZE SEED CFG   OP read|write; MEM locked|pageable|huge
  *                                   (pageable: malloc'd, address + 1, so
- *                                   neither locked nor aligned); SEED: the
+ *                                   neither locked nor aligned; huge: for
+ *                                   diagnosis, 2 MiB aligned, MADV_HUGEPAGE,
+ *                                   mlock'd, not from nvio); SEED: the
  *                                   pattern a write puts in the file (0:
  *                                   whatever the buffer holds);
  *                                   CFG "default" (nvio_config_init) or
@@ -32,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <time.h>
 
@@ -179,6 +182,7 @@ static void cmd_run(char *op, char *mem, char *path, uint64_t size,
 		    uint64_t seed, char *cfgkey)
 {
 	int is_write = strcmp(op, "write") == 0, pageable = strcmp(mem, "pageable") == 0;
+	int huge = strcmp(mem, "huge") == 0;
 	unsigned char *buf, *raw = NULL;
 	unsigned mflags = 0;
 	nvio_handle_t *h;
@@ -191,13 +195,23 @@ static void cmd_run(char *op, char *mem, char *path, uint64_t size,
 		fail("handle_create", r, NULL);
 		return;
 	}
-	if (pageable) {
+	if (huge) {
+		/* diagnosis: aligned, madvise(MADV_HUGEPAGE), locked, not nvio's */
+		if (posix_memalign((void **)&raw, 2u << 20, size))
+			raw = NULL;
+		if (raw) {
+			madvise(raw, size, MADV_HUGEPAGE);
+			mlock(raw, size);
+		}
+	} else if (pageable) {
 		raw = malloc(size + 64);
+	}
+	if (huge || pageable) {
 		if (!raw) {
 			fail("malloc", -ENOMEM, NULL);
 			return;
 		}
-		buf = raw + 1;
+		buf = huge ? raw : raw + 1;
 		/* fault the pages in, untimed */
 		if (is_write && seed)
 			pattern_fill(buf, size, seed);
