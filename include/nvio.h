@@ -97,13 +97,14 @@ typedef struct nvio_config {
 	uint32_t overlap_events; /* 1: sliding window; 0: batch at a time */
 	int32_t engine;		/* nvio_engine_t, default AUTO */
 	int32_t direct;		/* nvio_direct_t, default AUTO */
-	uint64_t staging_bytes;	/* bounce memory per worker, default 16 MiB */
+	uint64_t staging_bytes;	/* bounce memory per worker; 0 (default):
+				 * block_size * queue_depth, at most 64 MiB */
 	uint64_t reserved[6];	/* must be 0 */
 } nvio_config_t;
 
 #define NVIO_DEFAULT_BLOCK_SIZE (1u << 20)
 #define NVIO_DEFAULT_QUEUE_DEPTH 128u
-#define NVIO_DEFAULT_STAGING_BYTES (16u << 20)
+#define NVIO_MAX_AUTO_STAGING_BYTES (64u << 20)
 #define NVIO_MAX_PARALLELISM 256u
 #define NVIO_MAX_QUEUE_DEPTH 4096u
 

@@ -19,7 +19,7 @@ void nvio_config_init(nvio_config_t *cfg)
 	cfg->intra_op_parallelism = 1;
 	cfg->engine = NVIO_ENGINE_AUTO;
 	cfg->direct = NVIO_DIRECT_AUTO;
-	cfg->staging_bytes = NVIO_DEFAULT_STAGING_BYTES;
+	cfg->staging_bytes = 0;		/* automatic: see workers_alloc */
 }
 
 static int check_config(const nvio_config_t *c)
@@ -160,10 +160,25 @@ static void handle_free(struct nvio_handle *h)
 	free(h);
 }
 
+/*
+ * Bounce buffers per worker. Staged pieces in flight are limited by the
+ * pool, so by default it holds a full queue of blocks (at most 64 MiB):
+ * a fixed 16 MiB pool allowed two 8 MiB requests in flight and cut
+ * misaligned-buffer writes to a third. Buffers are made on first use,
+ * so aligned transfers never pay for the pool.
+ */
 static int workers_alloc(struct nvio_handle *h)
 {
 	uint64_t chunk = (h->cfg.block_size + NVIO__PAGE - 1) / NVIO__PAGE * NVIO__PAGE;
-	uint64_t count = h->cfg.staging_bytes / chunk;
+	uint64_t count;
+
+	if (h->cfg.staging_bytes == 0) {
+		uint64_t want = chunk * h->cfg.queue_depth;
+
+		h->cfg.staging_bytes = want < NVIO_MAX_AUTO_STAGING_BYTES ?
+				       want : NVIO_MAX_AUTO_STAGING_BYTES;
+	}
+	count = h->cfg.staging_bytes / chunk;
 
 	/* Two buffers at least, so copying one overlaps the other's I/O. */
 	if (count < 2)
@@ -213,8 +228,6 @@ int nvio_handle_create(nvio_handle_t **out, const nvio_config_t *cfg)
 		free(h);
 		return r;
 	}
-	if (h->cfg.staging_bytes == 0)
-		h->cfg.staging_bytes = NVIO_DEFAULT_STAGING_BYTES;
 	pthread_mutex_init(&h->lock, NULL);
 	pthread_cond_init(&h->cond, NULL);
 	h->nworkers = h->cfg.intra_op_parallelism;

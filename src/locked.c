@@ -25,13 +25,27 @@ static pthread_mutex_t regions_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct region *regions;	/* sorted by base */
 static size_t nregions, cap_regions;
 
+#define HUGE_PAGE (2u << 20)
+
+/*
+ * Aligned memory for I/O. Buffers of 2 MiB or more are aligned to 2 MiB
+ * and asked to be backed by transparent huge pages (before their first
+ * touch): a device takes a bounded number of memory segments per request
+ * (254 on virtio-blk), so scattered 4 KiB pages cut an 8 MiB request
+ * into ~2 MiB ones, and halved read bandwidth on our test VM.
+ */
 int nvio__mem_alloc_aligned(void **out, size_t n, size_t align)
 {
 	void *p = NULL;
-	int r = posix_memalign(&p, align, n ? n : 1);
+	int r;
 
+	if (n >= HUGE_PAGE && align < HUGE_PAGE)
+		align = HUGE_PAGE;
+	r = posix_memalign(&p, align, n ? n : 1);
 	if (r)
 		return -r;
+	if (n >= HUGE_PAGE)
+		madvise(p, n / HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE);	/* a hint */
 	*out = p;
 	return 0;
 }

@@ -25,7 +25,7 @@ static void test_defaults(void)
 	T_EQ_U64(c.overlap_events, 0);
 	T_EQ_INT(c.engine, NVIO_ENGINE_AUTO);
 	T_EQ_INT(c.direct, NVIO_DIRECT_AUTO);
-	T_EQ_U64(c.staging_bytes, NVIO_DEFAULT_STAGING_BYTES);
+	T_EQ_U64(c.staging_bytes, 0);	/* automatic */
 	for (int i = 0; i < 6; i++)
 		T_EQ_U64(c.reserved[i], 0);
 }
@@ -67,7 +67,8 @@ static void test_getters(void)
 		T_EQ_U64(got.overlap_events, 1);
 		T_EQ_INT(got.engine, NVIO_ENGINE_PSYNC);
 		T_EQ_INT(got.direct, NVIO_DIRECT_OFF);
-		T_EQ_U64(got.staging_bytes, NVIO_DEFAULT_STAGING_BYTES);
+		/* automatic: block_size * queue_depth (under the 64 MiB cap) */
+		T_EQ_U64(got.staging_bytes, 65536 * 7);
 	}
 	T_EQ_U64(nvio_pending(h), 0);
 	nvio_handle_destroy(h);

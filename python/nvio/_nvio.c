@@ -856,7 +856,7 @@ static PyObject *handle_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 	static char *kwlist[] = { "block_size", "queue_depth", "single_submit",
 		"overlap_events", "intra_op_parallelism", "engine", "direct",
 		"staging_bytes", "gds", NULL };
-	long long block = NVIO_DEFAULT_BLOCK_SIZE, staging = NVIO_DEFAULT_STAGING_BYTES;
+	long long block = NVIO_DEFAULT_BLOCK_SIZE, staging = 0;
 	long long depth = NVIO_DEFAULT_QUEUE_DEPTH, par = 1;
 	int single = 0, overlap = 0, gds = 0;
 	PyObject *engine = NULL, *direct = NULL;
@@ -1480,7 +1480,7 @@ static PyType_Slot handle_slots[] = {
 	{ Py_tp_getset, handle_getset },
 	{ Py_tp_doc, "Handle(block_size=1048576, queue_depth=128, single_submit=False, "
 		     "overlap_events=False, intra_op_parallelism=1, *, engine='auto', "
-		     "direct='auto', staging_bytes=16777216)\n--\n\n"
+		     "direct='auto', staging_bytes=0)\n--\n\n"
 		     "An nvio I/O handle (DeepNVMe aio_handle compatible)." },
 	{ 0, NULL }
 };

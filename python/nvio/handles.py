@@ -48,7 +48,8 @@ class AioHandle(_nvio.Handle):
     ``block_size``, ``queue_depth``, ``single_submit``, ``overlap_events`` and
     ``intra_op_parallelism`` mean what they mean in DeepSpeed. nvio adds
     ``engine`` ('auto', 'io_uring', 'libaio', 'psync'), ``direct`` ('auto',
-    True/'on', False/'off') and ``staging_bytes`` (bounce memory per worker).
+    True/'on', False/'off') and ``staging_bytes`` (bounce memory per worker;
+    0 = block_size * queue_depth, at most 64 MiB).
     The environment variables NVIO_ENGINE and NVIO_DIRECT override them.
     """
 
@@ -58,7 +59,7 @@ class AioHandle(_nvio.Handle):
 
     def __new__(cls, block_size=1048576, queue_depth=128, single_submit=False,
                 overlap_events=False, intra_op_parallelism=1, *, engine="auto",
-                direct="auto", staging_bytes=16777216):
+                direct="auto", staging_bytes=0):
         if cls._GDS:
             _find_cufile()
         self = super().__new__(cls, block_size, queue_depth, single_submit,
