@@ -59,11 +59,16 @@ static int uring_available(char *why, size_t len)
 	return 0;
 }
 
+/*
+ * A request is accepted once its SQE is in the ring: if io_uring_submit
+ * hands the kernel fewer (or fails with EAGAIN/EBUSY), the rest stay in
+ * the ring and go with the next submit; reap flushes them before it
+ * waits. Reporting only the kernel's count would queue them twice.
+ */
 static int uring_submit(void *ctx, struct nvio__io **ios, unsigned n, int single)
 {
 	struct io_uring *ring = ctx;
-	unsigned i, done = 0;
-	int r;
+	unsigned i;
 
 	for (i = 0; i < n; i++) {
 		struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
@@ -77,19 +82,14 @@ static int uring_submit(void *ctx, struct nvio__io **ios, unsigned n, int single
 			io_uring_prep_read(sqe, ios[i]->fd, ios[i]->buf,
 					   (unsigned)ios[i]->len, ios[i]->off);
 		io_uring_sqe_set_data(sqe, ios[i]);
-		if (single) {
-			r = io_uring_submit(ring);
-			if (r < 0)
-				return done ? (int)done : r;
-			done++;
-		}
+		if (single)
+			io_uring_submit(ring);
 	}
-	if (single)
-		return done ? (int)done : -EAGAIN;
 	if (i == 0)
 		return -EAGAIN;
-	r = io_uring_submit(ring);
-	return r < 0 ? r : r;
+	if (!single)
+		io_uring_submit(ring);
+	return (int)i;
 }
 
 static int uring_reap(void *ctx, struct nvio__io **out, unsigned min,
@@ -101,12 +101,11 @@ static int uring_reap(void *ctx, struct nvio__io **out, unsigned min,
 	int r;
 
 	if (min > 0) {
-		struct io_uring_cqe *cqe;
-
 		r = nvio__sys.reap_fault();
 		if (r)
 			return r;
-		r = io_uring_wait_cqe_nr(ring, &cqe, min);
+		/* submits whatever is still in the ring, then waits */
+		r = io_uring_submit_and_wait(ring, min);
 		if (r < 0)
 			return r;
 	}

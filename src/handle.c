@@ -186,8 +186,10 @@ static int workers_alloc(struct nvio_handle *h)
 	if (count > h->cfg.queue_depth)
 		count = h->cfg.queue_depth < 2 ? 2 : h->cfg.queue_depth;
 	h->workers = calloc(h->nworkers, sizeof(*h->workers));
-	if (!h->workers)
+	if (!h->workers) {
+		h->nworkers = 0;
 		return -ENOMEM;
+	}
 	for (unsigned i = 0; i < h->nworkers; i++) {
 		struct nvio__worker *w = &h->workers[i];
 

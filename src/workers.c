@@ -183,7 +183,10 @@ static struct nvio__task *current_task(struct wstate *s)
 	}
 }
 
-/* Prepares pieces into free slots. Returns 0, or 1 if staging ran dry. */
+/*
+ * Prepares pieces into free slots until the slots, the work or the
+ * bounce buffers run out. GDS and non-file pieces are moved right here.
+ */
 static void fill(struct wstate *s)
 {
 	while (s->nfree > 0) {
@@ -195,8 +198,6 @@ static void fill(struct wstate *s)
 		int body, err;
 
 		if (!t)
-			return;
-		if (!s->overlap && s->nready + s->inflight >= s->depth)
 			return;
 		op = t->op;
 		nvio__plan_piece(&op->plan, t->next_piece, &off, &len, &body);

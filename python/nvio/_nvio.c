@@ -790,6 +790,26 @@ static void handle_shutdown(HandleObject *self)
 	release_holds(self, UINT64_MAX);
 }
 
+/* A name through one of libnvio's parsers; `what` names it in errors. */
+static int parse_name(PyObject *o, int (*from_name)(const char *),
+		      const char *what, int *out)
+{
+	const char *name = PyUnicode_AsUTF8AndSize(o, NULL);
+	char fmt[96];
+	int v;
+
+	if (!name)
+		return -1;
+	v = from_name(name);
+	if (v < 0) {
+		snprintf(fmt, sizeof(fmt), "nvio: unknown %s", what);
+		PyErr_Format(PyExc_ValueError, fmt, name);
+		return -1;
+	}
+	*out = v;
+	return 0;
+}
+
 static int parse_engine(PyObject *o, int *out)
 {
 	if (!o || o == Py_None) {
@@ -807,19 +827,9 @@ static int parse_engine(PyObject *o, int *out)
 		*out = (int)v;
 		return 0;
 	}
-	if (PyUnicode_Check(o)) {
-		const char *s = PyUnicode_AsUTF8AndSize(o, NULL);
-		if (!s)
-			return -1;
-		int e = nvio_engine_from_name(s);
-		if (e < 0) {
-			PyErr_Format(PyExc_ValueError,
-				     "nvio: unknown engine '%s' (auto, io_uring, libaio, psync)", s);
-			return -1;
-		}
-		*out = e;
-		return 0;
-	}
+	if (PyUnicode_Check(o))
+		return parse_name(o, nvio_engine_from_name,
+				  "engine '%s' (auto, io_uring, libaio, psync)", out);
 	PyErr_SetString(PyExc_TypeError, "nvio: engine must be a name such as 'io_uring'");
 	return -1;
 }
@@ -834,19 +844,9 @@ static int parse_direct(PyObject *o, int *out)
 		*out = o == Py_True ? NVIO_DIRECT_ON : NVIO_DIRECT_OFF;
 		return 0;
 	}
-	if (PyUnicode_Check(o)) {
-		const char *s = PyUnicode_AsUTF8AndSize(o, NULL);
-		if (!s)
-			return -1;
-		int d = nvio_direct_from_name(s);
-		if (d < 0) {
-			PyErr_Format(PyExc_ValueError,
-				     "nvio: unknown direct mode '%s' (auto, on, off)", s);
-			return -1;
-		}
-		*out = d;
-		return 0;
-	}
+	if (PyUnicode_Check(o))
+		return parse_name(o, nvio_direct_from_name,
+				  "direct mode '%s' (auto, on, off)", out);
 	PyErr_SetString(PyExc_TypeError, "nvio: direct must be True, False, None or 'auto'/'on'/'off'");
 	return -1;
 }
