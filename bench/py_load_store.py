@@ -20,8 +20,10 @@ seconds per GB (process CPU time, all threads).
 """
 import argparse
 import gc
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -74,11 +76,15 @@ class Method:
 class NvioMethod(Method):
     name = "nvio"
 
-    def __init__(self, a):
+    def __init__(self, a, locked=False):
         self.h = nvio.AioHandle(a.block_size, a.queue_depth, False, a.overlap_events,
                                 a.intra_op_parallelism,
                                 direct="on" if a.direct else "auto")
-        self.note = f"{self.h.get_engine()}, direct={self.h.get_direct()}"
+        self.locked = locked
+        if locked:
+            self.name = "nvio-locked"
+        self.note = (f"{self.h.get_engine()}, direct={self.h.get_direct()}, "
+                     f"{'new_cpu_locked_tensor' if locked else 'pageable torch tensor'}")
 
     def store(self, t, path):
         self.h.sync_pwrite(t, path)
@@ -92,12 +98,16 @@ class NvioMethod(Method):
 class DeepSpeedMethod(Method):
     name = "deepspeed"
 
-    def __init__(self, a):
+    def __init__(self, a, locked=False):
         from deepspeed.ops.op_builder import AsyncIOBuilder
         self.h = AsyncIOBuilder().load(verbose=False).aio_handle(
             a.block_size, a.queue_depth, False, a.overlap_events, a.intra_op_parallelism)
         import deepspeed
-        self.note = f"deepspeed {deepspeed.__version__}, libaio, O_DIRECT"
+        self.locked = locked
+        if locked:
+            self.name = "deepspeed-locked"
+        self.note = (f"deepspeed {deepspeed.__version__}, libaio, O_DIRECT, "
+                     f"{'its new_cpu_locked_tensor' if locked else 'pageable torch tensor'}")
 
     def store(self, t, path):
         if os.path.exists(path):
@@ -152,13 +162,50 @@ class TorchMethod(Method):
         return torch.load(path, weights_only=True)
 
 
-def make_methods(a):
-    methods, notes = [NvioMethod(a)], []
+class ToolMethod(Method):
+    """The C tool moving the same bytes with the same handle settings and a
+    locked buffer: the figure the Python binding is held to (>= 0.95x)."""
+    name = "nvio C tool"
+    locked = True
+
+    def __init__(self, a, n):
+        self.tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                 "build", "nvio")
+        if not os.access(self.tool, os.X_OK):
+            raise FileNotFoundError(f"{self.tool} (run make)")
+        self.cmd = [self.tool, "bench", "--dir", a.dir, "--size", str(n), "--loops", "1",
+                    "--warmup", "0", "--json", "--no-tuned",
+                    "--block-size", str(a.block_size), "--queue-depth", str(a.queue_depth),
+                    "--parallelism", str(a.intra_op_parallelism),
+                    "--overlap-events" if a.overlap_events else "--no-overlap-events",
+                    "--direct", "on" if a.direct else "auto"]
+        self.n = n
+        self.note = "build/nvio bench, locked buffer, same handle settings"
+
+    def _run(self, op):
+        out = subprocess.run(self.cmd + [f"--{op}"], check=True, capture_output=True,
+                             text=True).stdout
+        r = json.loads(out)[op]
+        return self.n / (r["gbps"]["median"] * 1e9), r.get("cpu_s_per_gb", 0.0) * self.n / 1e9
+
+    def store(self, t, path):
+        return self._run("write")
+
+    def load(self, t, path):
+        return self._run("read")
+
+
+def make_methods(a, n):
+    methods, notes = [NvioMethod(a), NvioMethod(a, locked=True)], []
     if not a.no_deepspeed:
         try:
-            methods.append(DeepSpeedMethod(a))
+            methods += [DeepSpeedMethod(a), DeepSpeedMethod(a, locked=True)]
         except Exception as e:  # not installed, or its op does not build here
             notes.append(f"deepspeed skipped: {type(e).__name__}: {str(e)[:200]}")
+    try:
+        methods.append(ToolMethod(a, n))
+    except OSError as e:
+        notes.append(f"C tool skipped: {e}")
     methods += [PythonMethod(), TorchMethod()]
     return methods, notes
 
@@ -186,9 +233,16 @@ def main():
 
     n = parse_size(a.size)
     gb = n / 1e9
-    methods, notes = make_methods(a)
+    methods, notes = make_methods(a, n)
     src = torch.randint(0, 256, (n,), dtype=torch.uint8)
     dst = torch.empty_like(src)
+    # Locked buffers, each from its own library, for the "-locked" rows.
+    bufs = {}
+    for m in methods:
+        if getattr(m, "locked", False) and hasattr(m, "h"):
+            s = m.h.new_cpu_locked_tensor(n, src)
+            s.copy_(src)
+            bufs[m.name] = (s, m.h.new_cpu_locked_tensor(n, src))
     paths = {m.name: os.path.join(a.dir, f"py_load_store.{m.name}.{os.getpid()}.bin")
              for m in methods}
     res = {m.name: {"store": [], "load": [], "store_cpu": [], "load_cpu": []} for m in methods}
@@ -198,12 +252,20 @@ def main():
             order = methods[r % len(methods):] + methods[:r % len(methods)]
             for m in order:
                 path = paths[m.name]
-                secs, cpu, _ = measure(lambda: m.store(src, path))
+                s, d = bufs.get(m.name, (src, dst))
+                if isinstance(m, ToolMethod):   # it times itself, on its own file
+                    for op, key in (("store", "store"), ("load", "load")):
+                        drop_caches()
+                        secs, cpu = getattr(m, op)(None, None)
+                        res[m.name][key].append(secs)
+                        res[m.name][key + "_cpu"].append(cpu)
+                    continue
+                secs, cpu, _ = measure(lambda: m.store(s, path))
                 res[m.name]["store"].append(secs)
                 res[m.name]["store_cpu"].append(cpu)
                 cold = drop_caches() and cold
-                dst.zero_()
-                secs, cpu, out = measure(lambda: m.load(dst, path))
+                d.zero_()
+                secs, cpu, out = measure(lambda: m.load(d, path))
                 res[m.name]["load"].append(secs)
                 res[m.name]["load_cpu"].append(cpu)
                 if not a.no_verify and not torch.equal(out, src):
@@ -234,6 +296,14 @@ def main():
               f"| {gb / statistics.median(d['load']):.2f} | {rs:.2f}x | {rl:.2f}x "
               f"| {statistics.median(d['store_cpu']) / gb:.3f} "
               f"| {statistics.median(d['load_cpu']) / gb:.3f} | {getattr(m, 'note', '')} |")
+    if "nvio C tool" in res:
+        tool = res["nvio C tool"]
+        for name in ("nvio-locked", "nvio"):
+            d = res[name]
+            rs = statistics.median(y / x for x, y in zip(d["store"], tool["store"]))
+            rl = statistics.median(y / x for x, y in zip(d["load"], tool["load"]))
+            print(f"\n{name} vs the C tool, same transfer (median of per-round ratios, target "
+                  f">= 0.95x): store {rs:.2f}x, load {rl:.2f}x")
     for note in notes:
         print(f"\n_{note}_")
     print(f"\nnvio {nvio.__version__}, torch {torch.__version__}, Python "

@@ -1,9 +1,9 @@
 /*
  * staging.h - a bounded pool of aligned bounce buffers, one per worker.
  *
- * Buffers are allocated on first use and kept until the pool is freed,
- * so a handle never holds more than count * size bytes of staging
- * memory, however large the transfers. Used by one thread only.
+ * The buffers are allocated together on first use and kept until the
+ * pool is freed, so a handle never holds more than count * size bytes of
+ * staging memory, however large the transfers. Used by one thread only.
  */
 #ifndef NVIO_STAGING_H
 #define NVIO_STAGING_H
@@ -12,18 +12,17 @@
 
 struct nvio__stage_pool {
 	size_t size;		/* bytes per buffer */
-	unsigned count;		/* buffers at most */
-	unsigned made;		/* buffers allocated so far */
+	unsigned count;		/* buffers */
 	unsigned nfree;
 	void **free;		/* stack of free buffers */
-	void **all;		/* every allocated buffer */
-	int host_registered;	/* buffers are registered with CUDA */
+	void *region;		/* all of them, made on first use */
+	int host_registered;	/* the region is registered with CUDA */
 };
 
 int nvio__stage_init(struct nvio__stage_pool *p, unsigned count, size_t size);
 void nvio__stage_fini(struct nvio__stage_pool *p);
-/* A free buffer, or NULL when all count buffers are in use (or on ENOMEM
- * with none in use: *err is then set). */
+/* A free buffer, or NULL when all are in use (or, with *err set, when
+ * the pool's memory cannot be allocated). */
 void *nvio__stage_get(struct nvio__stage_pool *p, int *err);
 void nvio__stage_put(struct nvio__stage_pool *p, void *buf);
 /* Register every current and future buffer with CUDA (cudaHostRegister)

@@ -23,7 +23,8 @@ const char handle_opts_help[] =
 "                           sliding window (default) or batch at a time\n"
 "  --engine E               auto, io_uring, libaio or psync (default auto)\n"
 "  --direct auto|on|off     O_DIRECT policy (default auto)\n"
-"  --staging-bytes SIZE     bounce memory per worker (default 16M)\n";
+"  --staging-bytes SIZE     bounce memory per worker (default: block size x\n"
+"                           queue depth, at most 64M)\n";
 
 void handle_opts_init(struct handle_opts *o)
 {
