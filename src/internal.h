@@ -119,7 +119,9 @@ struct nvio_handle {
 void nvio__set_error(struct nvio_handle *h, int err, const struct nvio__op *op,
 		     const char *what, uint64_t off, uint64_t len);
 
-/* workers.c */
+/* workers.c; nvio__finish_short: the rest of a piece the kernel cut
+ * short, through the buffered fd (0 or -errno; -ENODATA at end of file). */
+int nvio__finish_short(struct nvio__op *op, const struct nvio__io *io, size_t got);
 int nvio__workers_start(struct nvio_handle *h);
 void nvio__workers_stop(struct nvio_handle *h);
 void nvio__worker_push(struct nvio__worker *w, struct nvio__task *t);

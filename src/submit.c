@@ -300,6 +300,53 @@ static int check_request(struct nvio_handle *h, const struct request *rq)
 }
 
 /*
+ * A sync op of one piece that needs no bounce buffer runs in the caller's
+ * thread, through the same completion checks as in a worker. Handing it
+ * to a worker and back costs two thread wake-ups: 200 us for a 4 KiB
+ * cached read on our VM, whose system calls take 5 us.
+ */
+static int inline_ok(const struct nvio__op *op)
+{
+	uint64_t off, len;
+	int body;
+
+	if ((op->flags & NVIO_ASYNC) || op->plan.npieces != 1 ||
+	    op->mem != NVIO__MEM_HOST || op->cufh)
+		return 0;
+	nvio__plan_piece(&op->plan, 0, &off, &len, &body);
+	return !(body && op->stage);
+}
+
+static int run_inline(struct nvio__op *op)
+{
+	struct nvio__io io = { .is_write = op->is_write, .buf = op->buf };
+	uint64_t off, len;
+	ssize_t r;
+	int body, err;
+
+	nvio__plan_piece(&op->plan, 0, &off, &len, &body);
+	io.fd = body && op->dfd >= 0 ? op->dfd : op->fd;
+	io.len = (size_t)len;
+	io.off = off;
+	do {
+		r = op->is_write ? nvio__sys.pwrite(io.fd, io.buf, io.len, (off_t)off) :
+				   nvio__sys.pread(io.fd, io.buf, io.len, (off_t)off);
+		r = nvio__sys.io_result(io.is_write, io.fd, off, io.len, r < 0 ? -errno : r);
+	} while (r == -EINTR || r == -EAGAIN);
+	if (r < 0)
+		err = (int)r;
+	else
+		err = (size_t)r < io.len ? nvio__finish_short(op, &io, (size_t)r) : 0;
+	if (err)
+		nvio__op_fail(op, err, op->is_write ? "pwrite" : "pread", off, len);
+	atomic_store(&op->tasks_left, 1);
+	nvio__op_task_done(op);		/* epilogue, report: op->done is set */
+	err = atomic_load(&op->err);
+	nvio__op_free(op);
+	return err;
+}
+
+/*
  * Hands the pieces to the workers and, for a sync op, waits for it.
  * Once the last task is pushed an async op may end and be freed at any
  * moment, so nothing reads it after that push.
@@ -310,6 +357,8 @@ static int run_op(struct nvio_handle *h, struct nvio__op *op)
 	unsigned busy = 0, last = 0;
 	int err;
 
+	if (inline_ok(op))
+		return run_inline(op);
 	for (unsigned w = 0; w < h->nworkers; w++) {
 		struct nvio__task *t = &op->tasks[w];
 

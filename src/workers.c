@@ -279,10 +279,8 @@ static void submit_ready(struct wstate *s)
 }
 
 /* Finishes a short transfer synchronously through the buffered fd. */
-static int finish_short(struct slot *sl, size_t got)
+int nvio__finish_short(struct nvio__op *op, const struct nvio__io *io, size_t got)
 {
-	struct nvio__io *io = &sl->io;
-	struct nvio__op *op = sl->task->op;
 	unsigned char *p = (unsigned char *)io->buf + got;
 
 	if (!io->is_write && got == 0)
@@ -304,7 +302,7 @@ static void complete(struct wstate *s, struct nvio__io *io)
 	if (res < 0)
 		piece_end(s, sl, (int)res);
 	else if ((size_t)res < io->len)
-		piece_end(s, sl, finish_short(sl, (size_t)res));
+		piece_end(s, sl, nvio__finish_short(sl->task->op, io, (size_t)res));
 	else
 		piece_end(s, sl, 0);
 }
