@@ -145,27 +145,14 @@ static int open_main(struct nvio__op *op, const struct request *rq)
 	return 0;
 }
 
-/* Regular files and block devices; everything else is moved plainly. */
-static int seekable_file(int fd)
-{
-	struct stat st;
-
-	return nvio__sys.fstat(fd, &st) < 0 || S_ISREG(st.st_mode) ||
-	       S_ISBLK(st.st_mode);
-}
-
 /* The file's size for reads: regular files and block devices. */
-static int file_size(int fd, uint64_t *size)
+static int file_size(int fd, const struct stat *st, uint64_t *size)
 {
-	struct stat st;
-
-	if (nvio__sys.fstat(fd, &st) < 0)
-		return -errno;
-	if (S_ISDIR(st.st_mode))
+	if (S_ISDIR(st->st_mode))
 		return -EISDIR;
-	if (S_ISBLK(st.st_mode))
+	if (S_ISBLK(st->st_mode))
 		return ioctl(fd, BLKGETSIZE64, size) < 0 ? -errno : 0;
-	*size = S_ISREG(st.st_mode) ? (uint64_t)st.st_size : UINT64_MAX;
+	*size = S_ISREG(st->st_mode) ? (uint64_t)st->st_size : UINT64_MAX;
 	return 0;
 }
 
@@ -239,16 +226,14 @@ static int plan_gds(struct nvio_handle *h, struct nvio__op *op,
  * writes inside the file. It also reports a full disk (-ENOSPC) before
  * any byte is written. The file reaches offset + nbytes either way.
  */
-static int preallocate(struct nvio__op *op)
+static int preallocate(struct nvio__op *op, const struct stat *st)
 {
-	struct stat st;
 	uint64_t end = op->plan.off + op->plan.len;
 
-	if (nvio__sys.fstat(op->fd, &st) < 0 || !S_ISREG(st.st_mode) ||
-	    end <= (uint64_t)st.st_size)
+	if (!S_ISREG(st->st_mode) || end <= (uint64_t)st->st_size)
 		return 0;
-	if (nvio__sys.fallocate(op->fd, 0, st.st_size,
-				(off_t)(end - (uint64_t)st.st_size)) == 0)
+	if (nvio__sys.fallocate(op->fd, 0, st->st_size,
+				(off_t)(end - (uint64_t)st->st_size)) == 0)
 		return 0;
 	/* Not supported here: the writes will extend the file themselves. */
 	return errno == ENOSPC || errno == EFBIG ? -errno : 0;
@@ -397,6 +382,7 @@ static int run_op(struct nvio_handle *h, struct nvio__op *op)
 static int submit(struct nvio_handle *h, struct request *rq)
 {
 	struct nvio__op *op;
+	struct stat st;
 	uint64_t size = 0, nbytes = rq->nbytes;
 	const char *what = "open";
 	int r = check_request(h, rq);
@@ -410,9 +396,13 @@ static int submit(struct nvio_handle *h, struct request *rq)
 	if (r > 0)
 		op->mem = NVIO__MEM_CUDA;
 	r = r < 0 ? r : open_main(op, rq);
+	if (!r && nvio__sys.fstat(op->fd, &st) < 0) {
+		what = "stat";
+		r = -errno;
+	}
 	if (!r && !rq->is_write) {
 		what = "stat";
-		r = file_size(op->fd, &size);
+		r = file_size(op->fd, &st, &size);
 		if (!r && rq->whole_file) {
 			nbytes = size;
 			if (rq->size_out)
@@ -427,11 +417,12 @@ static int submit(struct nvio_handle *h, struct request *rq)
 		what = "open O_DIRECT";
 		r = plan_op(h, op, rq, nbytes);
 	}
+	/* Not a file or block device: AIO refuses those, move it plainly. */
 	if (!r && op->mem == NVIO__MEM_HOST && !op->cufh && op->dfd < 0)
-		op->plain = !seekable_file(op->fd);
+		op->plain = !S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode);
 	if (!r && rq->is_write) {
 		what = "fallocate";
-		r = preallocate(op);
+		r = preallocate(op, &st);
 	}
 	if (r) {
 		nvio__set_error(h, r, op, what, (uint64_t)rq->offset, nbytes);
