@@ -1239,14 +1239,6 @@ static PyObject *h_wait(PyObject *s, PyObject *unused)
 	return PyLong_FromLong(rc);
 }
 
-static PyObject *h_uses_gds(PyObject *s, PyObject *unused)
-{
-	HandleObject *self = (HandleObject *)s;
-	if (check_open(self) < 0)
-		return NULL;
-	return PyBool_FromLong(nvio_get_gds(self->h) == 1);
-}
-
 static PyObject *h_pending(PyObject *s, PyObject *unused)
 {
 	HandleObject *self = (HandleObject *)s;
@@ -1301,32 +1293,16 @@ GETTER(h_get_intra_op_parallelism,
 GETTER(h_get_alignment,
        PyLong_FromUnsignedLongLong(512ull * nvio_get_intra_op_parallelism(self->h)))
 
-static PyObject *h_get_engine(PyObject *s, PyObject *unused)
+/* A C string as str; NULL (an unknown value) reads as `dflt`. */
+static PyObject *str_or(const char *v, const char *dflt)
 {
-	HandleObject *self = (HandleObject *)s;
-	if (check_open(self) < 0)
-		return NULL;
-	const char *n = nvio_engine_name(nvio_get_engine(self->h));
-	return PyUnicode_FromString(n ? n : "unknown");
+	return PyUnicode_FromString(v ? v : dflt);
 }
 
-static PyObject *h_get_direct(PyObject *s, PyObject *unused)
-{
-	HandleObject *self = (HandleObject *)s;
-	if (check_open(self) < 0)
-		return NULL;
-	const char *n = nvio_direct_name(nvio_get_direct(self->h));
-	return PyUnicode_FromString(n ? n : "unknown");
-}
-
-static PyObject *h_get_engine_note(PyObject *s, PyObject *unused)
-{
-	HandleObject *self = (HandleObject *)s;
-	if (check_open(self) < 0)
-		return NULL;
-	const char *n = nvio_get_engine_note(self->h);
-	return PyUnicode_FromString(n ? n : "");
-}
+GETTER(h_get_engine, str_or(nvio_engine_name(nvio_get_engine(self->h)), "unknown"))
+GETTER(h_get_direct, str_or(nvio_direct_name(nvio_get_direct(self->h)), "unknown"))
+GETTER(h_get_engine_note, str_or(nvio_get_engine_note(self->h), ""))
+GETTER(h_uses_gds, PyBool_FromLong(nvio_get_gds(self->h) == 1))
 
 static PyObject *config_dict(const nvio_config_t *c)
 {
