@@ -89,9 +89,12 @@ static void cu_load(void)
 static int cu_present(void)
 {
 	if (!cu.ok) {
-		/* Loading is cheap to retry: a process may load CUDA late. */
-		if (!dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD))
+		/* Asked again each time: a process may load CUDA late. */
+		void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+
+		if (!lib)
 			return 0;
+		dlclose(lib);	/* only a probe; cu_load holds its own */
 		cu_noload = 1;
 		pthread_once(&cu_once, cu_load);
 	}
