@@ -13,6 +13,14 @@
  * single_submit = 1: one submission system call per request; 0: one per
  *   batch of ready requests.
  *
+ * Staged pieces (buffers the device cannot take directly) are copied
+ * while the device works: at most half the staging pool is in flight, so
+ * the worker copies into or out of the other half meanwhile. A staged
+ * write is submitted as soon as it is copied; after a reap, the requests
+ * that were waiting go to the device before the finished reads are
+ * copied out, and each copy-out frees a buffer that is refilled at once.
+ * In batch mode the next batch is copied while the current one runs.
+ *
  * Every completion is checked: -EINTR/-EAGAIN are resubmitted, a short
  * transfer is finished through the buffered descriptor (a short read at
  * end of file is -ENODATA), any other error fails the op. Once an op has
@@ -46,12 +54,19 @@ struct wstate {
 	unsigned nready;
 	struct nvio__io **done;	/* reap output */
 	unsigned inflight;
+	struct slot **copyq;	/* staged reads done, not yet copied out */
+	unsigned ncopy;
+	unsigned staged_inflight;	/* staged requests the engine holds */
+	unsigned stage_cap;	/* at most this many: half the pool */
 	struct nvio__task *cur;	/* task whose pieces are being issued */
 	void *stream;		/* CUDA stream for staged device copies */
 	int stream_device;
 };
 
 #define SLOT_OF(iop) ((struct slot *)((char *)(iop) - offsetof(struct slot, io)))
+
+/* A staged copy at least this large is worth a submission of its own. */
+#define OVERLAP_COPY_BYTES (64u << 10)
 
 static struct nvio__task *next_task(struct nvio__worker *w)
 {
@@ -183,6 +198,81 @@ static struct nvio__task *current_task(struct wstate *s)
 	}
 }
 
+static int retryable(int err)
+{
+	return err == -EINTR || err == -EAGAIN || err == -EBUSY;
+}
+
+/*
+ * How many ready requests, from the front, may go now: staged ones only
+ * while fewer than stage_cap of them are in flight.
+ */
+static unsigned submittable(const struct wstate *s)
+{
+	unsigned n, staged = s->staged_inflight;
+
+	for (n = 0; n < s->nready; n++) {
+		if (!SLOT_OF(s->ready[n])->stage)
+			continue;
+		if (staged == s->stage_cap)
+			break;
+		staged++;
+	}
+	return n;
+}
+
+static void submit_ready(struct wstate *s)
+{
+	const struct nvio__engine_ops *eng = s->w->eng;
+	unsigned spins = 0, n;
+
+	while ((n = submittable(s)) > 0) {
+		int r = eng->submit(s->w->ectx, s->ready, n, s->single);
+
+		if (r > 0) {
+			for (int i = 0; i < r; i++)
+				s->staged_inflight += SLOT_OF(s->ready[i])->stage != NULL;
+			s->inflight += (unsigned)r;
+			s->nready -= (unsigned)r;
+			memmove(s->ready, s->ready + r, s->nready * sizeof(*s->ready));
+			continue;
+		}
+		if (retryable(r) && s->inflight > 0)
+			return;		/* reap, then try again */
+		if (retryable(r) && ++spins < 1000) {
+			sched_yield();
+			continue;
+		}
+		while (s->nready > 0)	/* the engine refuses: fail them */
+			piece_end(s, SLOT_OF(s->ready[--s->nready]), r);
+	}
+}
+
+/* Submits what is ready if the mode allows it now: always when sliding,
+ * only between batches otherwise. */
+static void submit_allowed(struct wstate *s)
+{
+	if (s->overlap || s->inflight == 0)
+		submit_ready(s);
+}
+
+/*
+ * A staged write was just copied: let the device start on it while the
+ * next one is copied. In batch mode the batch goes once it is full.
+ */
+static void submit_copied(struct wstate *s)
+{
+	unsigned staged = 0;
+
+	if (!s->overlap) {
+		for (unsigned i = 0; i < s->nready; i++)
+			staged += SLOT_OF(s->ready[i])->stage != NULL;
+		if (s->inflight > 0 || staged < s->stage_cap)
+			return;
+	}
+	submit_ready(s);
+}
+
 /*
  * Prepares pieces into free slots until the slots, the work or the
  * bounce buffers run out. GDS and non-file pieces are moved right here.
@@ -245,36 +335,8 @@ static void fill(struct wstate *s)
 			}
 		}
 		s->ready[s->nready++] = &sl->io;
-	}
-}
-
-static int retryable(int err)
-{
-	return err == -EINTR || err == -EAGAIN || err == -EBUSY;
-}
-
-static void submit_ready(struct wstate *s)
-{
-	const struct nvio__engine_ops *eng = s->w->eng;
-	unsigned spins = 0;
-
-	while (s->nready > 0) {
-		int r = eng->submit(s->w->ectx, s->ready, s->nready, s->single);
-
-		if (r > 0) {
-			s->inflight += (unsigned)r;
-			s->nready -= (unsigned)r;
-			memmove(s->ready, s->ready + r, s->nready * sizeof(*s->ready));
-			continue;
-		}
-		if (retryable(r) && s->inflight > 0)
-			return;		/* reap, then try again */
-		if (retryable(r) && ++spins < 1000) {
-			sched_yield();
-			continue;
-		}
-		while (s->nready > 0)	/* the engine refuses: fail them */
-			piece_end(s, SLOT_OF(s->ready[--s->nready]), r);
+		if (stage && op->is_write && len >= OVERLAP_COPY_BYTES)
+			submit_copied(s);
 	}
 }
 
@@ -294,17 +356,37 @@ static void complete(struct wstate *s, struct nvio__io *io)
 {
 	struct slot *sl = SLOT_OF(io);
 	ssize_t res = io->res;
+	int err = 0;
 
+	if (sl->stage)
+		s->staged_inflight--;
 	if (res < 0 && retryable((int)res)) {
 		s->ready[s->nready++] = io;
 		return;
 	}
 	if (res < 0)
-		piece_end(s, sl, (int)res);
+		err = (int)res;
 	else if ((size_t)res < io->len)
-		piece_end(s, sl, nvio__finish_short(sl->task->op, io, (size_t)res));
+		err = nvio__finish_short(sl->task->op, io, (size_t)res);
+	if (!err && sl->stage && !io->is_write)
+		s->copyq[s->ncopy++] = sl;	/* see drain_copies */
 	else
-		piece_end(s, sl, 0);
+		piece_end(s, sl, err);
+}
+
+/*
+ * Copies the finished staged reads out to their ops' buffers: first the
+ * requests waiting for room go to the device, and each copy-out frees a
+ * buffer that is refilled and submitted before the next copy.
+ */
+static void drain_copies(struct wstate *s)
+{
+	for (unsigned i = 0; i < s->ncopy; i++) {
+		fill(s);
+		submit_allowed(s);
+		piece_end(s, s->copyq[i], 0);
+	}
+	s->ncopy = 0;
 }
 
 /*
@@ -323,6 +405,7 @@ static void engine_reset(struct wstate *s, int err)
 			piece_end(s, &s->slots[i], err);
 	s->nready = 0;
 	s->inflight = 0;
+	s->staged_inflight = 0;
 	if (w->eng->init(&w->ectx, s->depth) < 0) {
 		w->eng = &nvio__engine_psync;	/* always works */
 		w->eng->init(&w->ectx, s->depth);
@@ -342,6 +425,7 @@ static void reap(struct wstate *s)
 	s->inflight -= (unsigned)r;
 	for (int i = 0; i < r; i++)
 		complete(s, s->done[i]);
+	drain_copies(s);
 }
 
 static void *worker_main(void *arg)
@@ -349,10 +433,8 @@ static void *worker_main(void *arg)
 	struct wstate *s = arg;
 
 	for (;;) {
-		if (s->overlap || s->inflight == 0)
-			fill(s);
-		if (s->nready)
-			submit_ready(s);
+		fill(s);	/* batch mode: prepares the next batch */
+		submit_allowed(s);
 		if (s->inflight > 0) {
 			reap(s);
 			continue;
@@ -373,6 +455,7 @@ static void wstate_free(struct wstate *s)
 	free(s->free);
 	free(s->ready);
 	free(s->done);
+	free(s->copyq);
 	free(s);
 }
 
@@ -392,7 +475,9 @@ static struct wstate *wstate_new(struct nvio__worker *w, const nvio_config_t *c)
 	/* room for resubmissions beside a full batch */
 	s->ready = calloc(2 * d, sizeof(*s->ready));
 	s->done = calloc(d, sizeof(*s->done));
-	if (!s->slots || !s->free || !s->ready || !s->done) {
+	s->copyq = calloc(d, sizeof(*s->copyq));
+	s->stage_cap = w->stage.count / 2 ? w->stage.count / 2 : 1;
+	if (!s->slots || !s->free || !s->ready || !s->done || !s->copyq) {
 		wstate_free(s);
 		return NULL;
 	}

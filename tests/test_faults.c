@@ -123,6 +123,7 @@ static void arm(int at, int kind, int err)
 }
 
 static unsigned char *buf, *file, *chk;
+static unsigned char *buf_base;	/* buf is buf_base or buf_base + 1 */
 
 /* Runs one write or read of OPSZ at off with the armed hook; returns the
  * op's result (sync) or the wait's (async). */
@@ -455,7 +456,7 @@ int main(void)
 	t_init("faults");
 	nvio__sys_reset();
 	real = nvio__sys;
-	buf = t_alloc(OPSZ + 2 * OFF);
+	buf = buf_base = t_alloc(OPSZ + 2 * OFF + 1);
 	file = t_alloc(OPSZ + 2 * OFF);
 	chk = t_alloc(OPSZ + 2 * OFF);
 	for (int i = 0; i < T_N_ENGINES; i++)
@@ -472,13 +473,21 @@ int main(void)
 			if (t_handle(&h, e, d, 1, BS))
 				continue;
 			faults(h, e, combo);
+			/* the same through the staging buffers */
+			buf = buf_base + 1;
+			snprintf(combo, sizeof(combo), "%s/%s staged",
+				 t_engine_str(e), t_direct_str(d));
+			faults(h, e, combo);
+			buf = buf_base;
+			snprintf(combo, sizeof(combo), "%s/%s", t_engine_str(e),
+				 t_direct_str(d));
 			write_file_faults(h, e, combo);
 			open_faults(h, combo);
 			enospc_at_submit(h, combo);
 			nvio__sys_reset();
 			nvio_handle_destroy(h);
 		}
-	free(buf);
+	free(buf_base);
 	free(file);
 	free(chk);
 	return t_done();

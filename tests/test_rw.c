@@ -325,6 +325,47 @@ static void test_modes(int e, int d)
 	unlink(path);
 }
 
+/*
+ * Misaligned buffers with pieces large enough that each staged copy is
+ * submitted on its own, and pools so small that only one or a few staged
+ * pieces may be in flight while the next are copied: both modes, sync
+ * and async, several ops queued on one worker.
+ */
+static void test_staged_pipeline(int e, int d)
+{
+	static const struct { uint32_t stage_blocks, overlap, par; } ms[] = {
+		{ 2, 0, 1 }, { 2, 1, 1 }, { 3, 1, 1 }, { 8, 0, 1 }, { 8, 1, 2 },
+	};
+	char path[T_PATH_MAX];
+
+	t_path(path, "staged");
+	for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++) {
+		nvio_config_t c, got_cfg;
+		nvio_handle_t *h = NULL;
+
+		t_ctx("%s/%s staged pool %u blocks overlap %u par %u",
+		      t_engine_str(e), t_direct_str(d), ms[i].stage_blocks,
+		      ms[i].overlap, ms[i].par);
+		nvio_config_init(&c);
+		c.engine = e;
+		c.direct = d;
+		c.block_size = 128u << 10;
+		c.queue_depth = 16;
+		c.overlap_events = ms[i].overlap;
+		c.intra_op_parallelism = ms[i].par;
+		c.staging_bytes = ms[i].stage_blocks * c.block_size;
+		if (!T_OK(nvio_handle_create(&h, &c)))
+			continue;
+		if (T_OK(nvio_handle_config(h, &got_cfg)))
+			T_EQ_U64(got_cfg.staging_bytes, c.staging_bytes);
+		round_trip(h, path, MAXSZ, 4096, 1, 100, 0);
+		round_trip(h, path, 3 * MiB + 5, 8192, 3, 0, NVIO_ASYNC);
+		round_trip(h, path, 2 * MiB, 0, 1, 4096, 0);
+		nvio_handle_destroy(h);
+	}
+	unlink(path);
+}
+
 int main(void)
 {
 	static const uint32_t pars[] = { 1, 3 };
@@ -371,6 +412,7 @@ int main(void)
 				}
 			test_odd_block(e, d);
 			test_modes(e, d);
+			test_staged_pipeline(e, d);
 		}
 	}
 	/* Direct AUTO: whatever it picks, the bytes are the same. */
