@@ -98,13 +98,13 @@ typedef struct nvio_config {
 	int32_t engine;		/* nvio_engine_t, default AUTO */
 	int32_t direct;		/* nvio_direct_t, default AUTO */
 	uint64_t staging_bytes;	/* bounce memory per worker; 0 (default):
-				 * block_size * queue_depth, at most 64 MiB */
+				 * block_size * queue_depth, at most 128 MiB */
 	uint64_t reserved[6];	/* must be 0 */
 } nvio_config_t;
 
 #define NVIO_DEFAULT_BLOCK_SIZE (1u << 20)
 #define NVIO_DEFAULT_QUEUE_DEPTH 128u
-#define NVIO_MAX_AUTO_STAGING_BYTES (64u << 20)
+#define NVIO_MAX_AUTO_STAGING_BYTES (128u << 20)
 #define NVIO_MAX_PARALLELISM 256u
 #define NVIO_MAX_QUEUE_DEPTH 4096u
 

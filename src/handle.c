@@ -161,11 +161,12 @@ static void handle_free(struct nvio_handle *h)
 }
 
 /*
- * Bounce buffers per worker. Staged pieces in flight are limited by the
- * pool, so by default it holds a full queue of blocks (at most 64 MiB):
- * a fixed 16 MiB pool allowed two 8 MiB requests in flight and cut
- * misaligned-buffer writes to a third. Buffers are made on first use,
- * so aligned transfers never pay for the pool.
+ * Bounce buffers per worker. Half the pool is in flight while the worker
+ * copies through the other half (workers.c), so by default it holds a
+ * full queue of blocks, at most 128 MiB: on our virtio disk a write
+ * needs about 64 MiB in flight to run at full speed, and a fixed 16 MiB
+ * pool cut misaligned-buffer writes to a third. Buffers are made on
+ * first use, so aligned transfers never pay for the pool.
  */
 static int workers_alloc(struct nvio_handle *h)
 {

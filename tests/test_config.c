@@ -67,7 +67,7 @@ static void test_getters(void)
 		T_EQ_U64(got.overlap_events, 1);
 		T_EQ_INT(got.engine, NVIO_ENGINE_PSYNC);
 		T_EQ_INT(got.direct, NVIO_DIRECT_OFF);
-		/* automatic: block_size * queue_depth (under the 64 MiB cap) */
+		/* automatic: block_size * queue_depth (under the 128 MiB cap) */
 		T_EQ_U64(got.staging_bytes, 65536 * 7);
 	}
 	T_EQ_U64(nvio_pending(h), 0);
