@@ -20,11 +20,11 @@ const char handle_opts_help[] =
 "  --single-submit, --no-single-submit\n"
 "                           one submission per request, or batched (default)\n"
 "  --overlap-events, --no-overlap-events (alias --sequential-requests)\n"
-"                           sliding window (default) or batch at a time\n"
+"                           sliding window, or batch at a time (default)\n"
 "  --engine E               auto, io_uring, libaio or psync (default auto)\n"
 "  --direct auto|on|off     O_DIRECT policy (default auto)\n"
 "  --staging-bytes SIZE     bounce memory per worker (default: block size x\n"
-"                           queue depth, at most 64M)\n";
+"                           queue depth, at most 128M)\n";
 
 void handle_opts_init(struct handle_opts *o)
 {
