@@ -329,7 +329,7 @@ static void test_modes(int e, int d)
  * Misaligned buffers with pieces large enough that each staged copy is
  * submitted on its own, and pools so small that only one or a few staged
  * pieces may be in flight while the next are copied: both modes, sync
- * and async, several ops queued on one worker.
+ * and async, one worker and two.
  */
 static void test_staged_pipeline(int e, int d)
 {
