@@ -123,7 +123,7 @@ static int stage_copy(struct wstate *s, struct nvio__op *op, void *dst,
 	int r;
 
 	if (op->mem == NVIO__MEM_HOST) {
-		memcpy(dst, src, n);
+		nvio__stage_copy(dst, src, n);
 		return 0;
 	}
 	if (!s->stream || s->stream_device != op->cuda_device) {

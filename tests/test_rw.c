@@ -366,6 +366,43 @@ static void test_staged_pipeline(int e, int d)
 	unlink(path);
 }
 
+/*
+ * Every buffer misalignment up to a cache line, with file offsets that
+ * shift the aligned body against the buffer: a staged copy's destination
+ * and source each take every position within 64 bytes, in pieces above
+ * and below the size from which copies bypass the cache.
+ */
+static void test_stage_alignments(int e, int d)
+{
+	static const int64_t offs[] = { 0, 1, 4096 + 7, 65535 };
+	char path[T_PATH_MAX];
+	nvio_config_t c;
+	nvio_handle_t *h = NULL;
+
+	t_path(path, "stagealign");
+	nvio_config_init(&c);
+	c.engine = e;
+	c.direct = d;
+	c.block_size = 96u << 10;
+	c.queue_depth = 4;
+	t_ctx("%s/%s stage alignments create", t_engine_str(e),
+	      t_direct_str(d));
+	if (!T_OK(nvio_handle_create(&h, &c)))
+		return;
+	for (int mis = 0; mis < 64; mis++) {
+		int64_t off = offs[mis % 4];
+
+		t_ctx("%s/%s block 96K mis %d offset %lld", t_engine_str(e),
+		      t_direct_str(d), mis, (long long)off);
+		round_trip(h, path, MiB + 4097 + (uint64_t)mis, off, mis,
+			   (uint64_t)mis * 13, mis % 5 == 0 ? NVIO_ASYNC : 0);
+		if (t_failures() > 10)
+			break;
+	}
+	nvio_handle_destroy(h);
+	unlink(path);
+}
+
 int main(void)
 {
 	static const uint32_t pars[] = { 1, 3 };
@@ -413,6 +450,7 @@ int main(void)
 			test_odd_block(e, d);
 			test_modes(e, d);
 			test_staged_pipeline(e, d);
+			test_stage_alignments(e, d);
 		}
 	}
 	/* Direct AUTO: whatever it picks, the bytes are the same. */
