@@ -230,7 +230,14 @@ NVIO_API int nvio_wait(nvio_handle_t *h);
 /* Number of asynchronous ops submitted and not yet reported by a wait. */
 NVIO_API uint32_t nvio_pending(const nvio_handle_t *h);
 
-/* Where and why the most recent failure on this handle happened. */
+/*
+ * Where and why a failure on this handle happened: the one most recently
+ * returned to the calling thread by a call on this handle (a sync op's
+ * failure, or the failed op whose error nvio_wait returned). Threads that
+ * share a handle each see their own. A thread that has had no failure on
+ * the handle, or has had one on another handle since, gets the one most
+ * recently returned to any thread.
+ */
 typedef struct nvio_error {
 	int err;		/* negative errno, 0 if nothing failed */
 	int is_write;		/* 1 write, 0 read */

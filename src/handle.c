@@ -8,6 +8,20 @@
 
 #include "internal.h"
 
+/*
+ * The last failure returned to this thread, and the handle it came from.
+ * Threads sharing a handle each keep their own, so one thread's error
+ * never describes another's failure; a handle id is never reused, so a
+ * record cannot outlive its handle into a new one at the same address.
+ */
+static _Thread_local struct {
+	uint64_t handle_id;
+	nvio_error_t e;
+} thread_last;
+
+/* Handle ids start at 1: a thread's record with id 0 names no handle. */
+static atomic_uint_fast64_t next_handle_id = 1;
+
 void nvio_config_init(nvio_config_t *cfg)
 {
 	if (!cfg)
@@ -233,6 +247,7 @@ int nvio_handle_create(nvio_handle_t **out, const nvio_config_t *cfg)
 	}
 	pthread_mutex_init(&h->lock, NULL);
 	pthread_cond_init(&h->cond, NULL);
+	h->id = atomic_fetch_add(&next_handle_id, 1);
 	h->nworkers = h->cfg.intra_op_parallelism;
 	r = workers_alloc(h);
 	if (!r)
@@ -322,11 +337,14 @@ int nvio_wait(nvio_handle_t *h)
 	while (h->inflight > 0)
 		pthread_cond_wait(&h->cond, &h->lock);
 	r = h->wait_err ? h->wait_err : (int)h->done_count;
+	if (h->wait_err)
+		thread_last.e = h->wait_rec;
 	h->wait_err = 0;
 	h->done_count = 0;
 	h->pending = 0;
 	pthread_mutex_unlock(&h->lock);
-	return r;
+	/* The record of the op whose error this wait returns. */
+	return r < 0 ? nvio__error_publish(h, &thread_last.e) : r;
 }
 
 uint32_t nvio_pending(const nvio_handle_t *h)
@@ -341,30 +359,40 @@ uint32_t nvio_pending(const nvio_handle_t *h)
 	return n;
 }
 
-void nvio__set_error(struct nvio_handle *h, int err, const struct nvio__op *op,
-		     const char *what, uint64_t off, uint64_t len)
+void nvio__error_fill(nvio_error_t *e, int err, const struct nvio__op *op,
+		      const char *what, uint64_t off, uint64_t len)
 {
-	nvio_error_t e;
-
-	memset(&e, 0, sizeof(e));
-	e.err = err;
-	e.offset = (int64_t)off;
-	e.nbytes = len;
-	snprintf(e.what, sizeof(e.what), "%s", what);
+	memset(e, 0, sizeof(*e));
+	e->err = err;
+	e->offset = (int64_t)off;
+	e->nbytes = len;
+	snprintf(e->what, sizeof(e->what), "%s", what);
 	if (op) {
-		e.is_write = op->is_write;
-		e.op_seq = op->seq;
-		snprintf(e.path, sizeof(e.path), "%s", op->path ? op->path : "");
+		e->is_write = op->is_write;
+		e->op_seq = op->seq;
+		snprintf(e->path, sizeof(e->path), "%s", op->path ? op->path : "");
 	}
+}
+
+int nvio__error_publish(struct nvio_handle *h, const nvio_error_t *e)
+{
+	if (&thread_last.e != e)
+		thread_last.e = *e;
+	thread_last.handle_id = h->id;
 	pthread_mutex_lock(&h->lock);
-	h->last = e;
+	h->last = *e;
 	pthread_mutex_unlock(&h->lock);
+	return e->err;
 }
 
 int nvio_last_error(const nvio_handle_t *h, nvio_error_t *out)
 {
 	if (!h || !out)
 		return -EINVAL;
+	if (thread_last.handle_id == h->id) {
+		*out = thread_last.e;
+		return out->err;
+	}
 	pthread_mutex_lock((pthread_mutex_t *)&h->lock);
 	*out = h->last;
 	pthread_mutex_unlock((pthread_mutex_t *)&h->lock);

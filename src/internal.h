@@ -78,6 +78,8 @@ struct nvio__op {
 	char *tmp_path;		/* write_file: the temporary, else NULL */
 	atomic_uint tasks_left;
 	atomic_int err;		/* first error, 0 if none */
+	nvio_error_t rec;	/* where and why: written once, by the thread
+				 * that set err; read once the op has ended */
 	int done;		/* sync ops: set under handle->lock */
 	unsigned ntasks;
 	struct nvio__task tasks[];
@@ -105,6 +107,7 @@ struct nvio_handle {
 	struct nvio__worker *workers;
 	unsigned nworkers;
 	atomic_uint_fast64_t seq;
+	uint64_t id;		/* unique in the process, never reused */
 
 	pthread_mutex_t lock;	/* guards everything below */
 	pthread_cond_t cond;	/* an op finished */
@@ -112,12 +115,20 @@ struct nvio_handle {
 	unsigned done_count;	/* async ops finished since last wait */
 	unsigned pending;	/* async ops not yet reported by a wait */
 	int wait_err;		/* first error since last wait */
-	nvio_error_t last;
+	nvio_error_t wait_rec;	/* the op's record behind wait_err */
+	nvio_error_t last;	/* the last failure any call returned */
 };
 
-/* handle.c: record a failure in the handle's last error. */
-void nvio__set_error(struct nvio_handle *h, int err, const struct nvio__op *op,
-		     const char *what, uint64_t off, uint64_t len);
+/*
+ * handle.c: error records. nvio__error_fill describes a failure of op
+ * (which may be NULL); nvio__error_publish is called by the thread whose
+ * call returns that failure: it becomes that thread's nvio_last_error()
+ * for the handle, and the handle's for threads that have none of their
+ * own. Returns e->err.
+ */
+void nvio__error_fill(nvio_error_t *e, int err, const struct nvio__op *op,
+		      const char *what, uint64_t off, uint64_t len);
+int nvio__error_publish(struct nvio_handle *h, const nvio_error_t *e);
 
 /* workers.c; nvio__finish_short: the rest of a piece the kernel cut
  * short, through the buffered fd (0 or -errno; -ENODATA at end of file). */

@@ -24,7 +24,7 @@ void nvio__op_fail(struct nvio__op *op, int err, const char *what,
 
 	/* The first error is the op's; later ones are its consequences. */
 	if (atomic_compare_exchange_strong(&op->err, &expected, err))
-		nvio__set_error(op->h, err, op, what, off, len);
+		nvio__error_fill(&op->rec, err, op, what, off, len);
 }
 
 /* Where to reopen the op's file for reading. */
@@ -139,8 +139,10 @@ static void report(struct nvio__op *op)
 	if (async) {
 		h->inflight--;
 		h->done_count++;
-		if (err && !h->wait_err)
+		if (err && !h->wait_err) {
 			h->wait_err = err;
+			h->wait_rec = op->rec;
+		}
 	} else {
 		op->done = 1;
 	}

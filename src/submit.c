@@ -327,6 +327,8 @@ static int run_inline(struct nvio__op *op)
 	atomic_store(&op->tasks_left, 1);
 	nvio__op_task_done(op);		/* epilogue, report: op->done is set */
 	err = atomic_load(&op->err);
+	if (err)
+		nvio__error_publish(op->h, &op->rec);
 	nvio__op_free(op);
 	return err;
 }
@@ -375,6 +377,8 @@ static int run_op(struct nvio_handle *h, struct nvio__op *op)
 		pthread_cond_wait(&h->cond, &h->lock);
 	pthread_mutex_unlock(&h->lock);
 	err = atomic_load(&op->err);
+	if (err)
+		nvio__error_publish(h, &op->rec);
 	nvio__op_free(op);
 	return err;
 }
@@ -425,7 +429,9 @@ static int submit(struct nvio_handle *h, struct request *rq)
 		r = preallocate(op, &st);
 	}
 	if (r) {
-		nvio__set_error(h, r, op, what, (uint64_t)rq->offset, nbytes);
+		nvio__error_fill(&op->rec, r, op, what, (uint64_t)rq->offset,
+				 nbytes);
+		nvio__error_publish(h, &op->rec);
 		if (op->tmp_path)
 			nvio__sys.unlink(op->tmp_path);
 		nvio__op_free(op);

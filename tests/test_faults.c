@@ -451,6 +451,47 @@ static void enospc_at_submit(nvio_handle_t *h, const char *combo)
 	unlink(path);
 }
 
+/*
+ * The record behind a wait's error is the failed op's, even when a later
+ * call failed otherwise in between: an async write fails with EIO in a
+ * worker, then a sync read of a missing file fails with ENOENT, then the
+ * wait returns -EIO and nvio_last_error() must name the write.
+ */
+static void wait_record(nvio_handle_t *h, const char *combo)
+{
+	char path[T_PATH_MAX], missing[T_PATH_MAX + 16];
+	nvio_error_t e;
+	int r;
+
+	t_ctx("%s wait's record after a later sync failure", combo);
+	t_path(path, "waitrec");
+	snprintf(missing, sizeof(missing), "%s-missing", path);
+	t_fill_random(file, OPSZ + 2 * OFF, seed++);
+	t_write_file(path, file, OPSZ + 2 * OFF);
+	arm(2, K_ERR, EIO);
+	i_result_w();
+	r = nvio_pwrite(h, buf, OPSZ, path, OFF, NVIO_ASYNC);
+	if (!T_OK(r)) {
+		nvio__sys_reset();
+		return;
+	}
+	/* Let the write fail first, so its record is the older one. */
+	for (int i = 0; i < 2000 && !atomic_load(&fired); i++)
+		usleep(1000);
+	usleep(20000);
+	T_ERR(nvio_pread(h, chk, 10, missing, 0, 0), -ENOENT);
+	r = nvio_wait(h);
+	nvio__sys_reset();
+	T_ERR(r, -EIO);
+	memset(&e, 0, sizeof(e));
+	T_ERR(nvio_last_error(h, &e), -EIO);
+	T_EQ_INT(e.is_write, 1);
+	if (strcmp(e.path, path) != 0)
+		T_FAILF("last_error() names \"%s\", not the failed write's "
+			"\"%s\"", e.path, path);
+	unlink(path);
+}
+
 int main(void)
 {
 	t_init("faults");
@@ -484,6 +525,7 @@ int main(void)
 			write_file_faults(h, e, combo);
 			open_faults(h, combo);
 			enospc_at_submit(h, combo);
+			wait_record(h, combo);
 			nvio__sys_reset();
 			nvio_handle_destroy(h);
 		}

@@ -13,6 +13,12 @@
  * byte check. Every wait returns >= 0; the sum of all returns, plus a
  * final wait in the main thread, equals the number of ops submitted
  * (each op reported exactly once); nothing is pending at the end.
+ *
+ * Part 3: 4 threads share ONE handle and fail on purpose, over and over:
+ * a read of a file that only that thread names (-ENOENT), a read past the
+ * end of its own file (-ENODATA). After each failure, nvio_last_error()
+ * in that thread must describe that thread's failure (its path, its
+ * offset), whatever the other threads' calls failed with meanwhile.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -179,6 +185,60 @@ static void shared_handle(void)
 	unlink(shared_path);
 }
 
+#define FAILS (T_SANITIZED ? 100 : 400)
+
+static void *failer(void *arg)
+{
+	int id = (int)(intptr_t)arg;
+	char missing[T_PATH_MAX + 32], own[T_PATH_MAX];
+	unsigned char buf[64], data[100];
+	nvio_error_t e;
+
+	t_path(own, "failer-%d", id);
+	memset(data, id, sizeof(data));
+	if (t_write_file(own, data, sizeof(data)))
+		return NULL;
+	for (int i = 0; i < FAILS; i++) {
+		int64_t off = 100 + id * 1000 + i;
+
+		t_ctx("failer %d try %d", id, i);
+		snprintf(missing, sizeof(missing), "%s-missing-%d", own, i);
+		T_ERR(nvio_pread(shared, buf, 10, missing, 0, 0), -ENOENT);
+		memset(&e, 0, sizeof(e));
+		T_ERR(nvio_last_error(shared, &e), -ENOENT);
+		if (strcmp(e.path, missing) != 0) {
+			T_FAILF("last_error() names \"%s\", not this thread's "
+				"\"%s\"", e.path, missing);
+			break;
+		}
+		T_ERR(nvio_pread(shared, buf, 1, own, off, 0), -ENODATA);
+		memset(&e, 0, sizeof(e));
+		T_ERR(nvio_last_error(shared, &e), -ENODATA);
+		if (strcmp(e.path, own) != 0 || e.offset != off) {
+			T_FAILF("last_error() names \"%s\" at %lld, not this "
+				"thread's \"%s\" at %lld", e.path,
+				(long long)e.offset, own, (long long)off);
+			break;
+		}
+	}
+	unlink(own);
+	return NULL;
+}
+
+static void shared_failures(void)
+{
+	pthread_t th[ST];
+
+	t_ctx("shared failures %s", t_engine_str(engines[0]));
+	if (t_handle(&shared, engines[0], NVIO_DIRECT_OFF, 1, 1u << 20))
+		return;
+	for (int i = 0; i < ST; i++)
+		pthread_create(&th[i], NULL, failer, (void *)(intptr_t)i);
+	for (int i = 0; i < ST; i++)
+		pthread_join(th[i], NULL);
+	nvio_handle_destroy(shared);
+}
+
 int main(void)
 {
 	pthread_t th[NT];
@@ -194,5 +254,6 @@ int main(void)
 	for (int i = 0; i < NT; i++)
 		pthread_join(th[i], NULL);
 	shared_handle();
+	shared_failures();
 	return t_done();
 }

@@ -266,3 +266,38 @@ def test_error_at_completion_raised_by_wait(engine, np):
             h.sync_pwrite(a, "/dev/full")
         assert ei.value.errno in expected and ei.value.filename == "/dev/full"
         str(ei.value)                             # formats without error
+
+
+def test_threads_sharing_a_handle_get_their_own_errors(engine, np, tmp_path):
+    """Each thread's exception describes its own failure (path, offset),
+    however the other threads' calls on the same handle failed meanwhile."""
+    import threading
+    nthreads, tries = 4, 200
+    wrong = []
+    with nvio.AioHandle(engine=engine) as h:
+        def worker(k):
+            f = tmp_path / ("own-%d.bin" % k)
+            write_file(f, pattern(100))
+            a = np.zeros(1, np.uint8)
+            for i in range(tries):
+                off = 100 + 1000 * k + i
+                try:
+                    h.sync_pread(a, str(f), off)
+                except nvio.NvioError as e:
+                    if (e.errno != errno.ENODATA or e.offset != off
+                            or str(f) not in str(e)):
+                        wrong.append((k, i, e.errno, e.offset, str(e)))
+                else:
+                    wrong.append((k, i, "no error"))
+                missing = str(tmp_path / ("missing-%d-%d" % (k, i)))
+                try:
+                    h.sync_pread(a, missing)
+                except FileNotFoundError as e:
+                    if missing not in str(e):
+                        wrong.append((k, i, str(e)))
+        ths = [threading.Thread(target=worker, args=(k,)) for k in range(nthreads)]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
+    assert not wrong, wrong[:3]
