@@ -101,6 +101,8 @@ struct fio_ctx {
 	char engine[16];
 	int direct;
 	int engine_fallback;	/* io_uring failed once: now libaio */
+	char log_prefix[512];	/* fio's per-job latency logs: PREFIX_*.N.log */
+	int logs_registered;	/* jobs whose log names cleanup knows */
 };
 /* 0 if fio runs here (version filled), else prints why and -ENOENT. */
 int fio_detect(struct fio_ctx *c, const nvio_probe_t *probe, int direct);
