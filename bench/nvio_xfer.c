@@ -7,8 +7,7 @@
  * itself is timed (as for fio's own runtime and DeepSpeed's call).
  *
  *   run OP MEM PATH SIZE SEED CFG   OP read|write; MEM locked|pageable|huge
- *                                   (pageable: malloc'd once per size and
- *                                   kept, used at address + 1, so
+ *                                   (pageable: malloc'd, address + 1, so
  *                                   neither locked nor aligned; huge: for
  *                                   diagnosis, 2 MiB aligned, MADV_HUGEPAGE,
  *                                   mlock'd, not from nvio); SEED: the
@@ -53,12 +52,6 @@ static int nhandles;
 
 static void *locked_buf;
 static uint64_t locked_size;
-/* The pageable buffer is kept across runs too, as a training job keeps its
- * tensors: memory fresh from malloc is slower to copy for its first pass
- * or two on this VM (5-8 GB/s, then 12-15), which would be charged to
- * pageable runs only. */
-static unsigned char *pageable_raw;
-static uint64_t pageable_size;
 
 static double now(void)
 {
@@ -167,9 +160,6 @@ static void drop_all(void)
 		nvio_mem_free(locked_buf);
 	locked_buf = NULL;
 	locked_size = 0;
-	free(pageable_raw);
-	pageable_raw = NULL;
-	pageable_size = 0;
 }
 
 static void fail(const char *what, int err, nvio_handle_t *h)
@@ -214,18 +204,14 @@ static void cmd_run(char *op, char *mem, char *path, uint64_t size,
 			mlock(raw, size);
 		}
 	} else if (pageable) {
-		if (pageable_size != size) {
-			free(pageable_raw);
-			pageable_raw = malloc(size + 64);
-			pageable_size = pageable_raw ? size : 0;
-		}
+		raw = malloc(size + 64);
 	}
 	if (huge || pageable) {
-		if (huge ? !raw : !pageable_raw) {
+		if (!raw) {
 			fail("malloc", -ENOMEM, NULL);
 			return;
 		}
-		buf = huge ? raw : pageable_raw + 1;
+		buf = huge ? raw : raw + 1;
 		/* fault the pages in, untimed */
 		if (is_write && seed)
 			pattern_fill(buf, size, seed);
