@@ -329,6 +329,7 @@ const char *nvio_get_engine_note(const nvio_handle_t *h)
 
 int nvio_wait(nvio_handle_t *h)
 {
+	nvio_error_t e;
 	int r;
 
 	if (!h)
@@ -338,13 +339,13 @@ int nvio_wait(nvio_handle_t *h)
 		pthread_cond_wait(&h->cond, &h->lock);
 	r = h->wait_err ? h->wait_err : (int)h->done_count;
 	if (h->wait_err)
-		thread_last.e = h->wait_rec;
+		e = h->wait_rec;
 	h->wait_err = 0;
 	h->done_count = 0;
 	h->pending = 0;
 	pthread_mutex_unlock(&h->lock);
 	/* The record of the op whose error this wait returns. */
-	return r < 0 ? nvio__error_publish(h, &thread_last.e) : r;
+	return r < 0 ? nvio__error_publish(h, &e) : r;
 }
 
 uint32_t nvio_pending(const nvio_handle_t *h)
@@ -376,8 +377,7 @@ void nvio__error_fill(nvio_error_t *e, int err, const struct nvio__op *op,
 
 int nvio__error_publish(struct nvio_handle *h, const nvio_error_t *e)
 {
-	if (&thread_last.e != e)
-		thread_last.e = *e;
+	thread_last.e = *e;
 	thread_last.handle_id = h->id;
 	pthread_mutex_lock(&h->lock);
 	h->last = *e;

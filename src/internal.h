@@ -78,8 +78,10 @@ struct nvio__op {
 	char *tmp_path;		/* write_file: the temporary, else NULL */
 	atomic_uint tasks_left;
 	atomic_int err;		/* first error, 0 if none */
-	nvio_error_t rec;	/* where and why: written once, by the thread
-				 * that set err; read once the op has ended */
+	/* Where it happened: written once, by the thread that set err, and
+	 * read once the op has ended (nvio__op_record). */
+	const char *fail_what;	/* a string literal: "pread", "fsync", ... */
+	uint64_t fail_off, fail_len;
 	int done;		/* sync ops: set under handle->lock */
 	unsigned ntasks;
 	struct nvio__task tasks[];
@@ -139,8 +141,11 @@ void nvio__worker_push(struct nvio__worker *w, struct nvio__task *t);
 
 /* op.c: the end of an op (validate, fsync, rename, close, report). */
 void nvio__op_task_done(struct nvio__op *op);
+/* Records the op's first failure; `what` must be a string literal. */
 void nvio__op_fail(struct nvio__op *op, int err, const char *what,
 		   uint64_t off, uint64_t len);
+/* The error record of an op that has ended with an error. */
+void nvio__op_record(const struct nvio__op *op, nvio_error_t *e);
 /* Closes what the op still owns and frees it. */
 void nvio__op_free(struct nvio__op *op);
 

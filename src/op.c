@@ -23,8 +23,17 @@ void nvio__op_fail(struct nvio__op *op, int err, const char *what,
 	int expected = 0;
 
 	/* The first error is the op's; later ones are its consequences. */
-	if (atomic_compare_exchange_strong(&op->err, &expected, err))
-		nvio__error_fill(&op->rec, err, op, what, off, len);
+	if (atomic_compare_exchange_strong(&op->err, &expected, err)) {
+		op->fail_what = what;
+		op->fail_off = off;
+		op->fail_len = len;
+	}
+}
+
+void nvio__op_record(const struct nvio__op *op, nvio_error_t *e)
+{
+	nvio__error_fill(e, atomic_load(&op->err), op, op->fail_what,
+			 op->fail_off, op->fail_len);
 }
 
 /* Where to reopen the op's file for reading. */
@@ -141,7 +150,7 @@ static void report(struct nvio__op *op)
 		h->done_count++;
 		if (err && !h->wait_err) {
 			h->wait_err = err;
-			h->wait_rec = op->rec;
+			nvio__op_record(op, &h->wait_rec);
 		}
 	} else {
 		op->done = 1;

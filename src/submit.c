@@ -302,6 +302,22 @@ static int inline_ok(const struct nvio__op *op)
 	return !(body && op->stage);
 }
 
+/*
+ * The error of an op that has ended, 0 if none; a failure becomes the
+ * calling thread's nvio_last_error(), as the call returns it.
+ */
+static int op_error(const struct nvio__op *op)
+{
+	nvio_error_t e;
+	int err = atomic_load(&op->err);
+
+	if (err) {
+		nvio__op_record(op, &e);
+		nvio__error_publish(op->h, &e);
+	}
+	return err;
+}
+
 static int run_inline(struct nvio__op *op)
 {
 	struct nvio__io io = { .is_write = op->is_write, .buf = op->buf };
@@ -326,9 +342,7 @@ static int run_inline(struct nvio__op *op)
 		nvio__op_fail(op, err, op->is_write ? "pwrite" : "pread", off, len);
 	atomic_store(&op->tasks_left, 1);
 	nvio__op_task_done(op);		/* epilogue, report: op->done is set */
-	err = atomic_load(&op->err);
-	if (err)
-		nvio__error_publish(op->h, &op->rec);
+	err = op_error(op);
 	nvio__op_free(op);
 	return err;
 }
@@ -376,9 +390,7 @@ static int run_op(struct nvio_handle *h, struct nvio__op *op)
 	while (!op->done)
 		pthread_cond_wait(&h->cond, &h->lock);
 	pthread_mutex_unlock(&h->lock);
-	err = atomic_load(&op->err);
-	if (err)
-		nvio__error_publish(h, &op->rec);
+	err = op_error(op);
 	nvio__op_free(op);
 	return err;
 }
@@ -429,9 +441,8 @@ static int submit(struct nvio_handle *h, struct request *rq)
 		r = preallocate(op, &st);
 	}
 	if (r) {
-		nvio__error_fill(&op->rec, r, op, what, (uint64_t)rq->offset,
-				 nbytes);
-		nvio__error_publish(h, &op->rec);
+		nvio__op_fail(op, r, what, (uint64_t)rq->offset, nbytes);
+		op_error(op);
 		if (op->tmp_path)
 			nvio__sys.unlink(op->tmp_path);
 		nvio__op_free(op);
