@@ -334,7 +334,8 @@ static void test_modes(int e, int d)
 static void test_staged_pipeline(int e, int d)
 {
 	static const struct { uint32_t stage_blocks, overlap, par; } ms[] = {
-		{ 2, 0, 1 }, { 2, 1, 1 }, { 3, 1, 1 }, { 8, 0, 1 }, { 8, 1, 2 },
+		{ 1, 0, 1 }, { 1, 1, 1 }, { 2, 0, 1 }, { 2, 1, 1 }, { 3, 1, 1 },
+		{ 8, 0, 1 }, { 8, 1, 2 },
 	};
 	char path[T_PATH_MAX];
 
