@@ -7,7 +7,8 @@ on a RAM-backed disk (bench/ramdisk.sh), in interleaved rounds of:
 
   nvio-default    nvio_config_init() defaults, locked buffer
   nvio-best       best config of a first-pass sweep, locked buffer
-  nvio-pageable   nvio-best's config, malloc'd buffer at address + 1
+  nvio-pageable   nvio-best's config, malloc'd buffer at address + 1, kept
+                  across rounds like the locked one
   fio-best        best of a small fio sweep (block, depth, jobs, engine)
   ds-best         best of a small DeepSpeed aio_handle sweep, its own
                   locked tensor (new_cpu_locked_tensor)
@@ -207,6 +208,13 @@ def worker_main():
             reply(out)
             continue
         if cmd == "py":
+            # One large buffer in this process at a time: DeepSpeed's
+            # tensors are made again (untimed) on its next run. Keeps the
+            # 4 GiB cells inside this VM's memory beside nvio's two kept
+            # buffers and the RAM disk.
+            for h, t, _ in handles.values():
+                h.free_cpu_locked_tensor(t)
+            handles.clear()
             buf = bytearray(size)
             a = np.frombuffer(buf, dtype=np.uint8)
             if op == "write":
@@ -786,7 +794,7 @@ def write_report(bench, cells, dirs, path, argv):
         "Contenders: nvio-default = `nvio_config_init()` defaults, locked buffer "
         "(nvio_mem_alloc); nvio-best = best config of the calibration sweep, locked "
         "buffer; nvio-pageable = nvio-best's config with a malloc'd buffer at address+1 "
-        "(unlocked, unaligned); fio-best = best of the fio sweep; DS-best = best of the "
+        "(unlocked, unaligned), kept across rounds like the locked one; fio-best = best of the fio sweep; DS-best = best of the "
         "DeepSpeed aio_handle sweep (block 1M/8M × qd 32/128 × intra_op_parallelism 1/2, "
         "overlap on) with its own new_cpu_locked_tensor buffer, + os.fsync for writes; "
         "python = `open(...,'r+b').write(buf)` + `os.fsync`, `open(...,'rb').readinto(buf)`. "
