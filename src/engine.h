@@ -53,6 +53,9 @@ extern const struct nvio__engine_ops nvio__engine_uring;
 extern const struct nvio__engine_ops nvio__engine_aio;
 extern const struct nvio__engine_ops nvio__engine_psync;
 
+/* io_uring setup flags tried before plain setup (engine_uring.c). */
+extern unsigned nvio__uring_flags;
+
 /* The table for an engine id, or NULL. */
 const struct nvio__engine_ops *nvio__engine(int id);
 

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "t.h"
+#include "engine.h"
 
 #define MiB (1u << 20)
 #define GUARD 4096
@@ -404,6 +405,86 @@ static void test_stage_alignments(int e, int d)
 	unlink(path);
 }
 
+/*
+ * io_uring rings are set up with deferred completions where the kernel
+ * has them (6.1+), else plain. Both setups, and the fallback from flags
+ * the kernel refuses, must move the same bytes; and a reap that does not
+ * wait (min 0) must still see deferred completions.
+ */
+static void test_uring_setups(void)
+{
+	static const struct { unsigned flags; const char *name; } setups[] = {
+		{ 0, "plain" },
+		{ 1u << 31, "refused flags, fallback" },
+		{ ~0u, "default" },
+	};
+	const unsigned saved = nvio__uring_flags;
+	char path[T_PATH_MAX];
+
+	if (!t_engine_ok(NVIO_ENGINE_URING))
+		return;
+	t_path(path, "uring");
+	for (size_t i = 0; i < sizeof(setups) / sizeof(setups[0]); i++) {
+		const struct nvio__engine_ops *eng = &nvio__engine_uring;
+		struct nvio__io io, *ios[1] = { &io }, *out[1];
+		nvio_handle_t *h;
+		void *ctx = NULL;
+		int fd, n = 0;
+
+		nvio__uring_flags = setups[i].flags == ~0u ? saved : setups[i].flags;
+		for (int j = 0; j < T_N_DIRECTS; j++) {
+			int d = t_direct_list[j];
+
+			if (!t_combo_ok(NVIO_ENGINE_URING, d))
+				continue;
+			t_ctx("io_uring %s setup, %s", setups[i].name, t_direct_str(d));
+			if (t_handle(&h, NVIO_ENGINE_URING, d, 2, 128u << 10))
+				continue;
+			T_EQ_INT(nvio_get_engine(h), NVIO_ENGINE_URING);
+			round_trip(h, path, 3 * MiB + 5, 4096, 0, 100, 0);
+			round_trip(h, path, MiB + 1, 1, 1, 0, NVIO_ASYNC);
+			nvio_handle_destroy(h);
+		}
+
+		t_ctx("io_uring %s setup: reap without waiting", setups[i].name);
+		t_fill_random(want, 65536, seed++);
+		if (t_write_file(path, want, 65536)) {
+			T_FAILF("libc write of %s failed", path);
+			break;
+		}
+		/* O_DIRECT where the filesystem has it: a buffered read of
+		 * cached bytes completes inside the submit, never deferred */
+		fd = open(path, O_RDONLY | O_DIRECT);
+		if (fd < 0)
+			fd = open(path, O_RDONLY);
+		if (!T_TRUE(fd >= 0) || !T_OK(eng->init(&ctx, 4))) {
+			if (fd >= 0)
+				close(fd);
+			break;
+		}
+		memset(&io, 0, sizeof(io));
+		memset(got, 0, 65536);
+		io.fd = fd;
+		io.buf = got;
+		io.len = 65536;
+		if (T_EQ_INT(eng->submit(ctx, ios, 1, 0), 1)) {
+			/* up to 10 s: a completion nobody asks for never comes */
+			for (int tries = 0; tries < 10000 && n == 0; tries++) {
+				n = eng->reap(ctx, out, 0, 1);
+				if (n == 0)
+					usleep(1000);
+			}
+			if (T_EQ_INT(n, 1) && T_TRUE(out[0] == &io) &&
+			    T_EQ_INT(io.res, 65536))
+				T_MEM_EQ(got, want, 65536);
+		}
+		eng->fini(ctx);
+		close(fd);
+	}
+	nvio__uring_flags = saved;
+	unlink(path);
+}
+
 int main(void)
 {
 	static const uint32_t pars[] = { 1, 3 };
@@ -458,6 +539,7 @@ int main(void)
 	for (int i = 0; i < T_N_ENGINES; i++)
 		if (t_engine_ok(t_engine_list[i]))
 			test_modes(t_engine_list[i], NVIO_DIRECT_AUTO);
+	test_uring_setups();
 	free(area);
 	free(want);
 	free(got);
