@@ -29,17 +29,14 @@
  * disabled and the worker enables it on first use.
  */
 struct uctx {
-	struct io_uring ring;
-	int defer;	/* completions wait for the worker to ask */
+	struct io_uring ring;	/* ring.flags: the setup flags it got */
 	int disabled;	/* made R_DISABLED: the worker enables it */
 };
 
 #if defined(IORING_SETUP_DEFER_TASKRUN) && defined(IORING_SETUP_SINGLE_ISSUER)
-#define DEFER_BIT IORING_SETUP_DEFER_TASKRUN
 #define DEFER_FLAGS (IORING_SETUP_R_DISABLED | IORING_SETUP_SINGLE_ISSUER | \
 		     IORING_SETUP_DEFER_TASKRUN)
 #else
-#define DEFER_BIT 0u
 #define DEFER_FLAGS 0u
 #endif
 
@@ -54,19 +51,15 @@ static int uring_init(void **out, unsigned depth)
 
 	if (!u)
 		return -ENOMEM;
-	u->defer = u->disabled = 0;
-	if (nvio__uring_flags) {
+	if (nvio__uring_flags)
 		r = io_uring_queue_init(depth, &u->ring, nvio__uring_flags);
-		u->defer = r == 0 && (nvio__uring_flags & DEFER_BIT);
-		u->disabled = r == 0 &&
-			(nvio__uring_flags & IORING_SETUP_R_DISABLED);
-	}
 	if (r == -EINVAL)	/* a kernel before 6.1 refuses the flags */
 		r = io_uring_queue_init(depth, &u->ring, 0);
 	if (r < 0) {
 		free(u);
 		return r;
 	}
+	u->disabled = (u->ring.flags & IORING_SETUP_R_DISABLED) != 0;
 	*out = u;
 	return 0;
 }
@@ -163,7 +156,7 @@ static int uring_reap(void *ctx, struct nvio__io **out, unsigned min,
 			return r;
 	}
 #if DEFER_FLAGS
-	else if (((struct uctx *)ctx)->defer) {
+	else if (ring->flags & IORING_SETUP_DEFER_TASKRUN) {
 		/* deferred completions are posted only when asked for */
 		r = io_uring_submit_and_get_events(ring);
 		if (r < 0)
