@@ -47,6 +47,8 @@ import sys
 import tempfile
 import time
 
+import guestmem  # bench/guestmem.py
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 PAT_K = 0x9E3779B97F4A7C15
@@ -283,6 +285,12 @@ def drop_caches():
     os.sync()
     with open("/proc/sys/vm/drop_caches", "w") as f:
         f.write("3\n")
+
+
+def steal_s():
+    """Seconds of CPU time the hypervisor took from this VM (all vCPUs)."""
+    with open("/proc/stat") as f:
+        return int(f.readline().split()[8]) / os.sysconf("SC_CLK_TCK")
 
 
 def result(size, secs, cpu, **extra):
@@ -558,7 +566,9 @@ class Bench:
         for r in range(self.args.rounds):
             order = conts[r % len(conts):] + conts[:r % len(conts)]
             for name, fn in order:
+                st0 = steal_s()
                 per[name].append(fn())
+                per[name][-1]["steal"] = steal_s() - st0
             self.log("  %s round %d: %s" % (op, r + 1, "  ".join(
                 "%s %.2f" % (n, per[n][-1]["gbps"]) for n, _ in conts)))
         return per
@@ -716,6 +726,11 @@ def raw_lines(cell):
             out.append("| %d | " % (i + 1) + " | ".join(
                 "%.2f (%.3f)" % (rd[n][i]["gbps"], rd[n][i]["cpu"]) for n in names) + " |")
         out.append("")
+        out.append("CPU steal (s, all vCPUs) over each run, drop_caches included, max of "
+                   "the rounds: " + ", ".join("%s %.2f" % (n, max(x.get("steal", 0)
+                                                                 for x in rd[n]))
+                                              for n in names))
+        out.append("")
         out.append("Calibration sweep (GB/s, %s %s %s):" % (cell["disk"], human(cell["size"]),
                                                             op))
         out.append("")
@@ -767,6 +782,10 @@ def machine_info(bench, dirs):
             sh("%s -c 'import torch;print(torch.__version__)'" % sys.executable)),
     ]
     info += bench.disk_lines
+    note = bench.guest["note"]
+    if "reported_mib" in bench.guest:
+        note += "; reported to the host during the run: %d MiB" % bench.guest["reported_mib"]
+    info.append("- %s (bench/guestmem.py)" % note)
     return info
 
 
@@ -859,6 +878,8 @@ def main():
     ap.add_argument("--build-dir", default="/tmp/nvio-core-bench",
                     help="where libnvio and the driver are built")
     ap.add_argument("--out", help="report path (default bench/results/core-DATE.md)")
+    ap.add_argument("--keep-page-reporting", action="store_true",
+                    help="leave the VM's free page reporting on (see bench/guestmem.py)")
     args = ap.parse_args()
     if args.quick:
         args.sizes = "512M"
@@ -879,10 +900,22 @@ def main():
     bench.validated = {}
     bench.disk_lines = []
     bench.build()
-    ram_up = False
     cells = []
     dirs = []
     t_start = bench.t_start = time.time()
+    with guestmem.page_reporting_paused(not args.keep_page_reporting) as bench.guest:
+        run_all(bench, args, sizes, dirs, cells, out)
+    # the final report, once the amount reported to the host is known
+    targets = write_report(bench, cells, dirs, out, sys.argv)
+    bench.log("done in %.0f s; report: %s" % (time.time() - t_start, out))
+    for disk, size, op, name, desc, val, ok in targets:
+        print("%-4s %-6s %-5s %-13s %-26s %.2f %s" % (disk, size, op, name, desc, val,
+                                                   "yes" if ok else "NO"))
+    return 0
+
+
+def run_all(bench, args, sizes, dirs, cells, out):
+    ram_up = False
     try:
         bench.start_workers()
         if args.disk in ("real", "both"):
@@ -904,12 +937,6 @@ def main():
         bench.stop_workers()
         if ram_up:
             subprocess.run([os.path.join(HERE, "ramdisk.sh"), "down"])
-    targets = write_report(bench, cells, dirs, out, sys.argv)
-    bench.log("done in %.0f s; report: %s" % (time.time() - t_start, out))
-    for disk, size, op, name, desc, val, ok in targets:
-        print("%-4s %-6s %-5s %-13s %-26s %.2f %s" % (disk, size, op, name, desc, val,
-                                                   "yes" if ok else "NO"))
-    return 0
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ import time
 
 import torch
 
+import guestmem  # bench/guestmem.py
+
 try:
     import nvio
 except ImportError:  # run from a source tree after build_ext --inplace
@@ -229,6 +231,8 @@ def main():
     p.add_argument("--direct", action="store_true", help="force O_DIRECT for nvio")
     p.add_argument("--no_deepspeed", action="store_true", help="skip DeepSpeed")
     p.add_argument("--no_verify", action="store_true", help="skip the byte checks")
+    p.add_argument("--keep_page_reporting", action="store_true",
+                   help="leave the VM's free page reporting on (see bench/guestmem.py)")
     a = p.parse_args()
 
     n = parse_size(a.size)
@@ -247,6 +251,12 @@ def main():
              for m in methods}
     res = {m.name: {"store": [], "load": [], "store_cpu": [], "load_cpu": []} for m in methods}
     cold = True
+    with guestmem.page_reporting_paused(not a.keep_page_reporting) as guest:
+        cold = run_rounds(a, methods, bufs, paths, res, src, dst, cold)
+    report(a, n, methods, res, notes, cold, guest)
+
+
+def run_rounds(a, methods, bufs, paths, res, src, dst, cold):
     try:
         for r in range(a.rounds):
             order = methods[r % len(methods):] + methods[:r % len(methods)]
@@ -277,7 +287,11 @@ def main():
         for path in paths.values():
             if os.path.exists(path):
                 os.unlink(path)
+    return cold
 
+
+def report(a, n, methods, res, notes, cold, guest):
+    gb = n / 1e9
     base = res["nvio"]
     print(f"\n### Load and store of a {n / (1 << 30):.3f} GiB torch.uint8 CPU tensor, "
           f"{a.rounds} interleaved rounds\n")
@@ -306,6 +320,10 @@ def main():
                   f">= 0.95x): store {rs:.2f}x, load {rl:.2f}x")
     for note in notes:
         print(f"\n_{note}_")
+    note = guest["note"]
+    if "reported_mib" in guest:
+        note += f"; reported to the host during the rounds: {guest['reported_mib']} MiB"
+    print(f"\n{note} (bench/guestmem.py).")
     print(f"\nnvio {nvio.__version__}, torch {torch.__version__}, Python "
           f"{sys.version.split()[0]}, {os.cpu_count()} CPUs.")
 
