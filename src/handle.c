@@ -175,12 +175,13 @@ static void handle_free(struct nvio_handle *h)
 }
 
 /*
- * Bounce buffers per worker. Half the pool is in flight while the worker
- * copies through the other half (workers.c), so by default it holds a
- * full queue of blocks, at most 128 MiB: on our virtio disk a write
- * needs about 64 MiB in flight to run at full speed, and a fixed 16 MiB
- * pool cut misaligned-buffer writes to a third. Buffers are made on
- * first use, so aligned transfers never pay for the pool.
+ * Bounce buffers per worker. All but one (sliding) or half (batches) of
+ * the pool is in flight while the worker copies through the rest
+ * (workers.c), so by default it holds a full queue of blocks, at most
+ * 128 MiB: on our virtio disk a write needs about 64 MiB in flight to
+ * run at full speed, and a fixed 16 MiB pool cut misaligned-buffer
+ * writes to a third. Buffers are made on first use, so aligned
+ * transfers never pay for the pool.
  */
 static int workers_alloc(struct nvio_handle *h)
 {

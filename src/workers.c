@@ -20,10 +20,10 @@
  * busy: half the pool in flight cost 5-10% against aligned buffers). In
  * batches, half the pool is one batch and the next is copied into the
  * other half while it runs. A staged
- * write is submitted as soon as it is copied; after a reap, the requests
- * that were waiting go to the device before the finished reads are
- * copied out, and each copy-out frees a buffer that is refilled at once.
- * In batch mode the next batch is copied while the current one runs.
+ * write is submitted as soon as it is copied. After a reap, the requests
+ * that were waiting go to the device before any copy: before finished
+ * reads are copied out and before more writes are copied in. Each
+ * copy-out frees a buffer that is refilled at once.
  *
  * Every completion is checked: -EINTR/-EAGAIN are resubmitted, a short
  * transfer is finished through the buffered descriptor (a short read at
@@ -437,6 +437,8 @@ static void *worker_main(void *arg)
 	struct wstate *s = arg;
 
 	for (;;) {
+		/* what is ready goes first: the device must not wait on a copy */
+		submit_allowed(s);
 		fill(s);	/* batch mode: prepares the next batch */
 		submit_allowed(s);
 		if (s->inflight > 0) {
