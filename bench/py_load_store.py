@@ -250,13 +250,14 @@ def main():
     paths = {m.name: os.path.join(a.dir, f"py_load_store.{m.name}.{os.getpid()}.bin")
              for m in methods}
     res = {m.name: {"store": [], "load": [], "store_cpu": [], "load_cpu": []} for m in methods}
-    cold = True
     with guestmem.page_reporting_paused(not a.keep_page_reporting) as guest:
-        cold = run_rounds(a, methods, bufs, paths, res, src, dst, cold)
+        cold = run_rounds(a, methods, bufs, paths, res, src, dst)
     report(a, n, methods, res, notes, cold, guest)
 
 
-def run_rounds(a, methods, bufs, paths, res, src, dst, cold):
+def run_rounds(a, methods, bufs, paths, res, src, dst):
+    """Returns whether every load started from a cold page cache."""
+    cold = True
     try:
         for r in range(a.rounds):
             order = methods[r % len(methods):] + methods[:r % len(methods)]

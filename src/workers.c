@@ -429,6 +429,8 @@ static void reap(struct wstate *s)
 	s->inflight -= (unsigned)r;
 	for (int i = 0; i < r; i++)
 		complete(s, s->done[i]);
+	/* what is ready goes first: the device must not wait on a copy */
+	submit_allowed(s);
 	drain_copies(s);
 }
 
@@ -437,8 +439,6 @@ static void *worker_main(void *arg)
 	struct wstate *s = arg;
 
 	for (;;) {
-		/* what is ready goes first: the device must not wait on a copy */
-		submit_allowed(s);
 		fill(s);	/* batch mode: prepares the next batch */
 		submit_allowed(s);
 		if (s->inflight > 0) {
