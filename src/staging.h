@@ -31,5 +31,9 @@ void nvio__stage_want_cuda(struct nvio__stage_pool *p);
 /* memcpy for a piece between host memory and a staging buffer; large
  * copies use non-temporal stores where the CPU has them (x86-64). */
 void nvio__stage_copy(void *dst, const void *src, size_t n);
+/* One copy routine by name, whatever the size (for tests); -ENOTSUP
+ * where this CPU or build has no such routine. */
+enum { NVIO__COPY_MEMCPY, NVIO__COPY_SSE2, NVIO__COPY_AVX2 };
+int nvio__stage_copy_kind(int kind, void *dst, const void *src, size_t n);
 
 #endif
