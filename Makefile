@@ -89,7 +89,13 @@ $(BUILD)/tests/%: tests/%.c tests/t.c tests/t.h $(BUILD)/libnvio.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(NVIO_CFLAGS) -Isrc -o $@ $< tests/t.c $(BUILD)/libnvio.a $(LIBS)
 
-check: all $(TEST_BIN)
+# A stand-in CUDA driver for test_cuda (tests/stub/libcuda.c).
+STUB_CUDA = $(BUILD)/tests/stub/libcuda.so.1
+$(STUB_CUDA): tests/stub/libcuda.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(NVIO_CFLAGS) -shared -o $@ $< -Wl,-soname,libcuda.so.1
+
+check: all $(TEST_BIN) $(STUB_CUDA)
 	@sh tests/run.sh $(BUILD)
 
 print-libs:

@@ -1,0 +1,205 @@
+/*
+ * test_cuda.c - CUDA device buffers through a stand-in driver.
+ *
+ * tests/stub/libcuda.c is built as build/tests/stub/libcuda.so.1 and
+ * loaded by path after nvio has already run ops without it, as a
+ * PyTorch program loads CUDA late: nvio must then see its "device
+ * memory" (and must not have kept the absence it saw). On every engine,
+ * direct on and off, parallelism 1 and 2, reads into and writes from
+ * device buffers at unaligned offsets and sizes must move the right
+ * bytes, through the driver's copies (counted: a host path would move
+ * the same bytes), sync and async; a failing driver copy must fail the
+ * op with -EIO naming the file, and the handle must work afterwards.
+ */
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "t.h"
+
+static void *(*stub_alloc)(size_t);
+static void (*stub_free)(void *);
+static unsigned long (*stub_copies)(void);
+static void (*stub_fail_copies)(unsigned long);
+
+#define DEV_BYTES ((3u << 20) + 8192)
+
+static int load_stub(void)
+{
+	char exe[PATH_MAX], path[PATH_MAX + 32];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	char *slash;
+	void *lib;
+
+	if (n <= 0) {
+		T_FAILF("readlink /proc/self/exe failed");
+		return -1;
+	}
+	exe[n] = 0;
+	slash = strrchr(exe, '/');
+	if (slash)
+		*slash = 0;
+	snprintf(path, sizeof(path), "%s/stub/libcuda.so.1", exe);
+	lib = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+	if (!lib) {
+		T_FAILF("cannot load the stub driver %s: %s (make check builds it)",
+			path, dlerror());
+		return -1;
+	}
+	stub_alloc = (void *(*)(size_t))dlsym(lib, "stub_cuda_alloc");
+	stub_free = (void (*)(void *))dlsym(lib, "stub_cuda_free");
+	stub_copies = (unsigned long (*)(void))dlsym(lib, "stub_cuda_copies");
+	stub_fail_copies = (void (*)(unsigned long))dlsym(lib, "stub_cuda_fail_copies");
+	if (!stub_alloc || !stub_free || !stub_copies || !stub_fail_copies) {
+		T_FAILF("the stub driver lacks its stub_cuda_* functions");
+		return -1;
+	}
+	return 0;
+}
+
+/* Bytes around [m, m+n) of dev must still be 0xee. */
+static void check_guards(const unsigned char *dev, size_t m, size_t n)
+{
+	if (m > 0)
+		T_EQ_INT(dev[m - 1], 0xee);
+	if (m + n < DEV_BYTES)
+		T_EQ_INT(dev[m + n], 0xee);
+}
+
+/* Puts the read pattern (seed 21) back over [off, off+n). */
+static void restore(const char *path, size_t n, int64_t off)
+{
+	unsigned char *back = malloc(n);
+
+	if (!back) {
+		T_FAILF("malloc");
+		return;
+	}
+	t_fill_random_at(back, n, 21, (uint64_t)off);
+	T_OK(t_pwrite_file(path, back, n, off));
+	free(back);
+}
+
+static void rw_cases(nvio_handle_t *h, unsigned char *dev, const char *path,
+		     int async)
+{
+	static const struct { size_t n, m; int64_t off; } cs[] = {
+		{ 1, 0, 0 }, { 4097, 1, 0 }, { 4096, 4096, 4096 },
+		{ (1u << 20) + 1, 3, 511 }, { (3u << 20) - 7, 4095, 12345 },
+	};
+	uint64_t file_bytes = (3u << 20) + 65536;
+
+	for (unsigned i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
+		size_t n = cs[i].n, m = cs[i].m;
+		int64_t off = cs[i].off;
+		unsigned long before;
+		int r;
+
+		t_ctx("%s: read %zu bytes at file offset %lld into device +%zu",
+		      async ? "async" : "sync", n, (long long)off, m);
+		memset(dev, 0xee, DEV_BYTES);
+		before = stub_copies();
+		r = nvio_pread(h, dev + m, n, path, off, async ? NVIO_ASYNC : 0);
+		if (async && r == 0)
+			r = nvio_wait(h) == 1 ? 0 : -EIO;
+		if (!T_OK(r))
+			continue;
+		T_TRUE(stub_copies() > before);	/* the device path, not host */
+		T_EQ_INT(t_check_random_at(dev + m, n, 21, (uint64_t)off), -1);
+		check_guards(dev, m, n);
+
+		t_ctx("%s: write %zu bytes at file offset %lld from device +%zu",
+		      async ? "async" : "sync", n, (long long)off, m);
+		t_fill_random_at(dev + m, n, 22, (uint64_t)off);
+		before = stub_copies();
+		r = nvio_pwrite(h, dev + m, n, path, off, async ? NVIO_ASYNC : 0);
+		if (async && r == 0)
+			r = nvio_wait(h) == 1 ? 0 : -EIO;
+		if (!T_OK(r))
+			continue;
+		T_TRUE(stub_copies() > before);
+		T_OK(t_check_file_random(path, off, n, 22, (uint64_t)off));
+		T_EQ_INT(t_file_size(path), (int64_t)file_bytes);
+		restore(path, n, off);
+	}
+}
+
+static void failing_copy(nvio_handle_t *h, unsigned char *dev, const char *path)
+{
+	nvio_error_t e;
+
+	t_ctx("a driver copy fails");
+	stub_fail_copies(1);
+	T_ERR(nvio_pread(h, dev, 1u << 20, path, 4096, 0), -EIO);
+	T_EQ_INT(nvio_last_error(h, &e), -EIO);
+	T_TRUE(strstr(e.path, path) != NULL);
+	T_EQ_INT(e.is_write, 0);
+	stub_fail_copies(0);
+	t_ctx("the handle works after the failure");
+	memset(dev, 0, 8192);
+	if (T_OK(nvio_pread(h, dev, 8192, path, 0, 0)))
+		T_EQ_INT(t_check_random_at(dev, 8192, 21, 0), -1);
+}
+
+int main(void)
+{
+	uint64_t file_bytes = (3u << 20) + 65536;
+	unsigned char *pattern, *dev, host[4096];
+	char path[T_PATH_MAX];
+	nvio_handle_t *h;
+
+	t_init("cuda");
+	t_path(path, "data");
+	pattern = malloc(file_bytes);
+	if (!pattern) {
+		T_FAILF("malloc");
+		return t_done();
+	}
+	t_fill_random(pattern, file_bytes, 21);
+	T_OK(t_write_file(path, pattern, file_bytes));
+	free(pattern);
+
+	/* Before any driver: host memory, and nvio has looked for CUDA. */
+	t_ctx("before the driver is loaded");
+	if (t_handle(&h, NVIO_ENGINE_AUTO, NVIO_DIRECT_AUTO, 1, 0) == 0) {
+		if (T_OK(nvio_pread(h, host, sizeof(host), path, 0, 0)))
+			T_EQ_INT(t_check_random_at(host, sizeof(host), 21, 0), -1);
+		nvio_handle_destroy(h);
+	}
+	if (load_stub() < 0)
+		return t_done();
+	dev = stub_alloc(DEV_BYTES);
+	if (!dev) {
+		T_FAILF("stub_cuda_alloc");
+		return t_done();
+	}
+	for (int i = 0; i < T_N_ENGINES; i++)
+		for (int j = 0; j < T_N_DIRECTS; j++)
+			for (uint32_t par = 1; par <= 2; par++) {
+				int e = t_engine_list[i], d = t_direct_list[j];
+
+				if (!t_combo_ok(e, d))
+					continue;
+				t_ctx("%s/%s par %u", t_engine_str(e), t_direct_str(d), par);
+				if (t_handle(&h, e, d, par, 1u << 20) != 0)
+					continue;
+				rw_cases(h, dev, path, 0);
+				rw_cases(h, dev, path, 1);
+				failing_copy(h, dev, path);
+				nvio_handle_destroy(h);
+			}
+	/* Host memory is still host memory with the driver loaded. */
+	t_ctx("host buffer with the driver loaded");
+	if (t_handle(&h, NVIO_ENGINE_AUTO, NVIO_DIRECT_AUTO, 1, 0) == 0) {
+		unsigned long before = stub_copies();
+
+		if (T_OK(nvio_pread(h, host, sizeof(host), path, 0, 0)))
+			T_EQ_INT(t_check_random_at(host, sizeof(host), 21, 0), -1);
+		T_EQ_U64(stub_copies(), before);
+		nvio_handle_destroy(h);
+	}
+	stub_free(dev);
+	return t_done();
+}
