@@ -506,8 +506,23 @@ class Bench:
             for c in extra:
                 figs.setdefault(("nvio", json.dumps(c)), []).append(
                     self.run_nvio(op, path, size, c)["gbps"])
-        ks = [(statistics.median(v), k) for (kk, k), v in figs.items() if kk == "nvio"]
-        best["nvio"] = json.loads(max(ks)[1])
+        # Runoff: one pass picks a config by luck on a noisy machine (a
+        # "best" that then lost to the default in the rounds), so the top
+        # few of each contender run more passes, interleaved and rotated,
+        # and the best median of all passes wins.
+        finalists = []
+        for kind in ("nvio", "fio", "ds"):
+            ks = sorted(((statistics.median(v), k) for (kk, k), v in figs.items()
+                         if kk == kind), reverse=True)
+            finalists += [(kind, k) for _, k in ks[:self.args.runoff]]
+        for rep in range(self.args.runoff_passes):
+            r = rep % len(finalists) if finalists else 0
+            for kind, k in finalists[r:] + finalists[:r]:
+                figs[(kind, k)].append(one(kind, json.loads(k))["gbps"])
+        for kind in ("nvio", "fio", "ds"):
+            ks = [(statistics.median(v), k) for (kk, k), v in figs.items() if kk == kind]
+            if ks:
+                best[kind] = json.loads(max(ks)[1])
         table = [(kind, json.loads(k), v) for (kind, k), v in figs.items()]
         if self.ds_ok:
             self.py.ask('{"cmd": "free"}')
@@ -796,8 +811,10 @@ def write_report(bench, cells, dirs, path, argv):
         "- command: `%s`" % " ".join(shlex.quote(a) for a in argv),
         "- wall time: %.0f min" % ((time.time() - bench.t_start) / 60),
         "- rounds: %d per cell, contenders interleaved and rotated each round; "
-        "calibration: %d pass(es) of each sweep, best median chosen" % (
-            bench.args.rounds, bench.args.calib_reps),
+        "calibration: %d pass(es) of each sweep, then the top %d of each "
+        "contender %d more passes, best median chosen" % (
+            bench.args.rounds, bench.args.calib_reps, bench.args.runoff,
+            bench.args.runoff_passes),
         "",
         "Method: every contender overwrites (no truncation) the same preallocated file; "
         "writes end with fsync (fio `--end_fsync=1`); before every run the page cache is "
@@ -866,6 +883,11 @@ def main():
                          "no validation (unless --validate)")
     ap.add_argument("--calib-reps", type=int, default=1,
                     help="passes of each sweep in the calibration (default 1)")
+    ap.add_argument("--runoff", type=int, default=3,
+                    help="after the sweep, the top N configs of each contender "
+                         "(default 3) run --runoff-passes more passes")
+    ap.add_argument("--runoff-passes", type=int, default=2,
+                    help="extra passes of the runoff (default 2; 0: none)")
     ap.add_argument("--real-dir", default="/root/nvio-bench",
                     help="directory on the real disk (default /root/nvio-bench)")
     ap.add_argument("--ram-size", default="10G", help="tmpfs size for the RAM disk")
