@@ -12,9 +12,9 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <link.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 

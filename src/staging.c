@@ -83,8 +83,8 @@ void nvio__stage_want_cuda(struct nvio__stage_pool *p)
  * the data may still be used from cache, and memcpy is as fast.
  *
  * Where the CPU has AVX2 the copy moves 32 bytes per store, which cut
- * the CPU time of staged transfers by about 15% on our EPYC VM (the
- * commit that added it has the figures).
+ * the CPU time of staged transfers by about 15% on our EPYC VM
+ * (bench/README.md, "What limits the RAM disk").
  */
 #define STREAM_COPY_BYTES (64u << 10)
 
