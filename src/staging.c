@@ -90,20 +90,15 @@ void nvio__stage_want_cuda(struct nvio__stage_pool *p)
 
 #if defined(__x86_64__)
 #define NT_COPY 1
-/* Streaming stores need an aligned destination (the source may be
- * anywhere: a pageable buffer at any address); head and tail go through
- * memcpy. Streaming stores are weakly ordered: they are fenced before
- * the buffer is handed to the kernel or another thread. */
-static void nt_copy_sse2(char *d, const char *s, size_t n)
+/*
+ * The stream loops store whole strides to an aligned destination (the
+ * source may be anywhere: a pageable buffer at any address) and return
+ * how many bytes they moved.
+ */
+static size_t nt_body_sse2(char *d, const char *s, size_t n)
 {
-	size_t head = (16 - ((uintptr_t)d & 15)) & 15, i;
+	size_t i;
 
-	if (head > n)
-		head = n;
-	memcpy(d, s, head);
-	d += head;
-	s += head;
-	n -= head;
 	for (i = 0; i + 64 <= n; i += 64) {
 		__m128i a = _mm_loadu_si128((const __m128i *)(s + i));
 		__m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
@@ -115,21 +110,14 @@ static void nt_copy_sse2(char *d, const char *s, size_t n)
 		_mm_stream_si128((__m128i *)(d + i + 32), c);
 		_mm_stream_si128((__m128i *)(d + i + 48), e);
 	}
-	_mm_sfence();
-	memcpy(d + i, s + i, n - i);
+	return i;
 }
 
 __attribute__((target("avx2")))
-static void nt_copy_avx2(char *d, const char *s, size_t n)
+static size_t nt_body_avx2(char *d, const char *s, size_t n)
 {
-	size_t head = (32 - ((uintptr_t)d & 31)) & 31, i;
+	size_t i;
 
-	if (head > n)
-		head = n;
-	memcpy(d, s, head);
-	d += head;
-	s += head;
-	n -= head;
 	for (i = 0; i + 128 <= n; i += 128) {
 		__m256i a = _mm256_loadu_si256((const __m256i *)(s + i));
 		__m256i b = _mm256_loadu_si256((const __m256i *)(s + i + 32));
@@ -141,8 +129,23 @@ static void nt_copy_avx2(char *d, const char *s, size_t n)
 		_mm256_stream_si256((__m256i *)(d + i + 64), c);
 		_mm256_stream_si256((__m256i *)(d + i + 96), e);
 	}
+	return i;
+}
+
+/* Head up to the body's alignment and the tail go through memcpy.
+ * Streaming stores are weakly ordered: they are fenced before the
+ * buffer is handed to the kernel or another thread. */
+static void nt_copy(char *d, const char *s, size_t n, size_t align,
+		    size_t (*body)(char *, const char *, size_t))
+{
+	size_t head = (align - ((uintptr_t)d & (align - 1))) & (align - 1), done;
+
+	if (head > n)
+		head = n;
+	memcpy(d, s, head);
+	done = head + body(d + head, s + head, n - head);
 	_mm_sfence();
-	memcpy(d + i, s + i, n - i);
+	memcpy(d + done, s + done, n - done);
 }
 #endif
 
@@ -154,12 +157,12 @@ int nvio__stage_copy_kind(int kind, void *dst, const void *src, size_t n)
 		return 0;
 #if defined(NT_COPY)
 	case NVIO__COPY_SSE2:
-		nt_copy_sse2(dst, src, n);
+		nt_copy(dst, src, n, 16, nt_body_sse2);
 		return 0;
 	case NVIO__COPY_AVX2:
 		if (!__builtin_cpu_supports("avx2"))
 			return -ENOTSUP;
-		nt_copy_avx2(dst, src, n);
+		nt_copy(dst, src, n, 32, nt_body_avx2);
 		return 0;
 #endif
 	default:

@@ -82,6 +82,14 @@ static void restore(const char *path, size_t n, int64_t off)
 	free(back);
 }
 
+/* The result of a submitted op: itself if sync, its wait if async. */
+static int finish(nvio_handle_t *h, int r, int async)
+{
+	if (async && r == 0)
+		r = nvio_wait(h) == 1 ? 0 : -EIO;
+	return r;
+}
+
 static void rw_cases(nvio_handle_t *h, unsigned char *dev, const char *path,
 		     int async)
 {
@@ -101,9 +109,8 @@ static void rw_cases(nvio_handle_t *h, unsigned char *dev, const char *path,
 		      async ? "async" : "sync", n, (long long)off, m);
 		memset(dev, 0xee, DEV_BYTES);
 		before = stub_copies();
-		r = nvio_pread(h, dev + m, n, path, off, async ? NVIO_ASYNC : 0);
-		if (async && r == 0)
-			r = nvio_wait(h) == 1 ? 0 : -EIO;
+		r = finish(h, nvio_pread(h, dev + m, n, path, off,
+					 async ? NVIO_ASYNC : 0), async);
 		if (!T_OK(r))
 			continue;
 		T_TRUE(stub_copies() > before);	/* the device path, not host */
@@ -114,9 +121,8 @@ static void rw_cases(nvio_handle_t *h, unsigned char *dev, const char *path,
 		      async ? "async" : "sync", n, (long long)off, m);
 		t_fill_random_at(dev + m, n, 22, (uint64_t)off);
 		before = stub_copies();
-		r = nvio_pwrite(h, dev + m, n, path, off, async ? NVIO_ASYNC : 0);
-		if (async && r == 0)
-			r = nvio_wait(h) == 1 ? 0 : -EIO;
+		r = finish(h, nvio_pwrite(h, dev + m, n, path, off,
+					  async ? NVIO_ASYNC : 0), async);
 		if (!T_OK(r))
 			continue;
 		T_TRUE(stub_copies() > before);
