@@ -98,7 +98,8 @@ typedef struct nvio_config {
 	int32_t engine;		/* nvio_engine_t, default AUTO */
 	int32_t direct;		/* nvio_direct_t, default AUTO */
 	uint64_t staging_bytes;	/* bounce memory per worker; 0 (default):
-				 * block_size * queue_depth, at most 128 MiB */
+				 * block_size * queue_depth (twice that in
+				 * batch mode), at most 128 MiB */
 	uint64_t reserved[6];	/* must be 0 */
 } nvio_config_t;
 

@@ -177,30 +177,32 @@ static void handle_free(struct nvio_handle *h)
 /*
  * Bounce buffers per worker. All but one (sliding) or half (batches) of
  * the pool is in flight while the worker copies through the rest
- * (workers.c), so by default it holds a full queue of blocks, at most
- * 128 MiB: on our virtio disk a write needs about 64 MiB in flight to
- * run at full speed, and a fixed 16 MiB pool cut misaligned-buffer
- * writes to a third. Buffers are made on first use, so aligned
- * transfers never pay for the pool.
+ * (workers.c), so by default it holds a block for every slot: a full
+ * queue, or two batches of one, at most 128 MiB. On our virtio disk a
+ * write needs about 64 MiB in flight to run at full speed; a fixed
+ * 16 MiB pool cut misaligned-buffer writes to a third, and batches of
+ * half a queue cost 14% at queue depth 32. Buffers are made on first
+ * use, so aligned transfers never pay for the pool.
  */
 static int workers_alloc(struct nvio_handle *h)
 {
 	uint64_t chunk = (h->cfg.block_size + NVIO__PAGE - 1) / NVIO__PAGE * NVIO__PAGE;
-	uint64_t count;
+	uint64_t slots = nvio__worker_slots(&h->cfg), count;
 
 	if (h->cfg.staging_bytes == 0) {
-		uint64_t want = chunk * h->cfg.queue_depth;
+		uint64_t want = chunk * slots;
 
 		h->cfg.staging_bytes = want < NVIO_MAX_AUTO_STAGING_BYTES ?
 				       want : NVIO_MAX_AUTO_STAGING_BYTES;
 	}
 	count = h->cfg.staging_bytes / chunk;
 
-	/* Two buffers at least, so copying one overlaps the other's I/O. */
+	/* Two buffers at least, so copying one overlaps the other's I/O;
+	 * never more than there are slots to use them. */
+	if (count > slots)
+		count = slots;
 	if (count < 2)
 		count = 2;
-	if (count > h->cfg.queue_depth)
-		count = h->cfg.queue_depth < 2 ? 2 : h->cfg.queue_depth;
 	h->workers = calloc(h->nworkers, sizeof(*h->workers));
 	if (!h->workers) {
 		h->nworkers = 0;

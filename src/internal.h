@@ -99,7 +99,7 @@ struct nvio__worker {
 	pthread_cond_t cond;
 	struct nvio__task *queue, *tail;
 	int stop;
-	void *slots;		/* worker.c private: queue_depth slots */
+	void *slots;		/* worker.c private: nvio__worker_slots slots */
 };
 
 struct nvio_handle {
@@ -135,6 +135,10 @@ int nvio__error_publish(struct nvio_handle *h, const nvio_error_t *e);
 /* workers.c; nvio__finish_short: the rest of a piece the kernel cut
  * short, through the buffered fd (0 or -errno; -ENODATA at end of file). */
 int nvio__finish_short(struct nvio__op *op, const struct nvio__io *io, size_t got);
+/* Requests a worker prepares at once: queue_depth in flight, and in
+ * batch mode as many more for the next batch, so staged pieces are
+ * copied into it while the current one runs. */
+unsigned nvio__worker_slots(const nvio_config_t *c);
 int nvio__workers_start(struct nvio_handle *h);
 void nvio__workers_stop(struct nvio_handle *h);
 void nvio__worker_push(struct nvio__worker *w, struct nvio__task *t);

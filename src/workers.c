@@ -1,15 +1,16 @@
 /*
  * workers.c - the worker threads of a handle.
  *
- * Each worker owns an engine context, a staging pool and queue_depth
- * slots, one per request in flight. It takes tasks (runs of an op's
+ * Each worker owns an engine context, a staging pool and its slots, one
+ * per request prepared or in flight (nvio__worker_slots). It takes tasks (runs of an op's
  * pieces) from its queue in order and keeps its slots busy with pieces
  * from as many queued tasks as needed, so small ops overlap too.
  *
  * overlap_events = 1: sliding window; refill as soon as any request
  *   completes.
  * overlap_events = 0: batch at a time; submit up to queue_depth
- *   requests, wait for all of them, then the next batch.
+ *   requests, wait for all of them, then the next batch, which was
+ *   prepared meanwhile.
  * single_submit = 1: one submission system call per request; 0: one per
  *   batch of ready requests.
  *
@@ -49,7 +50,8 @@ struct slot {
 
 struct wstate {
 	struct nvio__worker *w;
-	unsigned depth;
+	unsigned depth;		/* in flight at most */
+	unsigned nslots;
 	int overlap, single;
 	struct slot *slots;
 	struct slot **free;	/* stack of free slots */
@@ -208,14 +210,14 @@ static int retryable(int err)
 }
 
 /*
- * How many ready requests, from the front, may go now: staged ones only
- * while fewer than stage_cap of them are in flight.
+ * How many ready requests, from the front, may go now: up to depth in
+ * flight, staged ones only while fewer than stage_cap of them are.
  */
 static unsigned submittable(const struct wstate *s)
 {
 	unsigned n, staged = s->staged_inflight;
 
-	for (n = 0; n < s->nready; n++) {
+	for (n = 0; n < s->nready && s->inflight + n < s->depth; n++) {
 		if (!SLOT_OF(s->ready[n])->stage)
 			continue;
 		if (staged == s->stage_cap)
@@ -404,7 +406,7 @@ static void engine_reset(struct wstate *s, int err)
 
 	w->eng->fini(w->ectx);
 	w->ectx = NULL;
-	for (unsigned i = 0; i < s->depth; i++)
+	for (unsigned i = 0; i < s->nslots; i++)
 		if (s->slots[i].task)
 			piece_end(s, &s->slots[i], err);
 	s->nready = 0;
@@ -465,21 +467,26 @@ static void wstate_free(struct wstate *s)
 	free(s);
 }
 
+unsigned nvio__worker_slots(const nvio_config_t *c)
+{
+	return c->overlap_events ? c->queue_depth : 2 * c->queue_depth;
+}
+
 static struct wstate *wstate_new(struct nvio__worker *w, const nvio_config_t *c)
 {
 	struct wstate *s = calloc(1, sizeof(*s));
-	unsigned d = c->queue_depth;
+	unsigned d = c->queue_depth, n = nvio__worker_slots(c);
 
 	if (!s)
 		return NULL;
 	s->w = w;
 	s->depth = d;
+	s->nslots = n;
 	s->overlap = c->overlap_events != 0;
 	s->single = c->single_submit != 0;
-	s->slots = calloc(d, sizeof(*s->slots));
-	s->free = calloc(d, sizeof(*s->free));
-	/* room for resubmissions beside a full batch */
-	s->ready = calloc(2 * d, sizeof(*s->ready));
+	s->slots = calloc(n, sizeof(*s->slots));
+	s->free = calloc(n, sizeof(*s->free));
+	s->ready = calloc(n, sizeof(*s->ready));	/* each slot at most once */
 	s->done = calloc(d, sizeof(*s->done));
 	s->copyq = calloc(d, sizeof(*s->copyq));
 	/* sliding: all bounce buffers but the one being copied are in
@@ -492,7 +499,7 @@ static struct wstate *wstate_new(struct nvio__worker *w, const nvio_config_t *c)
 		wstate_free(s);
 		return NULL;
 	}
-	for (unsigned i = 0; i < d; i++)
+	for (unsigned i = 0; i < n; i++)
 		s->free[s->nfree++] = &s->slots[i];
 	return s;
 }

@@ -85,12 +85,25 @@ static void test_getters(void)
 	T_EQ_INT(nvio_get_overlap_events(h), 0);
 	T_EQ_INT(nvio_get_direct(h), NVIO_DIRECT_AUTO);
 	T_TRUE(nvio_get_engine(h) != NVIO_ENGINE_AUTO);
-	if (T_OK(nvio_handle_config(h, &got)))
+	if (T_OK(nvio_handle_config(h, &got))) {
 		T_TRUE(got.engine != NVIO_ENGINE_AUTO);
+		/* batch mode: two batches of 1 MiB blocks, capped */
+		T_EQ_U64(got.staging_bytes, NVIO_MAX_AUTO_STAGING_BYTES);
+	}
 	note = nvio_get_engine_note(h);
 	T_TRUE(note != NULL && note[0] != 0);
 	nvio_handle_destroy(h);
 	nvio_handle_destroy(NULL);
+
+	/* Batch mode under the cap: a batch in flight, the next copied. */
+	t_ctx("automatic staging, batch mode");
+	nvio_config_init(&c);
+	c.block_size = 65536;
+	c.queue_depth = 7;
+	h = NULL;
+	if (T_OK(nvio_handle_create(&h, &c)) && T_OK(nvio_handle_config(h, &got)))
+		T_EQ_U64(got.staging_bytes, 2 * 65536 * 7);
+	nvio_handle_destroy(h);
 }
 
 /* AUTO picks io_uring, else libaio, else psync: the first available. */

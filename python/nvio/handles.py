@@ -49,7 +49,8 @@ class AioHandle(_nvio.Handle):
     ``intra_op_parallelism`` mean what they mean in DeepSpeed. nvio adds
     ``engine`` ('auto', 'io_uring', 'libaio', 'psync'), ``direct`` ('auto',
     True/'on', False/'off') and ``staging_bytes`` (bounce memory per worker;
-    0 = block_size * queue_depth, at most 128 MiB).
+    0 = block_size * queue_depth, twice that with overlap_events off, at
+    most 128 MiB).
     The environment variables NVIO_ENGINE and NVIO_DIRECT override them.
     """
 
