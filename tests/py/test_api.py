@@ -4,6 +4,7 @@ import inspect
 import pytest
 
 import nvio
+from nvio_testutil import pattern
 
 
 def test_defaults_match_deepspeed():
@@ -137,3 +138,53 @@ def test_permission_and_directory_errors(np, tmp_path):
             f.chmod(0)
             with pytest.raises(PermissionError):
                 h.sync_pread(a, str(f))
+
+
+def test_duck_typed_tensors(handle, tmp_path):
+    """Objects with a tensor's methods work without torch: one that says
+    is_cpu, one that only has a device, and the same types again (nvio
+    remembers which types look like tensors)."""
+    import ctypes
+
+    class Dev:
+        type = "cpu"
+
+    class Base:
+        def __init__(self, mem):
+            self.mem = mem
+
+        def data_ptr(self):
+            return ctypes.addressof(self.mem)
+
+        def numel(self):
+            return len(self.mem) // 4
+
+        def element_size(self):
+            return 4
+
+        def is_contiguous(self):
+            return True
+
+    class CpuFlag(Base):
+        is_cpu = True
+
+    class DeviceOnly(Base):
+        device = Dev()
+
+    class NotContiguous(CpuFlag):
+        def is_contiguous(self):
+            return False
+
+    f = str(tmp_path / "duck.bin")
+    data = pattern(4096, 7)
+    with open(f, "wb") as fh:
+        fh.write(data)
+    for rnd in range(2):
+        for cls in (CpuFlag, DeviceOnly):
+            mem = (ctypes.c_char * 4096)()
+            t = cls(mem)
+            assert nvio.buffer_info(t) == (ctypes.addressof(mem), 4096)
+            handle.sync_pread(t, f)
+            assert bytes(mem) == data, (cls.__name__, rnd)
+        with pytest.raises(ValueError, match="contiguous"):
+            handle.sync_pread(NotContiguous(mem), f)

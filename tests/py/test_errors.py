@@ -215,6 +215,10 @@ def test_sparse_and_conj_rejected(handle, torch, tmp_path):
     with pytest.raises(ValueError, match="conj"):
         handle.sync_pwrite(z, f)
     handle.sync_pwrite(z.resolve_conj(), f)
+    with pytest.raises(ValueError, match="negative"):
+        handle.sync_pwrite(torch._neg_view(torch.ones(4)), f)
+    with pytest.raises(ValueError, match="layout"):     # after a strided one
+        handle.sync_pwrite(torch.eye(3).to_sparse(), f)
 
 
 def test_closed_handle(np, tmp_path):
