@@ -1,10 +1,11 @@
 /*
  * workers.c - the worker threads of a handle.
  *
- * Each worker owns an engine context, a staging pool and its slots, one
- * per request prepared or in flight (nvio__worker_slots). It takes tasks (runs of an op's
- * pieces) from its queue in order and keeps its slots busy with pieces
- * from as many queued tasks as needed, so small ops overlap too.
+ * Each worker owns an engine context, a staging pool and its slots,
+ * one per request prepared or in flight (nvio__worker_slots). It takes
+ * tasks (runs of an op's pieces) from its queue in order and keeps its
+ * slots busy with pieces from as many queued tasks as needed, so small
+ * ops overlap too. Pieces of an op that has failed are not issued.
  *
  * overlap_events = 1: sliding window; refill as soon as any request
  *   completes.
@@ -227,11 +228,33 @@ static unsigned submittable(const struct wstate *s)
 	return n;
 }
 
+/*
+ * Ends the prepared requests of ops that have failed since they were
+ * prepared (in batch mode up to a whole batch waits): they must not
+ * reach the device, least of all writes after an error.
+ */
+static void drop_failed(struct wstate *s)
+{
+	unsigned kept = 0;
+
+	for (unsigned i = 0; i < s->nready; i++) {
+		struct slot *sl = SLOT_OF(s->ready[i]);
+		int err = atomic_load(&sl->task->op->err);
+
+		if (err)
+			piece_end(s, sl, err);	/* no copy-out: err is set */
+		else
+			s->ready[kept++] = s->ready[i];
+	}
+	s->nready = kept;
+}
+
 static void submit_ready(struct wstate *s)
 {
 	const struct nvio__engine_ops *eng = s->w->eng;
 	unsigned spins = 0, n;
 
+	drop_failed(s);
 	while ((n = submittable(s)) > 0) {
 		int r = eng->submit(s->w->ectx, s->ready, n, s->single);
 

@@ -492,6 +492,60 @@ static void wait_record(nvio_handle_t *h, const char *combo)
 	unlink(path);
 }
 
+/*
+ * Batch mode prepares the next batch while one runs. When a request of
+ * the running batch fails, the op has failed: nothing more of it may
+ * reach the device (for a write, no data after the error). Every
+ * request passes io_result once, so the count is what was issued: the
+ * first batch only, aligned or staged, read or write.
+ */
+static void stop_after_failure(int e, int d)
+{
+	const uint32_t qd = 4;
+	const uint64_t n = 16 * (uint64_t)BS;	/* four batches */
+	unsigned char *mem = t_alloc(n + 1);
+	char path[T_PATH_MAX];
+
+	t_path(path, "stop");
+	for (int mis = 0; mis < 2; mis++)
+		for (int w = 0; w < 2; w++) {
+			nvio_config_t c;
+			nvio_handle_t *h = NULL;
+			int r;
+
+			t_ctx("%s/%s batch stops at a failure, %s, mis %d",
+			      t_engine_str(e), t_direct_str(d),
+			      w ? "write" : "read", mis);
+			nvio_config_init(&c);
+			c.engine = e;
+			c.direct = d;
+			c.block_size = BS;
+			c.queue_depth = qd;
+			c.overlap_events = 0;
+			if (!T_OK(nvio_handle_create(&h, &c)))
+				continue;
+			t_fill_random(mem + mis, n, seed++);
+			if (t_write_file(path, mem + mis, n)) {
+				T_FAILF("libc write of %s failed", path);
+				nvio_handle_destroy(h);
+				continue;
+			}
+			arm(1, K_ERR, EIO);
+			want_write = w;
+			nvio__sys.io_result = h_io_result;
+			r = w ? nvio_pwrite(h, mem + mis, n, path, 0, 0) :
+				nvio_pread(h, mem + mis, n, path, 0, 0);
+			nvio__sys_reset();
+			T_ERR(r, -EIO);
+			T_EQ_INT(atomic_load(&fired), 1);
+			T_EQ_INT(atomic_load(&calls), qd);
+			T_EQ_INT(nvio_wait(h), 0);
+			nvio_handle_destroy(h);
+		}
+	unlink(path);
+	free(mem);
+}
+
 int main(void)
 {
 	t_init("faults");
@@ -528,6 +582,7 @@ int main(void)
 			wait_record(h, combo);
 			nvio__sys_reset();
 			nvio_handle_destroy(h);
+			stop_after_failure(e, d);
 		}
 	free(buf_base);
 	free(file);
