@@ -87,7 +87,8 @@ static void test_getters(void)
 	T_TRUE(nvio_get_engine(h) != NVIO_ENGINE_AUTO);
 	if (T_OK(nvio_handle_config(h, &got))) {
 		T_TRUE(got.engine != NVIO_ENGINE_AUTO);
-		/* batch mode: two batches of 1 MiB blocks, capped */
+		/* batch mode wants two queues of 1 MiB blocks: capped to
+		 * one, so a staged batch is half a queue at the defaults */
 		T_EQ_U64(got.staging_bytes, NVIO_MAX_AUTO_STAGING_BYTES);
 	}
 	note = nvio_get_engine_note(h);

@@ -406,7 +406,8 @@ static unsigned window_end(void)
  * too, not just for aligned ones: the next batch is copied into a second
  * set of bounce buffers while one runs (a batch of half a queue cost 14%
  * of write bandwidth on a virtio disk). Never more than queue_depth, in
- * either mode.
+ * either mode (the worker's limit; psync also refuses more by itself,
+ * io_uring and libaio overflow their completion arrays without it).
  */
 static void test_batch_depth(int e, int d)
 {

@@ -188,3 +188,20 @@ def test_duck_typed_tensors(handle, tmp_path):
             assert bytes(mem) == data, (cls.__name__, rnd)
         with pytest.raises(ValueError, match="contiguous"):
             handle.sync_pread(NotContiguous(mem), f)
+
+    # methods on the instance, not the type (a proxy)
+    import types
+    mem = (ctypes.c_char * 4096)()
+    ns = types.SimpleNamespace(
+        is_cpu=True, data_ptr=lambda: ctypes.addressof(mem),
+        numel=lambda: 1024, element_size=lambda: 4, is_contiguous=lambda: True)
+    handle.sync_pread(ns, f)
+    assert bytes(mem) == data
+
+    class Broken(CpuFlag):                   # errors propagate as they are
+        @property
+        def is_cpu(self):
+            raise RuntimeError("device lost")
+
+    with pytest.raises(RuntimeError, match="device lost"):
+        handle.sync_pread(Broken(mem), f)
