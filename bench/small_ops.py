@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Cost per call of small reads and writes from Python: nvio against the alternatives.
+
+Many checkpoints hold thousands of small tensors, so what a call costs
+besides the bytes matters. This measures microseconds per synchronous call
+on a file in memory (tmpfs, /dev/shm by default), where the device costs
+next to nothing and what is left is software: argument handling, opening
+the file, system calls, threads.
+
+Methods, each reading (or writing) SIZE bytes at a rotating offset:
+  python-fd     os.preadv / os.pwritev on an open descriptor
+  python-path   open(path, buffering=0), seek, readinto/write, close
+  nvio-fd       AioHandle(direct=False).sync_pread(t, fd) (the same writes)
+  nvio-path     the same by path (nvio opens and closes the file)
+  nvio-np       nvio-path with a NumPy array instead of a torch tensor
+  nvio-direct   AioHandle() (O_DIRECT where the file system has it), by path
+  deepspeed     DeepSpeed's aio_handle().sync_pread / sync_pwrite by path
+                (O_DIRECT), when `import deepspeed` works and its op builds
+
+Buffers are page-aligned: torch tensors from each handle's
+new_cpu_locked_tensor, a NumPy view of one for nvio-np, a
+bytearray-free memoryview of the same memory for python. Rounds are
+interleaved (the order rotates); the table reports the median of the
+per-round medians in microseconds per call and the median of per-round
+ratios to python-fd.
+
+    python bench/small_ops.py                          # 4K, 64K, 1M in /dev/shm
+    python bench/small_ops.py --dir /mnt/nvme --sizes 4K --calls 5000
+"""
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+try:
+    import nvio
+except ImportError:  # run from a source tree after build_ext --inplace
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+    import nvio
+
+FILE_BYTES = 64 << 20
+
+
+def parse_size(s):
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    s = s.strip().lower().rstrip("ib").rstrip("b")
+    if s and s[-1] in units:
+        return int(float(s[:-1]) * units[s[-1]])
+    return int(s)
+
+
+def human(n):
+    for unit, b in (("M", 1 << 20), ("K", 1 << 10)):
+        if n >= b and n % b == 0:
+            return "%d%s" % (n // b, unit)
+    return str(n)
+
+
+def load_deepspeed():
+    try:
+        from deepspeed.ops.op_builder import AsyncIOBuilder
+        return AsyncIOBuilder().load(verbose=False).aio_handle()
+    except Exception as e:  # not installed, or its op does not build
+        print("deepspeed: not used (%s)" % str(e).splitlines()[0][:100], file=sys.stderr)
+        return None
+
+
+def make_methods(size, path, fd, ds):
+    plain = nvio.AioHandle(direct=False)
+    direct = nvio.AioHandle()
+    t = plain.new_cpu_locked_tensor(size, torch.empty(0, dtype=torch.uint8))
+    td = direct.new_cpu_locked_tensor(size, torch.empty(0, dtype=torch.uint8))
+    a = t.numpy()
+    mv = memoryview(a)
+    m = {
+        "python-fd": (lambda off: os.preadv(fd, [mv], off),
+                      lambda off: os.pwritev(fd, [mv], off)),
+        "python-path": (lambda off: py_path(path, off, mv, False),
+                        lambda off: py_path(path, off, mv, True)),
+        "nvio-fd": (lambda off: plain.sync_pread(t, fd, off),
+                    lambda off: plain.sync_pwrite(t, fd, off)),
+        "nvio-path": (lambda off: plain.sync_pread(t, path, off),
+                      lambda off: plain.sync_pwrite(t, path, off)),
+        "nvio-np": (lambda off: plain.sync_pread(a, path, off),
+                    lambda off: plain.sync_pwrite(a, path, off)),
+        "nvio-direct": (lambda off: direct.sync_pread(td, path, off),
+                        lambda off: direct.sync_pwrite(td, path, off)),
+    }
+    if ds is not None:
+        tds = ds.new_cpu_locked_tensor(size, torch.empty(0, dtype=torch.uint8))
+        m["deepspeed"] = (lambda off: ds.sync_pread(tds, path, off),
+                          lambda off: ds.sync_pwrite(tds, path, off))
+    keep = (plain, direct, t, td, a, mv) + ((tds,) if ds is not None else ())
+    return m, keep
+
+
+def py_path(path, off, mv, write):
+    with open(path, "r+b" if write else "rb", buffering=0) as f:
+        f.seek(off)
+        return f.write(mv) if write else f.readinto(mv)
+
+
+def time_calls(fn, offsets):
+    t0 = time.perf_counter()
+    for off in offsets:
+        fn(off)
+    return (time.perf_counter() - t0) / len(offsets) * 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dir", default="/dev/shm")
+    ap.add_argument("--sizes", default="4K,64K,1M")
+    ap.add_argument("--calls", type=int, default=2000, help="calls per method per round")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--no-deepspeed", action="store_true")
+    ap.add_argument("--out", help="write the markdown report here too")
+    a = ap.parse_args()
+
+    path = os.path.join(a.dir, "nvio-small-ops.bin")
+    with open(path, "wb") as f:
+        f.write(os.urandom(FILE_BYTES))
+    fd = os.open(path, os.O_RDWR)
+    ds = None if a.no_deepspeed else load_deepspeed()
+    lines = []
+    try:
+        for size in map(parse_size, a.sizes.split(",")):
+            methods, keep = make_methods(size, path, fd, ds)
+            names = list(methods)
+            nslots = FILE_BYTES // size
+            offsets = [(i * 7919 % nslots) * size for i in range(a.calls)]
+            for op in (0, 1):
+                per = {n: [] for n in names}
+                for n in names:  # warm up: first-use costs are not per call
+                    time_calls(methods[n][op], offsets[:50])
+                for r in range(a.rounds):
+                    order = names[r % len(names):] + names[:r % len(names)]
+                    for n in order:
+                        per[n].append(time_calls(methods[n][op], offsets))
+                base = per["python-fd"]
+                for n in names:
+                    lines.append((human(size), ("read", "write")[op], n,
+                                  statistics.median(per[n]),
+                                  statistics.median(x / b for x, b in zip(per[n], base))))
+                    print("%5s %-5s %-12s %8.2f us  x%.2f" % lines[-1], file=sys.stderr)
+            del keep
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+    fs = subprocess.run(["stat", "-f", "-c", "%T", a.dir], capture_output=True, text=True).stdout.strip()
+    out = ["# nvio small-op cost, Python — %s" % datetime.date.today(), "",
+           "- date: %s" % datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+           "- machine: %d cores, %s, kernel %s" % (os.cpu_count(), platform.processor() or platform.machine(),
+                                                 platform.release()),
+           "- nvio %s; torch %s; Python %s; DeepSpeed %s" % (
+               nvio.__version__, torch.__version__, platform.python_version(),
+               "used" if ds is not None else "not used"),
+           "- file: %s (%s), %d MiB, page cache warm" % (a.dir, fs, FILE_BYTES >> 20),
+           "- command: `%s`" % " ".join(["bench/small_ops.py"] + sys.argv[1:]),
+           "- %d calls per method per round, %d interleaved rounds; us = median of the "
+           "per-round means; ratio = median of per-round ratios to python-fd" % (a.calls, a.rounds),
+           "", "| size | op | method | us per call | × python-fd |", "|---|---|---|---:|---:|"]
+    out += ["| %s | %s | %s | %.2f | %.2f |" % l for l in lines]
+    text = "\n".join(out) + "\n"
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
