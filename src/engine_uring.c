@@ -31,6 +31,7 @@
 struct uctx {
 	struct io_uring ring;	/* ring.flags: the setup flags it got */
 	int disabled;	/* made R_DISABLED: the worker enables it */
+	unsigned inflight;	/* accepted, completion not yet reaped */
 };
 
 #if defined(IORING_SETUP_DEFER_TASKRUN) && defined(IORING_SETUP_SINGLE_ISSUER)
@@ -60,14 +61,51 @@ static int uring_init(void **out, unsigned depth)
 		return r;
 	}
 	u->disabled = (u->ring.flags & IORING_SETUP_R_DISABLED) != 0;
+	u->inflight = 0;
 	*out = u;
 	return 0;
+}
+
+/*
+ * Closing a ring does not wait for its requests: the kernel finishes
+ * them later, and a read would land in a buffer whose op has already
+ * ended. So requests still out (the worker resets the engine after a
+ * failed wait) are cancelled where they can be and waited for first.
+ * The wait gives up only after repeated failures of the wait itself.
+ */
+static void uring_drain(struct uctx *u)
+{
+	struct io_uring *ring = &u->ring;
+	struct io_uring_cqe *cqe;
+	int fails = 0;
+
+#ifdef IORING_ASYNC_CANCEL_ANY
+	struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+
+	if (sqe) {	/* its own completion carries no request */
+		io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ANY);
+		io_uring_sqe_set_data(sqe, NULL);
+	}
+#endif
+	while (u->inflight > 0 && fails < 100) {
+		int r = io_uring_submit_and_wait(ring, 1);
+
+		if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY)
+			fails++;
+		while (io_uring_peek_cqe(ring, &cqe) == 0) {
+			if (io_uring_cqe_get_data(cqe))
+				u->inflight--;
+			io_uring_cqe_seen(ring, cqe);
+		}
+	}
 }
 
 static void uring_fini(void *ctx)
 {
 	struct uctx *u = ctx;
 
+	if (u->inflight > 0)
+		uring_drain(u);
 	io_uring_queue_exit(&u->ring);
 	free(u);
 }
@@ -135,6 +173,7 @@ static int uring_submit(void *ctx, struct nvio__io **ios, unsigned n, int single
 		return -EAGAIN;
 	if (!single)
 		io_uring_submit(ring);
+	((struct uctx *)ctx)->inflight += i;
 	return (int)i;
 }
 
@@ -173,6 +212,7 @@ static int uring_reap(void *ctx, struct nvio__io **out, unsigned min,
 			io->res = nvio__sys.io_result(io->is_write, io->fd,
 						      io->off, io->len, cqes[i]->res);
 			out[n++] = io;
+			((struct uctx *)ctx)->inflight--;
 		}
 		io_uring_cq_advance(ring, got);
 		if (got < want)

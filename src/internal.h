@@ -75,7 +75,10 @@ struct nvio__op {
 	int plain;		/* not a file or block device: pieces go
 				 * through pread/pwrite (AIO refuses them) */
 	char *path;		/* for errors; the target of write_file */
+	int by_path;		/* path names the file (else it says "fd N") */
 	char *tmp_path;		/* write_file: the temporary, else NULL */
+	int keep_mode;		/* write_file over a file: give the */
+	unsigned tmp_mode;	/* temporary these permissions */
 	atomic_uint tasks_left;
 	atomic_int err;		/* first error, 0 if none */
 	/* Where it happened: written once, by the thread that set err, and

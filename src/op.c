@@ -9,9 +9,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -36,17 +36,6 @@ void nvio__op_record(const struct nvio__op *op, nvio_error_t *e)
 			 op->fail_off, op->fail_len);
 }
 
-/* Where to reopen the op's file for reading. */
-static void reopen_path(const struct nvio__op *op, char *buf, size_t len)
-{
-	if (op->tmp_path)
-		snprintf(buf, len, "%s", op->tmp_path);
-	else if (op->own_fd)
-		snprintf(buf, len, "%s", op->path);
-	else
-		snprintf(buf, len, "/proc/self/fd/%d", op->fd);
-}
-
 /*
  * Re-reads the op's range through the page cache (direct writes have
  * invalidated it, so this reads what the device holds) and compares.
@@ -54,13 +43,13 @@ static void reopen_path(const struct nvio__op *op, char *buf, size_t len)
 static int validate(struct nvio__op *op)
 {
 	size_t blk = 1u << 20;
-	char path[1100];
 	unsigned char *tmp, *cmp = NULL;
 	uint64_t done = 0;
 	int fd, r = 0;
 
-	reopen_path(op, path, sizeof(path));
-	fd = nvio__open(path, O_RDONLY, 0);
+	/* the file the op moved, whatever its name is now */
+	fd = nvio__reopen(op->fd, op->tmp_path ? op->tmp_path :
+			  op->by_path ? op->path : NULL, O_RDONLY);
 	if (fd < 0) {
 		nvio__op_fail(op, fd, "validate open", op->plan.off, op->plan.len);
 		return fd;
@@ -107,6 +96,16 @@ static int fsync_dir_of(const char *path)
 	return r;
 }
 
+/* Closes one of the op's descriptors; a failed close of a write's is the
+ * op's failure (returns 1). EINTR has closed it all the same. */
+static int close_checked(struct nvio__op *op, int fd)
+{
+	if (nvio__sys.close(fd) == 0 || !op->is_write || errno == EINTR)
+		return 0;
+	nvio__op_fail(op, -errno, "close", op->plan.off, op->plan.len);
+	return 1;
+}
+
 static void epilogue(struct nvio__op *op)
 {
 	int err = atomic_load(&op->err);
@@ -118,11 +117,17 @@ static void epilogue(struct nvio__op *op)
 		err = -errno;
 		nvio__op_fail(op, err, "fsync", op->plan.off, op->plan.len);
 	}
+	if (!err && op->tmp_path && op->keep_mode && fchmod(op->fd, op->tmp_mode) < 0) {
+		err = -errno;
+		nvio__op_fail(op, err, "chmod", 0, op->plan.len);
+	}
 	nvio__cufile_op_close(op);
-	if (op->own_dfd)
-		nvio__sys.close(op->dfd);
-	if (op->own_fd)
-		nvio__sys.close(op->fd);
+	/* A write's close can report what writeback found (NFS): it decides
+	 * like any other error whether a temporary replaces the file. */
+	if (op->own_dfd && close_checked(op, op->dfd) && !err)
+		err = atomic_load(&op->err);
+	if (op->own_fd && close_checked(op, op->fd) && !err)
+		err = atomic_load(&op->err);
 	op->own_fd = op->own_dfd = 0;
 	if (op->tmp_path && !err && nvio__sys.rename(op->tmp_path, op->path) < 0) {
 		err = -errno;

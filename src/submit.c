@@ -53,6 +53,7 @@ static struct nvio__op *op_new(struct nvio_handle *h, const struct request *rq)
 	op->fd = op->dfd = -1;
 	if (rq->path) {
 		op->path = strdup(rq->path);
+		op->by_path = 1;
 	} else if ((op->path = malloc(32)) != NULL) {
 		snprintf(op->path, 32, "fd %d", rq->fd);
 	}
@@ -63,7 +64,12 @@ static struct nvio__op *op_new(struct nvio_handle *h, const struct request *rq)
 	return op;
 }
 
-/* A fresh name beside the target for a whole-file write. */
+/*
+ * A fresh name beside the target for a whole-file write. A file being
+ * replaced keeps its permissions: the temporary is made 0600, so that
+ * nvio can reopen it (O_DIRECT, validate) whatever they are, and takes
+ * them just before the rename (op.c). A new file gets 0666 less umask.
+ */
 static int open_temp(struct nvio__op *op)
 {
 	size_t len = strlen(op->path) + 32;
@@ -74,16 +80,19 @@ static int open_temp(struct nvio__op *op)
 
 	op->tmp_path = malloc(len);
 	if (!copy || !op->tmp_path) {
-		free(copy);
-		return -ENOMEM;
+		fd = -ENOMEM;
+	} else if (stat(op->path, &st) == 0) {
+		if (S_ISDIR(st.st_mode))
+			fd = -EISDIR;
+		op->tmp_mode = st.st_mode & 07777;
+		op->keep_mode = 1;
+		mode = 0600;
 	}
-	/* Keep the permissions of the file being replaced. */
-	if (stat(op->path, &st) == 0) {
-		if (S_ISDIR(st.st_mode)) {
-			free(copy);
-			return -EISDIR;
-		}
-		mode = st.st_mode & 07777;
+	if (fd != -EEXIST) {
+		free(copy);
+		free(op->tmp_path);
+		op->tmp_path = NULL;
+		return fd;
 	}
 	dir = dirname(copy);
 	base = strrchr(op->path, '/') ? strrchr(op->path, '/') + 1 : op->path;
@@ -172,10 +181,11 @@ static uint32_t dio_align(int fd, uint32_t *mem_align)
 	return sx.stx_dio_offset_align;
 }
 
+/* The O_DIRECT descriptor: the caller's, or one for the file op->fd has
+ * open (never by name: the path may have been replaced meanwhile). */
 static int open_direct(struct nvio__op *op, const struct request *rq)
 {
 	int acc = op->is_write ? O_WRONLY : O_RDONLY;
-	char p[1100];
 	int fl;
 
 	if (op->dfd >= 0)
@@ -187,13 +197,8 @@ static int open_direct(struct nvio__op *op, const struct request *rq)
 			return 0;
 		}
 	}
-	if (op->tmp_path)
-		snprintf(p, sizeof(p), "%s", op->tmp_path);
-	else if (rq->path)
-		snprintf(p, sizeof(p), "%s", rq->path);
-	else
-		snprintf(p, sizeof(p), "/proc/self/fd/%d", rq->fd);
-	op->dfd = nvio__open(p, acc | O_DIRECT, 0);
+	op->dfd = nvio__reopen(op->fd, op->tmp_path ? op->tmp_path : rq->path,
+			       acc | O_DIRECT);
 	if (op->dfd < 0)
 		return op->dfd;
 	op->own_dfd = 1;
@@ -229,14 +234,16 @@ static int plan_gds(struct nvio_handle *h, struct nvio__op *op,
 static int preallocate(struct nvio__op *op, const struct stat *st)
 {
 	uint64_t end = op->plan.off + op->plan.len;
+	uint64_t start = (uint64_t)st->st_size;
 
-	if (!S_ISREG(st->st_mode) || end <= (uint64_t)st->st_size)
+	if (!S_ISREG(st->st_mode) || end <= start)
 		return 0;
-	if (nvio__sys.fallocate(op->fd, 0, st->st_size,
-				(off_t)(end - (uint64_t)st->st_size)) == 0)
+	if (op->plan.off > start)
+		start = op->plan.off;	/* a gap before the range stays a hole */
+	if (nvio__sys.fallocate(op->fd, 0, (off_t)start, (off_t)(end - start)) == 0)
 		return 0;
 	/* Not supported here: the writes will extend the file themselves. */
-	return errno == ENOSPC || errno == EFBIG ? -errno : 0;
+	return errno == ENOSPC || errno == EFBIG || errno == EDQUOT ? -errno : 0;
 }
 
 /* Plans the op and decides on O_DIRECT and staging. */
@@ -259,7 +266,9 @@ static int plan_op(struct nvio_handle *h, struct nvio__op *op,
 	if (op->plan.body == 0 || !align)
 		return 0;
 	r = open_direct(op, rq);
-	if (r == -EINVAL && policy == NVIO_DIRECT_AUTO) {
+	/* AUTO: whatever refuses O_DIRECT here (the file system, a socket,
+	 * the file's mode for a new open), buffered I/O still works */
+	if (r < 0 && policy == NVIO_DIRECT_AUTO) {
 		nvio__plan_make(&op->plan, (uint64_t)rq->offset, nbytes,
 				h->cfg.block_size, 0);
 		return 0;

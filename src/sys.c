@@ -91,3 +91,24 @@ int nvio__pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
 	}
 	return 0;
 }
+
+int nvio__reopen(int fd, const char *name, int flags)
+{
+	struct stat a, b;
+	char p[64];
+	int nfd;
+
+	snprintf(p, sizeof(p), "/proc/self/fd/%d", fd);
+	nfd = nvio__open(p, flags, 0);
+	if (nfd != -ENOENT || !name)
+		return nfd;
+	nfd = nvio__open(name, flags, 0);	/* no /proc mounted */
+	if (nfd < 0)
+		return nfd;
+	if (fstat(fd, &a) < 0 || fstat(nfd, &b) < 0 ||
+	    a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
+		nvio__sys.close(nfd);
+		return -ESTALE;
+	}
+	return nfd;
+}

@@ -55,5 +55,13 @@ int nvio__pread_full(int fd, void *buf, size_t n, uint64_t off);
 int nvio__pwrite_full(int fd, const void *buf, size_t n, uint64_t off);
 /* open() with EINTR retried; returns fd or -errno. */
 int nvio__open(const char *path, int flags, mode_t mode);
+/*
+ * Another descriptor, with other flags, for the file fd has open: through
+ * /proc/self/fd, which names that very file whatever its path is now (a
+ * path may have been replaced, or be longer than any buffer). Without
+ * /proc, by name when there is one, and only if it still is the same
+ * file (-ESTALE if not). Returns fd or -errno.
+ */
+int nvio__reopen(int fd, const char *name, int flags);
 
 #endif

@@ -290,7 +290,17 @@ static int h_open_fail(const char *p, int flags, mode_t mode)
 	return -1;
 }
 
+static int h_close(int fd)
+{
+	if (!hit(fd))
+		return real.close(fd);
+	real.close(fd);		/* closed, as Linux does, but it reports */
+	errno = fail_errno;
+	return -1;
+}
+
 static void i_fsync(void) { nvio__sys.fsync = h_fsync; }
+static void i_close(void) { nvio__sys.close = h_close; }
 static void i_rename(void) { nvio__sys.rename = h_rename; }
 static void i_open(void) { nvio__sys.open = h_open_fail; }
 
@@ -368,6 +378,8 @@ static void write_file_faults(nvio_handle_t *h, int e, const char *combo)
 	write_file_case(h, combo, "fsync EIO with NVIO_FSYNC", i_fsync, 1, EIO,
 			NVIO_FSYNC, 1);
 	write_file_case(h, combo, "open EACCES", i_open, 1, EACCES, 0, 1);
+	/* writeback errors can come with the close (NFS) */
+	write_file_case(h, combo, "close EIO", i_close, 1, EIO, 0, 1);
 }
 
 /* A failing open surfaces as its error for the range ops too. */
@@ -546,6 +558,50 @@ static void stop_after_failure(int e, int d)
 	free(mem);
 }
 
+/*
+ * A failed wait makes the worker reset its engine. What the kernel still
+ * holds must finish first: after the op has returned its error, nothing
+ * may land in its buffer (a closed io_uring finishes its requests later).
+ */
+static void reset_drains(int e, int d)
+{
+	const uint64_t n = 64u << 20;
+	unsigned char *mem = aligned_alloc(4096, n);
+	char path[T_PATH_MAX];
+	nvio_config_t c;
+	nvio_handle_t *h = NULL;
+	uint64_t late = 0;
+
+	t_ctx("%s/%s engine reset drains", t_engine_str(e), t_direct_str(d));
+	t_path(path, "drain");
+	nvio_config_init(&c);
+	c.engine = e;
+	c.direct = d;
+	c.block_size = 512u << 10;
+	c.queue_depth = 128;
+	if (!T_TRUE(mem != NULL) || !T_OK(nvio_handle_create(&h, &c))) {
+		free(mem);
+		return;
+	}
+	t_fill_random(mem, n, seed++);
+	if (!t_write_file(path, mem, n)) {
+		for (int round = 0; round < 3 && !late; round++) {
+			arm(1, K_ERR, EIO);
+			nvio__sys.reap_fault = h_reap_fault;
+			T_ERR(nvio_pread(h, mem, n, path, 0, 0), -EIO);
+			nvio__sys_reset();
+			memset(mem, 'M', n);
+			usleep(100 * 1000);
+			for (uint64_t i = 0; i < n; i += 4096)
+				late += mem[i] != 'M';
+		}
+		T_EQ_U64(late, 0);
+	}
+	nvio_handle_destroy(h);
+	unlink(path);
+	free(mem);
+}
+
 int main(void)
 {
 	t_init("faults");
@@ -583,6 +639,7 @@ int main(void)
 			nvio__sys_reset();
 			nvio_handle_destroy(h);
 			stop_after_failure(e, d);
+			reset_drains(e, d);
 		}
 	free(buf_base);
 	free(file);

@@ -460,6 +460,107 @@ static void test_batch_depth(int e, int d)
 }
 
 /*
+ * nvio reaches a file through the descriptor it opened, never by its
+ * name again: a path longer than any fixed buffer (over 1300 bytes)
+ * works for every call, VALIDATE included, and so does VALIDATE on an
+ * O_APPEND descriptor. A write far past the end leaves the gap a hole.
+ * write_file keeps the exact permissions of the file it replaces,
+ * whatever the umask, even read-only ones.
+ */
+static void test_names(int e, int d)
+{
+	const uint64_t n = 256 * 1024 + 5;
+	unsigned char *buf = area + GUARD;
+	char *lp = malloc(2048), dir[T_PATH_MAX], path[T_PATH_MAX];
+	nvio_handle_t *h = NULL;
+	struct stat st;
+	size_t fsz = 0, len;
+	mode_t old_mask;
+	int fd;
+
+	t_ctx("%s/%s names create", t_engine_str(e), t_direct_str(d));
+	if (!lp || t_handle(&h, e, d, 2, 64u << 10)) {
+		free(lp);
+		return;
+	}
+	t_path(dir, "long");
+	strcpy(lp, dir);
+	mkdir(lp, 0755);
+	for (int i = 0; i < 6; i++) {
+		len = strlen(lp);
+		lp[len] = '/';
+		memset(lp + len + 1, 'a' + i, 200);
+		lp[len + 201] = 0;
+		mkdir(lp, 0755);
+	}
+	strcat(lp, "/file");
+	t_ctx("%s/%s path of %zu bytes", t_engine_str(e), t_direct_str(d),
+	      strlen(lp));
+	t_fill_random(want, n, seed++);
+	memcpy(buf, want, n);
+	T_OK(nvio_pwrite(h, buf, n, lp, 0, NVIO_VALIDATE));
+	if (T_OK(t_read_file(lp, got, n + 1, &fsz)) && T_EQ_U64(fsz, n))
+		T_MEM_EQ(got, want, n);
+	memset(buf, 0, n);
+	T_OK(nvio_pread(h, buf, n, lp, 0, NVIO_VALIDATE));
+	T_MEM_EQ(buf, want, n);
+	t_fill_random(want, n, seed++);
+	memcpy(buf, want, n);
+	T_OK(nvio_write_file(h, buf, n, lp, NVIO_VALIDATE));
+	if (T_OK(t_read_file(lp, got, n + 1, &fsz)) && T_EQ_U64(fsz, n))
+		T_MEM_EQ(got, want, n);
+	unlink(lp);
+	for (int i = 0; i < 6; i++) {
+		*strrchr(lp, '/') = 0;
+		rmdir(lp);
+	}
+	rmdir(dir);
+
+	t_ctx("%s/%s validate on an O_APPEND fd", t_engine_str(e), t_direct_str(d));
+	t_path(path, "names");
+	t_fill_random(want, n + 4096, seed++);
+	t_write_file(path, want, n + 4096);
+	t_fill_random(buf, n, seed++);
+	memcpy(want + 4096, buf, n);
+	fd = open(path, O_WRONLY | O_APPEND);
+	if (T_TRUE(fd >= 0)) {
+		T_OK(nvio_pwrite_fd(h, buf, n, fd, 4096, NVIO_VALIDATE));
+		close(fd);
+	}
+	if (T_OK(t_read_file(path, got, n + 4097, &fsz)) && T_EQ_U64(fsz, n + 4096))
+		T_MEM_EQ(got, want, n + 4096);
+
+	t_ctx("%s/%s a write past the end leaves a hole", t_engine_str(e),
+	      t_direct_str(d));
+	unlink(path);
+	T_OK(nvio_pwrite(h, buf, 4096, path, 256 * (int64_t)MiB, 0));
+	if (T_OK(stat(path, &st))) {
+		T_EQ_U64(st.st_size, 256 * (uint64_t)MiB + 4096);
+		T_TRUE((uint64_t)st.st_blocks * 512 < MiB);
+	}
+
+	t_ctx("%s/%s write_file keeps the mode", t_engine_str(e), t_direct_str(d));
+	old_mask = umask(022);
+	for (int i = 0; i < 2; i++) {
+		const mode_t mode = i ? 0444 : 0666;
+
+		t_write_file(path, want, 100);
+		chmod(path, mode);
+		t_fill_random(buf, n, seed++);
+		memcpy(want, buf, n);
+		T_OK(nvio_write_file(h, buf, n, path, NVIO_VALIDATE));
+		if (T_OK(stat(path, &st)))
+			T_EQ_INT(st.st_mode & 07777, mode);
+		if (T_OK(t_read_file(path, got, n + 1, &fsz)) && T_EQ_U64(fsz, n))
+			T_MEM_EQ(got, want, n);
+	}
+	umask(old_mask);
+	unlink(path);
+	nvio_handle_destroy(h);
+	free(lp);
+}
+
+/*
  * Every buffer misalignment up to a cache line, with file offsets that
  * shift the aligned body against the buffer: a staged copy's destination
  * and source each take every position within 64 bytes, in pieces above
@@ -624,6 +725,7 @@ int main(void)
 			test_modes(e, d);
 			test_staged_pipeline(e, d);
 			test_batch_depth(e, d);
+			test_names(e, d);
 			test_stage_alignments(e, d);
 		}
 	}
