@@ -49,7 +49,7 @@ static int validate(struct nvio__op *op)
 
 	/* the file the op moved, whatever its name is now */
 	fd = nvio__reopen(op->fd, op->tmp_path ? op->tmp_path :
-			  op->by_path ? op->path : NULL, O_RDONLY);
+			  op->by_path ? op->path : NULL, O_RDONLY, NULL);
 	if (fd < 0) {
 		nvio__op_fail(op, fd, "validate open", op->plan.off, op->plan.len);
 		return fd;

@@ -36,6 +36,7 @@ struct request {
 	int whole_file;		/* read_file / write_file */
 	uint64_t capacity;	/* read_file */
 	uint64_t *size_out;
+	struct stat st;		/* of the buffered descriptor, once open */
 };
 
 static struct nvio__op *op_new(struct nvio_handle *h, const struct request *rq)
@@ -198,7 +199,7 @@ static int open_direct(struct nvio__op *op, const struct request *rq)
 		}
 	}
 	op->dfd = nvio__reopen(op->fd, op->tmp_path ? op->tmp_path : rq->path,
-			       acc | O_DIRECT);
+			       acc | O_DIRECT, &rq->st);
 	if (op->dfd < 0)
 		return op->dfd;
 	op->own_dfd = 1;
@@ -407,7 +408,7 @@ static int run_op(struct nvio_handle *h, struct nvio__op *op)
 static int submit(struct nvio_handle *h, struct request *rq)
 {
 	struct nvio__op *op;
-	struct stat st;
+	struct stat *st = &rq->st;
 	uint64_t size = 0, nbytes = rq->nbytes;
 	const char *what = "open";
 	int r = check_request(h, rq);
@@ -421,13 +422,13 @@ static int submit(struct nvio_handle *h, struct request *rq)
 	if (r > 0)
 		op->mem = NVIO__MEM_CUDA;
 	r = r < 0 ? r : open_main(op, rq);
-	if (!r && nvio__sys.fstat(op->fd, &st) < 0) {
+	if (!r && nvio__sys.fstat(op->fd, st) < 0) {
 		what = "stat";
 		r = -errno;
 	}
 	if (!r && !rq->is_write) {
 		what = "stat";
-		r = file_size(op->fd, &st, &size);
+		r = file_size(op->fd, st, &size);
 		if (!r && rq->whole_file) {
 			nbytes = size;
 			if (rq->size_out)
@@ -444,10 +445,10 @@ static int submit(struct nvio_handle *h, struct request *rq)
 	}
 	/* Not a file or block device: AIO refuses those, move it plainly. */
 	if (!r && op->mem == NVIO__MEM_HOST && !op->cufh && op->dfd < 0)
-		op->plain = !S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode);
+		op->plain = !S_ISREG(st->st_mode) && !S_ISBLK(st->st_mode);
 	if (!r && rq->is_write) {
 		what = "fallocate";
-		r = preallocate(op, &st);
+		r = preallocate(op, st);
 	}
 	if (r) {
 		nvio__op_fail(op, r, what, (uint64_t)rq->offset, nbytes);

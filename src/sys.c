@@ -92,23 +92,32 @@ int nvio__pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
 	return 0;
 }
 
-int nvio__reopen(int fd, const char *name, int flags)
+static int same_file(int fd, const struct stat *st, int nfd)
 {
 	struct stat a, b;
-	char p[64];
-	int nfd;
 
+	if (!st) {
+		if (fstat(fd, &a) < 0)
+			return 0;
+		st = &a;
+	}
+	return fstat(nfd, &b) == 0 && st->st_dev == b.st_dev &&
+	       st->st_ino == b.st_ino;
+}
+
+int nvio__reopen(int fd, const char *name, int flags, const struct stat *st)
+{
+	char p[64];
+	int nfd = -ENOENT;
+
+	if (name) {
+		nfd = nvio__open(name, flags, 0);
+		if (nfd >= 0 && same_file(fd, st, nfd))
+			return nfd;
+		if (nfd >= 0)
+			nvio__sys.close(nfd);	/* replaced: not ours */
+	}
 	snprintf(p, sizeof(p), "/proc/self/fd/%d", fd);
 	nfd = nvio__open(p, flags, 0);
-	if (nfd != -ENOENT || !name)
-		return nfd;
-	nfd = nvio__open(name, flags, 0);	/* no /proc mounted */
-	if (nfd < 0)
-		return nfd;
-	if (fstat(fd, &a) < 0 || fstat(nfd, &b) < 0 ||
-	    a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
-		nvio__sys.close(nfd);
-		return -ESTALE;
-	}
-	return nfd;
+	return nfd == -ENOENT && name ? -ESTALE : nfd;
 }

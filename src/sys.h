@@ -56,12 +56,12 @@ int nvio__pwrite_full(int fd, const void *buf, size_t n, uint64_t off);
 /* open() with EINTR retried; returns fd or -errno. */
 int nvio__open(const char *path, int flags, mode_t mode);
 /*
- * Another descriptor, with other flags, for the file fd has open: through
- * /proc/self/fd, which names that very file whatever its path is now (a
- * path may have been replaced, or be longer than any buffer). Without
- * /proc, by name when there is one, and only if it still is the same
- * file (-ESTALE if not). Returns fd or -errno.
+ * Another descriptor, with other flags, for the very file fd has open,
+ * even if its path has been replaced meanwhile. By name when there is
+ * one and it still leads to that file (st: fd's fstat, or NULL), else
+ * through /proc/self/fd, which names the file fd has open but costs
+ * twice an open by name. Returns fd or -errno.
  */
-int nvio__reopen(int fd, const char *name, int flags);
+int nvio__reopen(int fd, const char *name, int flags, const struct stat *st);
 
 #endif

@@ -19,6 +19,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -559,6 +560,51 @@ static void stop_after_failure(int e, int d)
 }
 
 /*
+ * The file is replaced (renamed over) between nvio's buffered open and
+ * its O_DIRECT open by name: the second must still be the first's file,
+ * or a read would take its head from one file and its body from another.
+ */
+static char swap_from[T_PATH_MAX], swap_to[T_PATH_MAX];
+
+static int h_open_swap(const char *p, int flags, mode_t mode)
+{
+	if ((flags & O_DIRECT) && swap_to[0] && strcmp(p, swap_to) == 0) {
+		rename(swap_from, swap_to);
+		swap_to[0] = 0;
+	}
+	return real.open(p, flags, mode);
+}
+
+static void replaced_between_opens(int e, int d)
+{
+	const uint64_t n = 3 * BS + 777;
+	char target[T_PATH_MAX];
+	nvio_handle_t *h;
+
+	t_ctx("%s/%s file replaced between the opens", t_engine_str(e),
+	      t_direct_str(d));
+	if (t_handle(&h, e, d, 1, BS))
+		return;
+	t_path(target, "swap");		/* the hook clears swap_to */
+	t_path(swap_to, "swap");
+	t_path(swap_from, "swap-new");
+	memset(file, 'N', n + 2 * OFF);
+	t_write_file(swap_from, file, n + 2 * OFF);
+	t_fill_random(file, n + 2 * OFF, seed++);
+	t_write_file(swap_to, file, n + 2 * OFF);
+	nvio__sys.open = h_open_swap;
+	memset(buf, 0, n);
+	T_OK(nvio_pread(h, buf, n, target, 100, 0));
+	nvio__sys_reset();
+	T_MEM_EQ(buf, file + 100, n);
+	if (d == NVIO_DIRECT_ON)
+		T_EQ_INT(swap_to[0], 0);	/* the swap happened */
+	unlink(swap_from);
+	unlink(target);
+	nvio_handle_destroy(h);
+}
+
+/*
  * A failed wait makes the worker reset its engine. What the kernel still
  * holds must finish first: after the op has returned its error, nothing
  * may land in its buffer (a closed io_uring finishes its requests later).
@@ -640,6 +686,7 @@ int main(void)
 			nvio_handle_destroy(h);
 			stop_after_failure(e, d);
 			reset_drains(e, d);
+			replaced_between_opens(e, d);
 		}
 	free(buf_base);
 	free(file);
