@@ -421,7 +421,10 @@ static int submit(struct nvio_handle *h, struct request *rq)
 	r = nvio__cuda_pointer_device(rq->buf, &op->cuda_device);
 	if (r > 0)
 		op->mem = NVIO__MEM_CUDA;
-	r = r < 0 ? r : open_main(op, rq);
+	if (r < 0)
+		what = "CUDA pointer query";
+	else
+		r = open_main(op, rq);
 	if (!r && nvio__sys.fstat(op->fd, st) < 0) {
 		what = "stat";
 		r = -errno;

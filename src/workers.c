@@ -229,6 +229,21 @@ static unsigned submittable(const struct wstate *s)
 }
 
 /*
+ * A fresh engine context after a reset: the same engine, else psync,
+ * which needs only memory. 0, or -ENOMEM when even that is refused (the
+ * worker then fails its requests until memory is back).
+ */
+static int engine_ready(struct wstate *s)
+{
+	struct nvio__worker *w = s->w;
+
+	if (w->ectx || w->eng->init(&w->ectx, s->depth) == 0)
+		return 0;
+	w->eng = &nvio__engine_psync;
+	return w->eng->init(&w->ectx, s->depth);
+}
+
+/*
  * Ends the prepared requests of ops that have failed since they were
  * prepared (in batch mode up to a whole batch waits): they must not
  * reach the device, least of all writes after an error.
@@ -251,10 +266,17 @@ static void drop_failed(struct wstate *s)
 
 static void submit_ready(struct wstate *s)
 {
-	const struct nvio__engine_ops *eng = s->w->eng;
+	const struct nvio__engine_ops *eng;
 	unsigned spins = 0, n;
+	int r0;
 
 	drop_failed(s);
+	if (s->nready > 0 && (r0 = engine_ready(s)) < 0) {
+		while (s->nready > 0)
+			piece_end(s, SLOT_OF(s->ready[--s->nready]), r0);
+		return;
+	}
+	eng = s->w->eng;	/* a reset may have changed it */
 	while ((n = submittable(s)) > 0) {
 		int r = eng->submit(s->w->ectx, s->ready, n, s->single);
 
@@ -435,10 +457,7 @@ static void engine_reset(struct wstate *s, int err)
 	s->nready = 0;
 	s->inflight = 0;
 	s->staged_inflight = 0;
-	if (w->eng->init(&w->ectx, s->depth) < 0) {
-		w->eng = &nvio__engine_psync;	/* always works */
-		w->eng->init(&w->ectx, s->depth);
-	}
+	engine_ready(s);	/* or at the next submission */
 }
 
 static void reap(struct wstate *s)
