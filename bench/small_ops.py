@@ -45,15 +45,9 @@ except ImportError:  # run from a source tree after build_ext --inplace
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
     import nvio
 
+from py_load_store import parse_size  # bench/py_load_store.py
+
 FILE_BYTES = 64 << 20
-
-
-def parse_size(s):
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    s = s.strip().lower().rstrip("ib").rstrip("b")
-    if s and s[-1] in units:
-        return int(float(s[:-1]) * units[s[-1]])
-    return int(s)
 
 
 def human(n):
