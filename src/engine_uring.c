@@ -151,6 +151,7 @@ static int uring_available(char *why, size_t len)
  */
 static int uring_submit(void *ctx, struct nvio__io **ios, unsigned n, int single)
 {
+	struct uctx *u = ctx;
 	struct io_uring *ring = uring_ring(ctx);
 	unsigned i;
 
@@ -173,13 +174,14 @@ static int uring_submit(void *ctx, struct nvio__io **ios, unsigned n, int single
 		return -EAGAIN;
 	if (!single)
 		io_uring_submit(ring);
-	((struct uctx *)ctx)->inflight += i;
+	u->inflight += i;
 	return (int)i;
 }
 
 static int uring_reap(void *ctx, struct nvio__io **out, unsigned min,
 		      unsigned max)
 {
+	struct uctx *u = ctx;
 	struct io_uring *ring = uring_ring(ctx);
 	struct io_uring_cqe *cqes[64];
 	unsigned n = 0;
@@ -212,7 +214,7 @@ static int uring_reap(void *ctx, struct nvio__io **out, unsigned min,
 			io->res = nvio__sys.io_result(io->is_write, io->fd,
 						      io->off, io->len, cqes[i]->res);
 			out[n++] = io;
-			((struct uctx *)ctx)->inflight--;
+			u->inflight--;
 		}
 		io_uring_cq_advance(ring, got);
 		if (got < want)

@@ -97,18 +97,21 @@ static int fsync_dir_of(const char *path)
 }
 
 /* Closes one of the op's descriptors; a failed close of a write's is the
- * op's failure (returns 1). EINTR has closed it all the same. */
+ * op's failure (returns -errno). EINTR has closed it all the same. */
 static int close_checked(struct nvio__op *op, int fd)
 {
+	int err;
+
 	if (nvio__sys.close(fd) == 0 || !op->is_write || errno == EINTR)
 		return 0;
-	nvio__op_fail(op, -errno, "close", op->plan.off, op->plan.len);
-	return 1;
+	err = -errno;
+	nvio__op_fail(op, err, "close", op->plan.off, op->plan.len);
+	return err;
 }
 
 static void epilogue(struct nvio__op *op)
 {
-	int err = atomic_load(&op->err);
+	int err = atomic_load(&op->err), r;
 
 	if (!err && (op->flags & NVIO_VALIDATE))
 		err = validate(op);
@@ -124,10 +127,10 @@ static void epilogue(struct nvio__op *op)
 	nvio__cufile_op_close(op);
 	/* A write's close can report what writeback found (NFS): it decides
 	 * like any other error whether a temporary replaces the file. */
-	if (op->own_dfd && close_checked(op, op->dfd) && !err)
-		err = atomic_load(&op->err);
-	if (op->own_fd && close_checked(op, op->fd) && !err)
-		err = atomic_load(&op->err);
+	if (op->own_dfd && (r = close_checked(op, op->dfd)) && !err)
+		err = r;
+	if (op->own_fd && (r = close_checked(op, op->fd)) && !err)
+		err = r;
 	op->own_fd = op->own_dfd = 0;
 	if (op->tmp_path && !err && nvio__sys.rename(op->tmp_path, op->path) < 0) {
 		err = -errno;

@@ -182,8 +182,8 @@ static uint32_t dio_align(int fd, uint32_t *mem_align)
 	return sx.stx_dio_offset_align;
 }
 
-/* The O_DIRECT descriptor: the caller's, or one for the file op->fd has
- * open (never by name: the path may have been replaced meanwhile). */
+/* The O_DIRECT descriptor: the caller's, or a new one for the very file
+ * op->fd has open, even if its path was replaced meanwhile (nvio__reopen). */
 static int open_direct(struct nvio__op *op, const struct request *rq)
 {
 	int acc = op->is_write ? O_WRONLY : O_RDONLY;

@@ -268,12 +268,12 @@ static void submit_ready(struct wstate *s)
 {
 	const struct nvio__engine_ops *eng;
 	unsigned spins = 0, n;
-	int r0;
+	int err;
 
 	drop_failed(s);
-	if (s->nready > 0 && (r0 = engine_ready(s)) < 0) {
+	if (s->nready > 0 && (err = engine_ready(s)) < 0) {
 		while (s->nready > 0)
-			piece_end(s, SLOT_OF(s->ready[--s->nready]), r0);
+			piece_end(s, SLOT_OF(s->ready[--s->nready]), err);
 		return;
 	}
 	eng = s->w->eng;	/* a reset may have changed it */
