@@ -77,6 +77,8 @@ struct nvio__op {
 	char *path;		/* for errors; the target of write_file */
 	int by_path;		/* path names the file (else it says "fd N") */
 	char *tmp_path;		/* write_file: the temporary, else NULL */
+	char *target;		/* write_file: path with its symbolic links
+				 * followed, the name the temporary replaces */
 	int keep_mode;		/* write_file over a file: give the */
 	unsigned tmp_mode;	/* temporary these permissions */
 	atomic_uint tasks_left;

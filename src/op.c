@@ -132,14 +132,14 @@ static void epilogue(struct nvio__op *op)
 	if (op->own_fd && (r = close_checked(op, op->fd)) && !err)
 		err = r;
 	op->own_fd = op->own_dfd = 0;
-	if (op->tmp_path && !err && nvio__sys.rename(op->tmp_path, op->path) < 0) {
+	if (op->tmp_path && !err && nvio__sys.rename(op->tmp_path, op->target) < 0) {
 		err = -errno;
 		nvio__op_fail(op, err, "rename", 0, op->plan.len);
 	}
 	if (op->tmp_path && err)
 		nvio__sys.unlink(op->tmp_path);
 	if (op->tmp_path && !err && (op->flags & NVIO_FSYNC)) {
-		err = fsync_dir_of(op->path);
+		err = fsync_dir_of(op->target);
 		if (err)
 			nvio__op_fail(op, err, "fsync directory", 0, 0);
 	}
@@ -187,5 +187,6 @@ void nvio__op_free(struct nvio__op *op)
 		nvio__sys.close(op->fd);
 	free(op->path);
 	free(op->tmp_path);
+	free(op->target);
 	free(op);
 }

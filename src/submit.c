@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <limits.h>
 #include <linux/fs.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,23 +67,78 @@ static struct nvio__op *op_new(struct nvio_handle *h, const struct request *rq)
 }
 
 /*
- * A fresh name beside the target for a whole-file write. A file being
- * replaced keeps its permissions: the temporary is made 0600, so that
- * nvio can reopen it (O_DIRECT, validate) whatever they are, and takes
- * them just before the rename (op.c). A new file gets 0666 less umask.
+ * The name a write through path would reach, as open(2) follows it: the
+ * symbolic links of the last component followed (a link's relative
+ * target is relative to the link's directory; a dangling link gives the
+ * name it points to, which open would create). Directories in path are
+ * followed by the kernel anyway. Sets *out to a malloc'd name.
+ */
+static int follow_links(const char *path, char **out)
+{
+	char *cur = strdup(path), *link = malloc(PATH_MAX), *next;
+	struct stat st;
+	int err = -ENOMEM;
+
+	for (int hops = 0; cur && link; hops++) {
+		ssize_t n;
+		size_t dlen;
+
+		if (lstat(cur, &st) < 0 || !S_ISLNK(st.st_mode)) {
+			free(link);
+			*out = cur;	/* errors are open's to report */
+			return 0;
+		}
+		err = -ELOOP;	/* open's limit on links in a name */
+		if (hops == 40)
+			break;
+		n = readlink(cur, link, PATH_MAX);
+		err = n < 0 ? -errno : -ENAMETOOLONG;
+		if (n < 0 || n == PATH_MAX)
+			break;
+		link[n] = 0;
+		/* relative: beside the link, after cur's last '/' */
+		dlen = link[0] == '/' || !strrchr(cur, '/') ? 0 :
+		       (size_t)(strrchr(cur, '/') - cur) + 1;
+		err = -ENOMEM;
+		next = malloc(dlen + (size_t)n + 1);
+		if (!next)
+			break;
+		memcpy(next, cur, dlen);
+		memcpy(next + dlen, link, (size_t)n + 1);
+		free(cur);
+		cur = next;
+	}
+	free(cur);
+	free(link);
+	return err;
+}
+
+/*
+ * A fresh name beside the target for a whole-file write. The target is
+ * path with its links followed (follow_links), so a link stays a link
+ * and the file it names is replaced, as a plain open and write would.
+ * A file being replaced keeps its permissions: the temporary is made
+ * 0600, so that nvio can reopen it (O_DIRECT, validate) whatever they
+ * are, and takes them just before the rename (op.c). A new file gets
+ * 0666 less umask.
  */
 static int open_temp(struct nvio__op *op)
 {
-	size_t len = strlen(op->path) + 32;
-	char *copy = strdup(op->path), *dir, *base;
-	int fd = -EEXIST;
+	char *copy = NULL, *dir, *base;
+	int fd = follow_links(op->path, &op->target);
 	struct stat st;
 	mode_t mode = 0666;
+	size_t len;
 
+	if (fd < 0)
+		return fd;
+	len = strlen(op->target) + 32;
+	fd = -EEXIST;
+	copy = strdup(op->target);
 	op->tmp_path = malloc(len);
 	if (!copy || !op->tmp_path) {
 		fd = -ENOMEM;
-	} else if (stat(op->path, &st) == 0) {
+	} else if (stat(op->target, &st) == 0) {
 		if (S_ISDIR(st.st_mode))
 			fd = -EISDIR;
 		op->tmp_mode = st.st_mode & 07777;
@@ -96,7 +152,8 @@ static int open_temp(struct nvio__op *op)
 		return fd;
 	}
 	dir = dirname(copy);
-	base = strrchr(op->path, '/') ? strrchr(op->path, '/') + 1 : op->path;
+	base = strrchr(op->target, '/') ? strrchr(op->target, '/') + 1 :
+	       op->target;
 	for (int i = 0; i < 100 && fd == -EEXIST; i++) {
 		struct timespec ts;
 
@@ -155,7 +212,8 @@ static int open_main(struct nvio__op *op, const struct request *rq)
 	return 0;
 }
 
-/* The file's size for reads: regular files and block devices. */
+/* The file's size for reads: regular files and block devices; any other
+ * (pipes, character devices) has none: UINT64_MAX. */
 static int file_size(int fd, const struct stat *st, uint64_t *size)
 {
 	if (S_ISDIR(st->st_mode))
@@ -432,7 +490,10 @@ static int submit(struct nvio_handle *h, struct request *rq)
 	if (!r && !rq->is_write) {
 		what = "stat";
 		r = file_size(op->fd, st, &size);
-		if (!r && rq->whole_file) {
+		if (!r && rq->whole_file && size == UINT64_MAX) {
+			what = "size (not a file or device)";
+			r = -EINVAL;	/* a pipe or character device */
+		} else if (!r && rq->whole_file) {
 			nbytes = size;
 			if (rq->size_out)
 				*rq->size_out = size;

@@ -135,6 +135,8 @@ static void test_table(nvio_handle_t *h, const char *combo)
 		/* whole-file read into a buffer too small */
 		{ "read_file cap 99 of 100", OP_READ_FILE, 0, 0, 99, good, 0, 0, 0, -EOVERFLOW, 0, 0 },
 		{ "read_file cap 0 of 100", OP_READ_FILE, 0, 0, 0, good, 0, 0, 0, -EOVERFLOW, 0, 0 },
+		/* whole-file read of something with no size */
+		{ "read_file character device", OP_READ_FILE, 0, 0, 200, "/dev/null", 0, 0, 0, -EINVAL, 0, 0 },
 		/* offset + nbytes past INT64_MAX (the header names no errno;
 		 * -EINVAL is "bad argument", -EFBIG what the kernel says) */
 		{ "pwrite end > INT64_MAX", OP_PWRITE, 0, 0, 100, good, 0, INT64_MAX - 10, 0, -EINVAL, -EFBIG, 0 },
@@ -230,6 +232,19 @@ static void test_last_error(nvio_handle_t *h, const char *combo)
 		T_EQ_INT(nvio_format_error(&e, tiny, sizeof(tiny)), n);
 		T_EQ_U64(strlen(tiny), sizeof(tiny) - 1);
 		T_EQ_INT(nvio_format_error(&e, NULL, 0), n);
+	}
+
+	t_ctx("%s last_error after read_file of a character device", combo);
+	{
+		uint64_t size_out = 77;
+
+		T_ERR(nvio_read_file(h, buf, sizeof(buf), "/dev/null",
+				     &size_out, 0), -EINVAL);
+		memset(&e, 0, sizeof(e));
+		T_ERR(nvio_last_error(h, &e), -EINVAL);
+		T_TRUE(strcmp(e.path, "/dev/null") == 0);
+		T_TRUE(strstr(e.what, "size") != NULL);
+		T_EQ_U64(size_out, 77);
 	}
 
 	t_ctx("%s last_error after ENODATA", combo);

@@ -467,6 +467,72 @@ static void test_batch_depth(int e, int d)
  * write_file keeps the exact permissions of the file it replaces,
  * whatever the umask, even read-only ones.
  */
+/* 1 if path is a symbolic link to exactly target. */
+static int is_link_to(const char *path, const char *target)
+{
+	char got_link[T_PATH_MAX];
+	ssize_t k = readlink(path, got_link, sizeof(got_link) - 1);
+
+	if (k < 0)
+		return 0;
+	got_link[k] = 0;
+	return strcmp(got_link, target) == 0;
+}
+
+/*
+ * write_file through symbolic links replaces the file they name, as an
+ * open and write would, and leaves the links as they were: relative and
+ * absolute, chained, dangling (the target is made); a loop is ELOOP.
+ */
+static void test_links(nvio_handle_t *h, int e, int d, unsigned char *buf,
+		       uint64_t n)
+{
+	char sub[T_PATH_MAX], target[T_PATH_MAX], rel[T_PATH_MAX],
+	     abs_link[T_PATH_MAX], loop_a[T_PATH_MAX], loop_b[T_PATH_MAX];
+	size_t fsz = 0;
+	struct stat st;
+
+	t_ctx("%s/%s write_file through links", t_engine_str(e), t_direct_str(d));
+	t_path(sub, "linkdir");
+	mkdir(sub, 0755);
+	snprintf(target, sizeof(target), "%s/target", sub);
+	t_path(rel, "rel-link");
+	t_path(abs_link, "abs-link");
+	/* rel-link -> linkdir/target, relative to rel-link's directory;
+	 * abs-link -> rel-link, by its absolute name */
+	T_OK(symlink("linkdir/target", rel));
+	T_OK(symlink(rel, abs_link));
+	for (int i = 0; i < 2; i++) {
+		const char *via = i ? abs_link : rel;
+
+		/* i == 0: the target does not exist yet (a dangling link) */
+		t_fill_random(want, n, seed++);
+		memcpy(buf, want, n);
+		T_OK(nvio_write_file(h, buf, n, via, NVIO_VALIDATE | NVIO_FSYNC));
+		if (T_OK(t_read_file(target, got, n + 1, &fsz)) &&
+		    T_EQ_U64(fsz, n))
+			T_MEM_EQ(got, want, n);
+		T_TRUE(is_link_to(rel, "linkdir/target"));
+		T_TRUE(is_link_to(abs_link, rel));
+		T_TRUE(lstat(target, &st) == 0 && S_ISREG(st.st_mode));
+		T_EQ_INT(t_dir_count(sub), 1);	/* no temporary left */
+	}
+
+	t_ctx("%s/%s write_file on a link loop", t_engine_str(e), t_direct_str(d));
+	t_path(loop_a, "loop-a");
+	t_path(loop_b, "loop-b");
+	T_OK(symlink(loop_b, loop_a));
+	T_OK(symlink(loop_a, loop_b));
+	T_ERR(nvio_write_file(h, buf, n, loop_a, 0), -ELOOP);
+	T_TRUE(is_link_to(loop_a, loop_b));
+	unlink(loop_a);
+	unlink(loop_b);
+	unlink(abs_link);
+	unlink(rel);
+	unlink(target);
+	rmdir(sub);
+}
+
 static void test_names(int e, int d)
 {
 	const uint64_t n = 256 * 1024 + 5;
@@ -556,6 +622,7 @@ static void test_names(int e, int d)
 	}
 	umask(old_mask);
 	unlink(path);
+	test_links(h, e, d, buf, n);
 	nvio_handle_destroy(h);
 	free(lp);
 }
