@@ -233,7 +233,7 @@ static uint32_t dio_align(int fd, uint32_t *mem_align)
 	struct statx sx;
 
 	*mem_align = NVIO__PAGE;
-	if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) < 0 ||
+	if (nvio__sys.statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) < 0 ||
 	    !(sx.stx_mask & STATX_DIOALIGN))
 		return NVIO__PAGE;	/* unknown: page alignment is safe */
 	*mem_align = sx.stx_dio_mem_align ? sx.stx_dio_mem_align : NVIO__PAGE;
@@ -305,12 +305,20 @@ static int preallocate(struct nvio__op *op, const struct stat *st)
 	return errno == ENOSPC || errno == EFBIG || errno == EDQUOT ? -errno : 0;
 }
 
-/* Plans the op and decides on O_DIRECT and staging. */
+/*
+ * Plans the op and decides on O_DIRECT and staging. A body chunk is the
+ * block rounded up to the alignment; the bounce buffers hold the block
+ * rounded up to the page. Where the alignment is coarser than both, a
+ * staged chunk would not fit: AUTO then moves the op buffered, ON
+ * refuses it (*what says why).
+ */
 static int plan_op(struct nvio_handle *h, struct nvio__op *op,
-		   const struct request *rq, uint64_t nbytes)
+		   const struct request *rq, uint64_t nbytes, const char **what)
 {
+	const uint64_t off = (uint64_t)rq->offset;
 	int policy = h->cfg.direct;
 	uint32_t mem_align = 0, align = 0;
+	uint64_t body;
 	int r;
 
 	if (plan_gds(h, op, rq, nbytes))
@@ -320,23 +328,35 @@ static int plan_op(struct nvio_handle *h, struct nvio__op *op,
 		if (align == 0 && policy == NVIO_DIRECT_ON)
 			return -EINVAL;	/* the file system has no direct I/O */
 	}
-	nvio__plan_make(&op->plan, (uint64_t)rq->offset, nbytes,
-			h->cfg.block_size, align);
+	nvio__plan_make(&op->plan, off, nbytes, h->cfg.block_size, align);
+	if (op->plan.body == 0 && align && op->mem != NVIO__MEM_HOST) {
+		/* Nothing goes direct. The head could be up to twice the
+		 * alignment: GPU memory moves in blocks, which fit. */
+		align = 0;
+		nvio__plan_make(&op->plan, off, nbytes, h->cfg.block_size, 0);
+	}
 	if (op->plan.body == 0 || !align)
 		return 0;
-	r = open_direct(op, rq);
-	/* AUTO: whatever refuses O_DIRECT here (the file system, a socket,
-	 * the file's mode for a new open), buffered I/O still works */
-	if (r < 0 && policy == NVIO_DIRECT_AUTO) {
-		nvio__plan_make(&op->plan, (uint64_t)rq->offset, nbytes,
-				h->cfg.block_size, 0);
-		return 0;
-	}
-	if (r < 0)
-		return r;
 	/* All body pieces share one alignment relative to mem_align. */
 	op->stage = ((uintptr_t)(op->buf + op->plan.head) % mem_align) != 0;
-	return 0;
+	body = op->plan.body < op->plan.chunk ? op->plan.body : op->plan.chunk;
+	r = 0;
+	if ((op->stage || op->mem != NVIO__MEM_HOST) &&
+	    body > h->workers[0].stage.size) {
+		*what = "staging (block < alignment)";
+		r = -EINVAL;
+	}
+	if (!r)
+		r = open_direct(op, rq);
+	/* AUTO: whatever refuses O_DIRECT here (the file system, a socket,
+	 * the file's mode for a new open, the alignment), buffered I/O
+	 * still works */
+	if (r < 0 && policy == NVIO_DIRECT_AUTO) {
+		op->stage = 0;
+		nvio__plan_make(&op->plan, off, nbytes, h->cfg.block_size, 0);
+		return 0;
+	}
+	return r;
 }
 
 static int check_request(struct nvio_handle *h, const struct request *rq)
@@ -505,7 +525,7 @@ static int submit(struct nvio_handle *h, struct request *rq)
 	}
 	if (!r) {
 		what = "open O_DIRECT";
-		r = plan_op(h, op, rq, nbytes);
+		r = plan_op(h, op, rq, nbytes, &what);
 	}
 	/* Not a file or block device: AIO refuses those, move it plainly. */
 	if (!r && op->mem == NVIO__MEM_HOST && !op->cufh && op->dfd < 0)

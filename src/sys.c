@@ -30,8 +30,8 @@ static int no_reap_fault(void)
 #define SYS_DEFAULT { \
 	.open = sys_open, .close = close, .pread = pread, .pwrite = pwrite, \
 	.fstat = fstat, .fsync = fsync, .rename = rename, .unlink = unlink, \
-	.mlock = mlock, .fallocate = fallocate, .io_result = identity_result, \
-	.reap_fault = no_reap_fault, \
+	.mlock = mlock, .fallocate = fallocate, .statx = statx, \
+	.io_result = identity_result, .reap_fault = no_reap_fault, \
 }
 
 static const struct nvio__sys sys_default = SYS_DEFAULT;

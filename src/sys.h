@@ -28,6 +28,8 @@ struct nvio__sys {
 	int (*unlink)(const char *path);
 	int (*mlock)(const void *p, size_t n);
 	int (*fallocate)(int fd, int mode, off_t off, off_t len);
+	int (*statx)(int dirfd, const char *path, int flags, unsigned mask,
+		     struct statx *sx);
 	/*
 	 * Every completion of every engine passes through here before it is
 	 * checked: res is the byte count or -errno the kernel reported for
