@@ -30,6 +30,7 @@ struct request {
 	unsigned char *buf;
 	uint64_t nbytes;
 	const char *path;	/* NULL for the _fd calls */
+	int by_path;		/* a call that takes a path (maybe NULL) */
 	int fd;
 	int64_t offset;
 	unsigned flags;
@@ -359,17 +360,54 @@ static int plan_op(struct nvio_handle *h, struct nvio__op *op,
 	return r;
 }
 
-static int check_request(struct nvio_handle *h, const struct request *rq)
+/*
+ * The arguments of a call, before anything is opened. Returns 0, or the
+ * error with *what naming the argument.
+ */
+static int check_request(struct nvio_handle *h, const struct request *rq,
+			 const char **what)
 {
-	if (!h || (rq->flags & ~KNOWN_FLAGS))
-		return -EINVAL;
-	if (!rq->buf && (rq->nbytes > 0 || rq->capacity > 0))
-		return -EINVAL;
-	if (rq->path ? rq->path[0] == '\0' : rq->fd < 0)
-		return rq->path ? -ENOENT : -EBADF;
-	if (rq->offset < 0 || rq->nbytes > (uint64_t)(INT64_MAX - rq->offset))
-		return -EINVAL;
-	return 0;
+	int err = 0;
+
+	if (!h || (rq->flags & ~KNOWN_FLAGS)) {
+		*what = "flags";
+		err = -EINVAL;
+	} else if (!rq->buf && (rq->nbytes > 0 || rq->capacity > 0)) {
+		*what = "buffer (NULL)";
+		err = -EINVAL;
+	} else if (rq->path && rq->path[0] == '\0') {
+		*what = "open (empty path)";
+		err = -ENOENT;
+	} else if (!rq->path && rq->fd < 0) {
+		*what = "fd (negative)";
+		err = -EBADF;
+	} else if (rq->offset < 0 ||
+		   rq->nbytes > (uint64_t)(INT64_MAX - rq->offset)) {
+		*what = "range (past INT64_MAX)";
+		err = -EINVAL;
+	}
+	return err;
+}
+
+/*
+ * A call refused before it became an op. Its error is still the calling
+ * thread's nvio_last_error(), as the man page promises for every failed
+ * call on a handle; op_seq 0 says that no op was made.
+ */
+static int refuse(struct nvio_handle *h, const struct request *rq, int err,
+		  const char *what)
+{
+	nvio_error_t e;
+
+	if (!h)
+		return err;
+	nvio__error_fill(&e, err, NULL, what, (uint64_t)rq->offset, rq->nbytes);
+	e.is_write = rq->is_write;
+	if (rq->path)
+		snprintf(e.path, sizeof(e.path), "%s", rq->path);
+	else if (!rq->by_path)
+		snprintf(e.path, sizeof(e.path), "fd %d", rq->fd);
+	return nvio__error_publish(h, &e);
 }
 
 /*
@@ -489,13 +527,13 @@ static int submit(struct nvio_handle *h, struct request *rq)
 	struct stat *st = &rq->st;
 	uint64_t size = 0, nbytes = rq->nbytes;
 	const char *what = "open";
-	int r = check_request(h, rq);
+	int r = check_request(h, rq, &what);
 
 	if (r)
-		return r;
+		return refuse(h, rq, r, what);
 	op = op_new(h, rq);
 	if (!op)
-		return -ENOMEM;
+		return refuse(h, rq, -ENOMEM, "memory");
 	r = nvio__cuda_pointer_device(rq->buf, &op->cuda_device);
 	if (r > 0)
 		op->mem = NVIO__MEM_CUDA;
@@ -548,11 +586,11 @@ static int submit(struct nvio_handle *h, struct request *rq)
 int nvio_pread(nvio_handle_t *h, void *buf, uint64_t nbytes, const char *path,
 	       int64_t offset, unsigned flags)
 {
-	struct request rq = { .buf = buf, .nbytes = nbytes, .path = path,
+	struct request rq = { .buf = buf, .nbytes = nbytes, .path = path, .by_path = 1,
 			      .offset = offset, .flags = flags };
 
 	if (!path)
-		return -EINVAL;
+		return refuse(h, &rq, -EINVAL, "path (NULL)");
 	return submit(h, &rq);
 }
 
@@ -560,11 +598,11 @@ int nvio_pwrite(nvio_handle_t *h, const void *buf, uint64_t nbytes,
 		const char *path, int64_t offset, unsigned flags)
 {
 	struct request rq = { .buf = (unsigned char *)buf, .nbytes = nbytes,
-			      .path = path, .offset = offset, .flags = flags,
+			      .path = path, .by_path = 1, .offset = offset, .flags = flags,
 			      .is_write = 1 };
 
 	if (!path)
-		return -EINVAL;
+		return refuse(h, &rq, -EINVAL, "path (NULL)");
 	return submit(h, &rq);
 }
 
@@ -590,12 +628,12 @@ int nvio_pwrite_fd(nvio_handle_t *h, const void *buf, uint64_t nbytes, int fd,
 int nvio_read_file(nvio_handle_t *h, void *buf, uint64_t capacity,
 		   const char *path, uint64_t *size_out, unsigned flags)
 {
-	struct request rq = { .buf = buf, .capacity = capacity, .path = path,
+	struct request rq = { .buf = buf, .capacity = capacity, .path = path, .by_path = 1,
 			      .flags = flags, .whole_file = 1,
 			      .size_out = size_out };
 
 	if (!path)
-		return -EINVAL;
+		return refuse(h, &rq, -EINVAL, "path (NULL)");
 	return submit(h, &rq);
 }
 
@@ -603,11 +641,11 @@ int nvio_write_file(nvio_handle_t *h, const void *buf, uint64_t nbytes,
 		    const char *path, unsigned flags)
 {
 	struct request rq = { .buf = (unsigned char *)buf, .nbytes = nbytes,
-			      .path = path, .flags = flags, .is_write = 1,
+			      .path = path, .by_path = 1, .flags = flags, .is_write = 1,
 			      .whole_file = 1 };
 
 	if (!path)
-		return -EINVAL;
+		return refuse(h, &rq, -EINVAL, "path (NULL)");
 	return submit(h, &rq);
 }
 
