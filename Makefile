@@ -95,7 +95,13 @@ $(STUB_CUDA): tests/stub/libcuda.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(NVIO_CFLAGS) -shared -o $@ $< -Wl,-soname,libcuda.so.1
 
-check: all $(TEST_BIN) $(STUB_CUDA)
+# And one for cuFile (tests/stub/libcufile.c), found via NVIO_CUFILE_LIB.
+STUB_CUFILE = $(BUILD)/tests/stub/libcufile.so.0
+$(STUB_CUFILE): tests/stub/libcufile.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(NVIO_CFLAGS) -shared -o $@ $< -Wl,-soname,libcufile.so.0
+
+check: all $(TEST_BIN) $(STUB_CUDA) $(STUB_CUFILE)
 	@sh tests/run.sh $(BUILD)
 
 print-libs:

@@ -307,6 +307,20 @@ static int preallocate(struct nvio__op *op, const struct stat *st)
 }
 
 /*
+ * The op moves through the page cache: an O_DIRECT descriptor already
+ * opened (for cuFile, which then refused the file) must not take its
+ * pieces, which need not be aligned.
+ */
+static void drop_direct(struct nvio__op *op)
+{
+	if (op->own_dfd)
+		nvio__sys.close(op->dfd);
+	op->dfd = -1;
+	op->own_dfd = 0;
+	op->stage = 0;
+}
+
+/*
  * Plans the op and decides on O_DIRECT and staging. A body chunk is the
  * block rounded up to the alignment; the bounce buffers hold the block
  * rounded up to the page. Where the alignment is coarser than both, a
@@ -336,8 +350,10 @@ static int plan_op(struct nvio_handle *h, struct nvio__op *op,
 		align = 0;
 		nvio__plan_make(&op->plan, off, nbytes, h->cfg.block_size, 0);
 	}
-	if (op->plan.body == 0 || !align)
+	if (op->plan.body == 0 || !align) {
+		drop_direct(op);
 		return 0;
+	}
 	/* All body pieces share one alignment relative to mem_align. */
 	op->stage = ((uintptr_t)(op->buf + op->plan.head) % mem_align) != 0;
 	body = op->plan.body < op->plan.chunk ? op->plan.body : op->plan.chunk;
@@ -353,7 +369,7 @@ static int plan_op(struct nvio_handle *h, struct nvio__op *op,
 	 * the file's mode for a new open, the alignment), buffered I/O
 	 * still works */
 	if (r < 0 && policy == NVIO_DIRECT_AUTO) {
-		op->stage = 0;
+		drop_direct(op);
 		nvio__plan_make(&op->plan, off, nbytes, h->cfg.block_size, 0);
 		return 0;
 	}

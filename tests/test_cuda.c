@@ -10,6 +10,10 @@
  * bytes, through the driver's copies (counted: a host path would move
  * the same bytes), sync and async; a failing driver copy must fail the
  * op with -EIO naming the file, and the handle must work afterwards.
+ *
+ * tests/stub/libcufile.c stands in for cuFile (through NVIO_CUFILE_LIB):
+ * a GDS handle must move the same bytes through cuFile's calls, and,
+ * when cuFile refuses the file, through the bounce path instead.
  */
 #include <dlfcn.h>
 #include <limits.h>
@@ -23,25 +27,57 @@ static void *(*stub_alloc)(size_t);
 static void (*stub_free)(void *);
 static unsigned long (*stub_copies)(void);
 static void (*stub_fail_copies)(unsigned long);
+static void (*stub_refuse_files)(int);
+static unsigned long (*stub_ios)(void);
+static long (*stub_handles)(void);
+static char stub_dir[PATH_MAX];
 
 #define DEV_BYTES ((3u << 20) + 8192)
 
-static int load_stub(void)
+/* The stubs' directory, beside the test's executable. */
+static int find_stubs(void)
 {
-	char exe[PATH_MAX], path[PATH_MAX + 32];
-	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	ssize_t n = readlink("/proc/self/exe", stub_dir, sizeof(stub_dir) - 8);
 	char *slash;
-	void *lib;
 
 	if (n <= 0) {
 		T_FAILF("readlink /proc/self/exe failed");
 		return -1;
 	}
-	exe[n] = 0;
-	slash = strrchr(exe, '/');
+	stub_dir[n] = 0;
+	slash = strrchr(stub_dir, '/');
 	if (slash)
 		*slash = 0;
-	snprintf(path, sizeof(path), "%s/stub/libcuda.so.1", exe);
+	strcat(stub_dir, "/stub");
+	return 0;
+}
+
+/* The stand-in cuFile, the very copy nvio loads (NVIO_CUFILE_LIB). */
+static int load_cufile_stub(const char *path)
+{
+	void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+
+	if (!lib) {
+		T_FAILF("cannot load the stub cuFile %s: %s (make check builds it)",
+			path, dlerror());
+		return -1;
+	}
+	stub_refuse_files = (void (*)(int))dlsym(lib, "stub_cufile_refuse_files");
+	stub_ios = (unsigned long (*)(void))dlsym(lib, "stub_cufile_ios");
+	stub_handles = (long (*)(void))dlsym(lib, "stub_cufile_handles");
+	if (!stub_refuse_files || !stub_ios || !stub_handles) {
+		T_FAILF("the stub cuFile lacks its stub_cufile_* functions");
+		return -1;
+	}
+	return 0;
+}
+
+static int load_stub(void)
+{
+	char path[PATH_MAX + 32];
+	void *lib;
+
+	snprintf(path, sizeof(path), "%s/libcuda.so.1", stub_dir);
 	lib = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
 	if (!lib) {
 		T_FAILF("cannot load the stub driver %s: %s (make check builds it)",
@@ -90,8 +126,17 @@ static int finish(nvio_handle_t *h, int r, int async)
 	return r;
 }
 
+/* How device memory must move: the driver's copies through bounce
+ * buffers, or cuFile's reads and writes. */
+enum { VIA_BOUNCE, VIA_CUFILE };
+
+static unsigned long moves(int via)
+{
+	return via == VIA_CUFILE ? stub_ios() : stub_copies();
+}
+
 static void rw_cases(nvio_handle_t *h, unsigned char *dev, const char *path,
-		     int async)
+		     int async, int via)
 {
 	static const struct { size_t n, m; int64_t off; } cs[] = {
 		{ 1, 0, 0 }, { 4097, 1, 0 }, { 4096, 4096, 4096 },
@@ -110,24 +155,24 @@ static void rw_cases(nvio_handle_t *h, unsigned char *dev, const char *path,
 		t_ctx("%s: read %zu bytes at file offset %lld into device +%zu",
 		      async ? "async" : "sync", n, (long long)off, m);
 		memset(dev, 0xee, DEV_BYTES);
-		before = stub_copies();
+		before = moves(via);
 		r = finish(h, nvio_pread(h, dev + m, n, path, off,
 					 async ? NVIO_ASYNC : 0), async);
 		if (!T_OK(r))
 			continue;
-		T_TRUE(stub_copies() > before);	/* the device path, not host */
+		T_TRUE(moves(via) > before);	/* the device path, not host */
 		T_EQ_INT(t_check_random_at(dev + m, n, 21, (uint64_t)off), -1);
 		check_guards(dev, m, n);
 
 		t_ctx("%s: write %zu bytes at file offset %lld from device +%zu",
 		      async ? "async" : "sync", n, (long long)off, m);
 		t_fill_random_at(dev + m, n, 22, (uint64_t)off);
-		before = stub_copies();
+		before = moves(via);
 		r = finish(h, nvio_pwrite(h, dev + m, n, path, off,
 					  async ? NVIO_ASYNC : 0), async);
 		if (!T_OK(r))
 			continue;
-		T_TRUE(stub_copies() > before);
+		T_TRUE(moves(via) > before);
 		T_OK(t_check_file_random(path, off, n, 22, (uint64_t)off));
 		T_EQ_INT(t_file_size(path), (int64_t)file_bytes);
 		restore(path, n, off);
@@ -151,6 +196,43 @@ static void failing_copy(nvio_handle_t *h, unsigned char *dev, const char *path)
 		T_EQ_INT(t_check_random_at(dev, 8192, 21, 0), -1);
 }
 
+/*
+ * GDS handles: device memory moves through cuFile; a file cuFile refuses
+ * moves through the bounce path instead (its pieces must not go to the
+ * O_DIRECT descriptor opened for cuFile: they are unaligned). No cuFile
+ * handle outlives its op.
+ */
+static void test_gds(unsigned char *dev, const char *path)
+{
+	for (int i = 0; i < T_N_ENGINES; i++)
+		for (int j = 0; j < T_N_DIRECTS; j++) {
+			int e = t_engine_list[i], d = t_direct_list[j];
+			nvio_config_t c;
+			nvio_handle_t *h = NULL;
+
+			if (!t_combo_ok(e, d))
+				continue;
+			t_ctx("%s/%s GDS handle", t_engine_str(e), t_direct_str(d));
+			nvio_config_init(&c);
+			c.engine = e;
+			c.direct = d;
+			c.flags = NVIO_HANDLE_GDS;
+			if (!T_OK(nvio_handle_create(&h, &c)))
+				continue;
+			T_EQ_INT(nvio_get_gds(h), 1);
+			rw_cases(h, dev, path, 0, VIA_CUFILE);
+			rw_cases(h, dev, path, 1, VIA_CUFILE);
+			stub_refuse_files(1);
+			rw_cases(h, dev, path, 0, VIA_BOUNCE);
+			rw_cases(h, dev, path, 1, VIA_BOUNCE);
+			stub_refuse_files(0);
+			t_ctx("%s/%s GDS handles released", t_engine_str(e),
+			      t_direct_str(d));
+			T_EQ_INT(stub_handles(), 0);
+			nvio_handle_destroy(h);
+		}
+}
+
 int main(void)
 {
 	uint64_t file_bytes = (3u << 20) + 65536;
@@ -159,6 +241,16 @@ int main(void)
 	nvio_handle_t *h;
 
 	t_init("cuda");
+	if (find_stubs() < 0)
+		return t_done();
+	{
+		char cf[PATH_MAX + 32];
+
+		snprintf(cf, sizeof(cf), "%s/libcufile.so.0", stub_dir);
+		setenv("NVIO_CUFILE_LIB", cf, 1);	/* before nvio looks */
+		if (load_cufile_stub(cf) < 0)
+			return t_done();
+	}
 	t_path(path, "data");
 	pattern = malloc(file_bytes);
 	if (!pattern) {
@@ -196,11 +288,12 @@ int main(void)
 				      t_direct_str(d), par, (unsigned long long)bs);
 				if (t_handle(&h, e, d, par, bs) != 0)
 					continue;
-				rw_cases(h, dev, path, 0);
-				rw_cases(h, dev, path, 1);
+				rw_cases(h, dev, path, 0, VIA_BOUNCE);
+				rw_cases(h, dev, path, 1, VIA_BOUNCE);
 				failing_copy(h, dev, path);
 				nvio_handle_destroy(h);
 			}
+	test_gds(dev, path);
 	/* Host memory is still host memory with the driver loaded. */
 	t_ctx("host buffer with the driver loaded");
 	if (t_handle(&h, NVIO_ENGINE_AUTO, NVIO_DIRECT_AUTO, 1, 0) == 0) {
