@@ -41,6 +41,7 @@ static struct {
 	CUresult (*DeviceGet)(CUdevice *, int);
 	CUresult (*PointerGetAttribute)(void *, int, CUdeviceptr);
 	CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+	CUresult (*DevicePrimaryCtxRelease)(CUdevice);
 	CUresult (*CtxSetCurrent)(CUcontext);
 	CUresult (*StreamCreate)(CUstream *, unsigned);
 	CUresult (*StreamDestroy)(CUstream);
@@ -71,6 +72,9 @@ static void cu_load(void)
 	cu.DeviceGet = sym("cuDeviceGet");
 	cu.PointerGetAttribute = sym("cuPointerGetAttribute");
 	cu.DevicePrimaryCtxRetain = sym("cuDevicePrimaryCtxRetain");
+	cu.DevicePrimaryCtxRelease = sym("cuDevicePrimaryCtxRelease_v2");
+	if (!cu.DevicePrimaryCtxRelease)	/* drivers before CUDA 11 */
+		cu.DevicePrimaryCtxRelease = sym("cuDevicePrimaryCtxRelease");
 	cu.CtxSetCurrent = sym("cuCtxSetCurrent");
 	cu.StreamCreate = sym("cuStreamCreate");
 	cu.StreamDestroy = sym("cuStreamDestroy_v2");
@@ -82,7 +86,8 @@ static void cu_load(void)
 	cu.GetErrorName = sym("cuGetErrorName");
 	cu.ok = cu.Init && cu.DriverGetVersion && cu.DeviceGetCount &&
 		cu.DeviceGet && cu.PointerGetAttribute &&
-		cu.DevicePrimaryCtxRetain && cu.CtxSetCurrent && cu.StreamCreate &&
+		cu.DevicePrimaryCtxRetain && cu.DevicePrimaryCtxRelease &&
+		cu.CtxSetCurrent && cu.StreamCreate &&
 		cu.StreamDestroy && cu.StreamSynchronize && cu.MemcpyHtoDAsync &&
 		cu.MemcpyDtoHAsync && cu.MemHostRegister && cu.MemHostUnregister &&
 		cu.Init(0) == 0;
@@ -165,59 +170,74 @@ int nvio__cuda_pointer_device(const void *p, int *device)
 	return 1;
 }
 
-/* Makes the device's primary context (the one PyTorch uses) current. */
-static int use_device(int device)
+/*
+ * Retains the device's primary context (the one PyTorch uses), makes it
+ * current in this thread and makes a stream on it. The retain is the worker's one reference,
+ * released by nvio__cuda_ctx_close: an application that releases its
+ * own can then have the context destroyed.
+ */
+int nvio__cuda_ctx_open(struct nvio__cuda_ctx *c, int device)
 {
 	CUcontext ctx;
-	CUdevice dev;
-	int r = cu_err(cu.DeviceGet(&dev, device));
-
-	if (!r)
-		r = cu_err(cu.DevicePrimaryCtxRetain(&ctx, dev));
-	if (!r)
-		r = cu_err(cu.CtxSetCurrent(ctx));
-	return r;
-}
-
-int nvio__cuda_stream_create(int device, void **stream)
-{
 	CUstream s;
+	CUdevice dev;
 	int r;
 
+	c->stream = NULL;
 	if (!cu_present())
 		return -ENODEV;
-	r = use_device(device);
+	r = cu_err(cu.DeviceGet(&dev, device));
+	if (r)
+		return r;
+	r = cu_err(cu.DevicePrimaryCtxRetain(&ctx, dev));
+	if (r)
+		return r;
+	r = cu_err(cu.CtxSetCurrent(ctx));
 	if (!r)
 		r = cu_err(cu.StreamCreate(&s, CU_STREAM_NON_BLOCKING));
-	if (!r)
-		*stream = s;
-	return r;
+	if (r) {
+		cu.DevicePrimaryCtxRelease(dev);
+		return r;
+	}
+	c->device = device;
+	c->ctx = ctx;
+	c->stream = s;
+	return 0;
 }
 
-void nvio__cuda_stream_destroy(void *stream)
+void nvio__cuda_ctx_close(struct nvio__cuda_ctx *c)
 {
-	if (stream && cu.ok)
-		cu.StreamDestroy(stream);
+	CUdevice dev;
+
+	if (!c->stream || !cu.ok)
+		return;
+	cu.CtxSetCurrent(c->ctx);
+	cu.StreamDestroy(c->stream);
+	if (cu.DeviceGet(&dev, c->device) == 0)
+		cu.DevicePrimaryCtxRelease(dev);
+	c->stream = NULL;
+	c->ctx = NULL;
 }
 
 int nvio__cuda_copy(void *dst, const void *src, size_t n, int to_device,
-		    int device, void *stream)
+		    const struct nvio__cuda_ctx *c)
 {
 	int r;
 
-	if (!cu_present())
+	if (!cu_present() || !c->stream)
 		return -ENODEV;
-	r = use_device(device);
+	/* cheap, and the thread may have run another device's op */
+	r = cu_err(cu.CtxSetCurrent(c->ctx));
 	if (r)
 		return r;
 	if (to_device)
 		r = cu_err(cu.MemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst, src, n,
-					      stream));
+					      c->stream));
 	else
 		r = cu_err(cu.MemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)src, n,
-					      stream));
+					      c->stream));
 	if (!r)
-		r = cu_err(cu.StreamSynchronize(stream));
+		r = cu_err(cu.StreamSynchronize(c->stream));
 	return r;
 }
 

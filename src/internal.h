@@ -166,10 +166,20 @@ int nvio__mem_alloc_aligned(void **out, size_t n, size_t align);
  * nvio__cuda_pointer_device: 1 (and *device) for device memory, else 0.
  */
 int nvio__cuda_pointer_device(const void *p, int *device);
+/*
+ * A worker's CUDA state: the device's primary context, retained once
+ * while the worker uses the device (and released after), and a stream
+ * on it for staged copies; stream NULL when closed.
+ */
+struct nvio__cuda_ctx {
+	int device;
+	void *ctx;
+	void *stream;
+};
+int nvio__cuda_ctx_open(struct nvio__cuda_ctx *c, int device);
+void nvio__cuda_ctx_close(struct nvio__cuda_ctx *c);
 int nvio__cuda_copy(void *dst, const void *src, size_t n, int to_device,
-		    int device, void *stream);
-int nvio__cuda_stream_create(int device, void **stream);
-void nvio__cuda_stream_destroy(void *stream);
+		    const struct nvio__cuda_ctx *c);
 int nvio__cuda_host_register(void *p, size_t n);
 void nvio__cuda_host_unregister(void *p);
 void nvio__cuda_probe(nvio_probe_t *out);

@@ -44,6 +44,7 @@ static int validate(struct nvio__op *op)
 {
 	size_t blk = 1u << 20;
 	unsigned char *tmp, *cmp = NULL;
+	struct nvio__cuda_ctx cuda = { 0 };
 	uint64_t done = 0;
 	int fd, r = 0;
 
@@ -64,8 +65,10 @@ static int validate(struct nvio__op *op)
 		const unsigned char *mine = op->buf + done;
 
 		r = nvio__pread_full(fd, tmp, n, op->plan.off + done);
+		if (!r && cmp && !cuda.stream)
+			r = nvio__cuda_ctx_open(&cuda, op->cuda_device);
 		if (!r && cmp) {
-			r = nvio__cuda_copy(cmp, mine, n, 0, op->cuda_device, NULL);
+			r = nvio__cuda_copy(cmp, mine, n, 0, &cuda);
 			mine = cmp;
 		}
 		if (!r && memcmp(tmp, mine, n))
@@ -74,6 +77,7 @@ static int validate(struct nvio__op *op)
 			nvio__op_fail(op, r, "validate", op->plan.off + done, n);
 		done += n;
 	}
+	nvio__cuda_ctx_close(&cuda);
 	free(tmp);
 	free(cmp);
 	nvio__sys.close(fd);

@@ -66,6 +66,13 @@ void nvio__stage_put(struct nvio__stage_pool *p, void *buf)
 	p->free[p->nfree++] = buf;
 }
 
+void nvio__stage_cuda_done(struct nvio__stage_pool *p)
+{
+	if (p->region && p->host_registered)
+		nvio__cuda_host_unregister(p->region);
+	p->host_registered = 0;
+}
+
 void nvio__stage_want_cuda(struct nvio__stage_pool *p)
 {
 	if (p->host_registered)

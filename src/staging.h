@@ -28,6 +28,9 @@ void nvio__stage_put(struct nvio__stage_pool *p, void *buf);
 /* Register every current and future buffer with CUDA (cudaHostRegister)
  * so device copies run at full speed; best effort. */
 void nvio__stage_want_cuda(struct nvio__stage_pool *p);
+/* Unregisters them: from the worker's thread, whose CUDA context is
+ * current (the driver refuses without one). */
+void nvio__stage_cuda_done(struct nvio__stage_pool *p);
 /* memcpy for a piece between host memory and a staging buffer; large
  * copies use non-temporal stores where the CPU has them (x86-64). */
 void nvio__stage_copy(void *dst, const void *src, size_t n);

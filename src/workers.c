@@ -66,8 +66,7 @@ struct wstate {
 	unsigned staged_inflight;	/* staged requests the engine holds */
 	unsigned stage_cap;	/* at most this many in flight */
 	struct nvio__task *cur;	/* task whose pieces are being issued */
-	void *stream;		/* CUDA stream for staged device copies */
-	int stream_device;
+	struct nvio__cuda_ctx cuda;	/* for staged device copies */
 };
 
 #define SLOT_OF(iop) ((struct slot *)((char *)(iop) - offsetof(struct slot, io)))
@@ -133,17 +132,14 @@ static int stage_copy(struct wstate *s, struct nvio__op *op, void *dst,
 		nvio__stage_copy(dst, src, n);
 		return 0;
 	}
-	if (!s->stream || s->stream_device != op->cuda_device) {
-		if (s->stream)
-			nvio__cuda_stream_destroy(s->stream);
-		s->stream = NULL;
-		r = nvio__cuda_stream_create(op->cuda_device, &s->stream);
+	if (!s->cuda.stream || s->cuda.device != op->cuda_device) {
+		nvio__cuda_ctx_close(&s->cuda);
+		r = nvio__cuda_ctx_open(&s->cuda, op->cuda_device);
 		if (r < 0)
 			return r;
-		s->stream_device = op->cuda_device;
 		nvio__stage_want_cuda(&s->w->stage);
 	}
-	return nvio__cuda_copy(dst, src, n, to_user, op->cuda_device, s->stream);
+	return nvio__cuda_copy(dst, src, n, to_user, &s->cuda);
 }
 
 static void piece_end(struct wstate *s, struct slot *sl, int err)
@@ -492,8 +488,11 @@ static void *worker_main(void *arg)
 		if (s->nready == 0 && !s->cur && !wait_for_work(s->w))
 			break;
 	}
-	if (s->stream)
-		nvio__cuda_stream_destroy(s->stream);
+	if (s->cuda.stream) {
+		/* the driver unpins with a context current: this thread's */
+		nvio__stage_cuda_done(&s->w->stage);
+		nvio__cuda_ctx_close(&s->cuda);
+	}
 	return NULL;
 }
 

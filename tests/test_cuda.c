@@ -26,6 +26,7 @@
 static void *(*stub_alloc)(size_t);
 static void (*stub_free)(void *);
 static unsigned long (*stub_copies)(void);
+static long (*stub_ctx_refs)(void), (*stub_host_registered)(void);
 static void (*stub_fail_copies)(unsigned long);
 static void (*stub_refuse_files)(int);
 static unsigned long (*stub_ios)(void);
@@ -88,7 +89,10 @@ static int load_stub(void)
 	stub_free = (void (*)(void *))dlsym(lib, "stub_cuda_free");
 	stub_copies = (unsigned long (*)(void))dlsym(lib, "stub_cuda_copies");
 	stub_fail_copies = (void (*)(unsigned long))dlsym(lib, "stub_cuda_fail_copies");
-	if (!stub_alloc || !stub_free || !stub_copies || !stub_fail_copies) {
+	stub_ctx_refs = (long (*)(void))dlsym(lib, "stub_cuda_ctx_refs");
+	stub_host_registered = (long (*)(void))dlsym(lib, "stub_cuda_host_registered");
+	if (!stub_alloc || !stub_free || !stub_copies || !stub_fail_copies ||
+	    !stub_ctx_refs || !stub_host_registered) {
 		T_FAILF("the stub driver lacks its stub_cuda_* functions");
 		return -1;
 	}
@@ -194,6 +198,10 @@ static void failing_copy(nvio_handle_t *h, unsigned char *dev, const char *path)
 	memset(dev, 0, 8192);
 	if (T_OK(nvio_pread(h, dev, 8192, path, 0, 0)))
 		T_EQ_INT(t_check_random_at(dev, 8192, 21, 0), -1);
+	t_ctx("validate compares device memory");
+	T_OK(nvio_pread(h, dev + 1, 5000, path, 3, NVIO_VALIDATE));
+	T_EQ_INT(t_check_random_at(dev + 1, 5000, 21, 3), -1);
+	T_OK(nvio_pwrite(h, dev + 1, 5000, path, 3, NVIO_VALIDATE));
 }
 
 /*
@@ -291,7 +299,14 @@ int main(void)
 				rw_cases(h, dev, path, 0, VIA_BOUNCE);
 				rw_cases(h, dev, path, 1, VIA_BOUNCE);
 				failing_copy(h, dev, path);
+				/* one context reference per worker, not per
+				 * copy; all let go, the bounce pool unpinned */
+				t_ctx("%s/%s par %u contexts", t_engine_str(e),
+				      t_direct_str(d), par);
+				T_TRUE(stub_ctx_refs() <= (long)par);
 				nvio_handle_destroy(h);
+				T_EQ_INT(stub_ctx_refs(), 0);
+				T_EQ_INT(stub_host_registered(), 0);
 			}
 	test_gds(dev, path);
 	/* Host memory is still host memory with the driver loaded. */

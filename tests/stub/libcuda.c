@@ -22,6 +22,7 @@ typedef unsigned long long CUdeviceptr;
 
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_INVALID_VALUE 1
+#define CUDA_ERROR_INVALID_CONTEXT 201
 #define CUDA_ERROR_UNKNOWN 999
 #define MEMORY_TYPE 2
 #define DEVICE_ORDINAL 9
@@ -36,7 +37,10 @@ STUB_API CUresult cuDriverGetVersion(int *v);
 STUB_API CUresult cuDeviceGetCount(int *n);
 STUB_API CUresult cuDeviceGet(int *dev, int ordinal);
 STUB_API CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p);
+STUB_API long stub_cuda_ctx_refs(void);
+STUB_API long stub_cuda_host_registered(void);
 STUB_API CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev);
+STUB_API CUresult cuDevicePrimaryCtxRelease_v2(int dev);
 STUB_API CUresult cuCtxSetCurrent(void *ctx);
 STUB_API CUresult cuStreamCreate(void **stream, unsigned flags);
 STUB_API CUresult cuStreamDestroy_v2(void *stream);
@@ -54,6 +58,10 @@ STUB_API CUresult cuGetErrorName(CUresult r, const char **name);
 static struct { char *p; size_t n; } allocs[MAX_ALLOCS];
 static unsigned long copies, fail_next;
 static int ctx_token, stream_token;
+/* Like the driver: a context is current per thread, the primary one is
+ * counted, and pinning host memory needs a current context. */
+static __thread void *current;
+static long ctx_refs, host_registered;
 
 void *stub_cuda_alloc(size_t n)
 {
@@ -85,6 +93,18 @@ unsigned long stub_cuda_copies(void)
 void stub_cuda_fail_copies(unsigned long n)
 {
 	__atomic_store_n(&fail_next, n, __ATOMIC_SEQ_CST);
+}
+
+/* Retains of the primary context not yet released. */
+long stub_cuda_ctx_refs(void)
+{
+	return __atomic_load_n(&ctx_refs, __ATOMIC_SEQ_CST);
+}
+
+/* Host ranges pinned and not yet unpinned. */
+long stub_cuda_host_registered(void)
+{
+	return __atomic_load_n(&host_registered, __ATOMIC_SEQ_CST);
 }
 
 /* 1 if [p, p+n) lies inside one stub allocation. */
@@ -127,12 +147,36 @@ CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p)
 
 CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev)
 {
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_VALUE;
 	*ctx = &ctx_token;
-	return dev == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+	__atomic_add_fetch(&ctx_refs, 1, __ATOMIC_SEQ_CST);
+	return CUDA_SUCCESS;
 }
 
-CUresult cuCtxSetCurrent(void *ctx) { return ctx == &ctx_token ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
-CUresult cuStreamCreate(void **stream, unsigned flags) { *stream = &stream_token; return CUDA_SUCCESS; }
+CUresult cuDevicePrimaryCtxRelease_v2(int dev)
+{
+	if (dev != 0 || __atomic_load_n(&ctx_refs, __ATOMIC_SEQ_CST) == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	__atomic_sub_fetch(&ctx_refs, 1, __ATOMIC_SEQ_CST);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetCurrent(void *ctx)
+{
+	if (ctx && ctx != &ctx_token)
+		return CUDA_ERROR_INVALID_VALUE;
+	current = ctx;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuStreamCreate(void **stream, unsigned flags)
+{
+	if (!current)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	*stream = &stream_token;
+	return CUDA_SUCCESS;
+}
 CUresult cuStreamDestroy_v2(void *stream) { return stream == &stream_token ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
 CUresult cuStreamSynchronize(void *stream) { return CUDA_SUCCESS; }
 
@@ -140,6 +184,8 @@ static CUresult copy(void *dst, const void *src, size_t n, int dst_dev)
 {
 	unsigned long f = __atomic_load_n(&fail_next, __ATOMIC_SEQ_CST);
 
+	if (!current)
+		return CUDA_ERROR_INVALID_CONTEXT;
 	if (!is_device(dst_dev ? (uintptr_t)dst : (uintptr_t)src, n))
 		return CUDA_ERROR_INVALID_VALUE;
 	if (f > 0) {
@@ -161,8 +207,21 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *stream
 	return copy(dst, (const void *)(uintptr_t)src, n, 0);
 }
 
-CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags) { return CUDA_SUCCESS; }
-CUresult cuMemHostUnregister(void *p) { return CUDA_SUCCESS; }
+CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags)
+{
+	if (!current)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	__atomic_add_fetch(&host_registered, 1, __ATOMIC_SEQ_CST);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuMemHostUnregister(void *p)
+{
+	if (!current)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	__atomic_sub_fetch(&host_registered, 1, __ATOMIC_SEQ_CST);
+	return CUDA_SUCCESS;
+}
 
 CUresult cuGetErrorName(CUresult r, const char **name)
 {
