@@ -197,12 +197,14 @@ static int workers_alloc(struct nvio_handle *h)
 	}
 	count = h->cfg.staging_bytes / chunk;
 
-	/* Two buffers at least, so copying one overlaps the other's I/O;
-	 * never more than there are slots to use them. */
+	/* Two buffers at least, so copying one overlaps the other's I/O
+	 * (above the cap with blocks over 64 MiB); never more than there
+	 * are slots to use them. The size in force is what is reported. */
 	if (count > slots)
 		count = slots;
 	if (count < 2)
 		count = 2;
+	h->cfg.staging_bytes = count * chunk;
 	h->workers = calloc(h->nworkers, sizeof(*h->workers));
 	if (!h->workers) {
 		h->nworkers = 0;

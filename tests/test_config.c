@@ -105,6 +105,36 @@ static void test_getters(void)
 	if (T_OK(nvio_handle_create(&h, &c)) && T_OK(nvio_handle_config(h, &got)))
 		T_EQ_U64(got.staging_bytes, 2 * 65536 * 7);
 	nvio_handle_destroy(h);
+
+	/* What is reported is the pool in force: two buffers at least
+	 * (above the cap for big blocks), a buffer per slot at most. */
+	{
+		static const struct {
+			uint64_t block, staging, want;
+			uint32_t qd, overlap;
+		} cs[] = {
+			{ 256u << 20, 0, 512u << 20, 128, 0 },
+			{ 65536, 1, 2 * 65536, 128, 0 },
+			{ 65536, 3 * 65536 + 5, 3 * 65536, 128, 0 },
+			{ 65536, 10 * 65536, 2 * 65536, 2, 1 },
+		};
+
+		for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
+			t_ctx("staging: block %llu, asked %llu, qd %u",
+			      (unsigned long long)cs[i].block,
+			      (unsigned long long)cs[i].staging, cs[i].qd);
+			nvio_config_init(&c);
+			c.block_size = cs[i].block;
+			c.staging_bytes = cs[i].staging;
+			c.queue_depth = cs[i].qd;
+			c.overlap_events = cs[i].overlap;
+			h = NULL;
+			if (T_OK(nvio_handle_create(&h, &c)) &&
+			    T_OK(nvio_handle_config(h, &got)))
+				T_EQ_U64(got.staging_bytes, cs[i].want);
+			nvio_handle_destroy(h);
+		}
+	}
 }
 
 /* AUTO picks io_uring, else libaio, else psync: the first available. */
