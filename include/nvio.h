@@ -18,7 +18,7 @@
  * the same time without any locking by the caller. One handle may also be
  * shared between threads: submissions are serialized internally, and
  * nvio_wait() reports every op that was submitted on the handle, by any
- * thread, before it returned. nvio_mem_* functions are thread safe.
+ * thread, before it was called. nvio_mem_* functions are thread safe.
  */
 #ifndef NVIO_H
 #define NVIO_H
@@ -221,10 +221,11 @@ NVIO_API int nvio_write_file(nvio_handle_t *h, const void *buf, uint64_t nbytes,
 NVIO_API int64_t nvio_file_size(const char *path);
 
 /*
- * Waits for every op submitted with NVIO_ASYNC before this call.
- * Returns how many ops completed since the previous nvio_wait() (0 when
- * none were outstanding), or, if any of them failed, the first failure's
- * error (details in nvio_last_error()). Every op has ended either way.
+ * Waits for every op submitted with NVIO_ASYNC before this call (ops
+ * other threads submit meanwhile are left to a later wait). Returns how
+ * many ops it reports (0 when none were outstanding), or, if any of them
+ * failed, the first failure's error (details in nvio_last_error()).
+ * Every op it reports has ended either way.
  */
 NVIO_API int nvio_wait(nvio_handle_t *h);
 

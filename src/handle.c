@@ -2,6 +2,7 @@
  * handle.c - handle life cycle, configuration, getters, wait and errors.
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -169,6 +170,7 @@ static void handle_free(struct nvio_handle *h)
 		pthread_cond_destroy(&w->cond);
 	}
 	pthread_mutex_destroy(&h->lock);
+	pthread_mutex_destroy(&h->wait_lock);
 	pthread_cond_destroy(&h->cond);
 	free(h->workers);
 	free(h);
@@ -251,6 +253,7 @@ int nvio_handle_create(nvio_handle_t **out, const nvio_config_t *cfg)
 		return r;
 	}
 	pthread_mutex_init(&h->lock, NULL);
+	pthread_mutex_init(&h->wait_lock, NULL);
 	pthread_cond_init(&h->cond, NULL);
 	h->id = atomic_fetch_add(&next_handle_id, 1);
 	h->nworkers = h->cfg.intra_op_parallelism;
@@ -274,7 +277,12 @@ void nvio_handle_destroy(nvio_handle_t *h)
 {
 	if (!h)
 		return;
-	nvio_wait(h);
+	/* every async op, whatever its generation, ends before the workers
+	 * stop (a thread still submitting is the caller's error) */
+	pthread_mutex_lock(&h->lock);
+	while (h->gens[0].inflight > 0 || h->gens[1].inflight > 0)
+		pthread_cond_wait(&h->cond, &h->lock);
+	pthread_mutex_unlock(&h->lock);
 	nvio__workers_stop(h);
 	handle_free(h);
 }
@@ -334,21 +342,27 @@ const char *nvio_get_engine_note(const nvio_handle_t *h)
 
 int nvio_wait(nvio_handle_t *h)
 {
+	struct nvio__gen *g;
 	nvio_error_t e;
 	int r;
 
 	if (!h)
 		return -EINVAL;
+	/* Waits take turns: when this one flips the generation, the other
+	 * one holds nothing (the previous wait reported it all). */
+	pthread_mutex_lock(&h->wait_lock);
 	pthread_mutex_lock(&h->lock);
-	while (h->inflight > 0)
+	g = &h->gens[h->gen & 1];
+	h->gen++;	/* ops submitted from now on are the next wait's */
+	while (g->inflight > 0)
 		pthread_cond_wait(&h->cond, &h->lock);
-	r = h->wait_err ? h->wait_err : (int)h->done_count;
-	if (h->wait_err)
-		e = h->wait_rec;
-	h->wait_err = 0;
-	h->done_count = 0;
-	h->pending = 0;
+	r = g->err ? g->err : g->done > INT_MAX ? INT_MAX : (int)g->done;
+	if (g->err)
+		e = g->rec;
+	g->err = 0;
+	g->done = 0;
 	pthread_mutex_unlock(&h->lock);
+	pthread_mutex_unlock(&h->wait_lock);
 	/* The record of the op whose error this wait returns. */
 	return r < 0 ? nvio__error_publish(h, &e) : r;
 }
@@ -360,7 +374,8 @@ uint32_t nvio_pending(const nvio_handle_t *h)
 	if (!h)
 		return 0;
 	pthread_mutex_lock((pthread_mutex_t *)&h->lock);
-	n = h->pending;
+	n = h->gens[0].inflight + h->gens[0].done + h->gens[1].inflight +
+	    h->gens[1].done;
 	pthread_mutex_unlock((pthread_mutex_t *)&h->lock);
 	return n;
 }

@@ -88,6 +88,7 @@ struct nvio__op {
 	const char *fail_what;	/* a string literal: "pread", "fsync", ... */
 	uint64_t fail_off, fail_len;
 	int done;		/* sync ops: set under handle->lock */
+	unsigned gen;		/* async ops: index in handle->gens */
 	unsigned ntasks;
 	struct nvio__task tasks[];
 };
@@ -107,6 +108,19 @@ struct nvio__worker {
 	void *slots;		/* worker.c private: nvio__worker_slots slots */
 };
 
+/*
+ * Async ops of one generation: those submitted before a wait, which it
+ * waits for and reports together, while ops other threads submit
+ * meanwhile join the next generation. Waits take turns, so at most two
+ * generations have ops not yet reported.
+ */
+struct nvio__gen {
+	unsigned inflight;	/* accepted, not ended */
+	unsigned done;		/* ended, not yet reported */
+	int err;		/* the first failure among them, 0 if none */
+	nvio_error_t rec;	/* its record */
+};
+
 struct nvio_handle {
 	nvio_config_t cfg;	/* engine resolved */
 	int gds;		/* CUDA buffers go through cuFile */
@@ -116,13 +130,11 @@ struct nvio_handle {
 	atomic_uint_fast64_t seq;
 	uint64_t id;		/* unique in the process, never reused */
 
+	pthread_mutex_t wait_lock;	/* waits take turns (nvio_wait) */
 	pthread_mutex_t lock;	/* guards everything below */
 	pthread_cond_t cond;	/* an op finished */
-	unsigned inflight;	/* async ops accepted, not finished */
-	unsigned done_count;	/* async ops finished since last wait */
-	unsigned pending;	/* async ops not yet reported by a wait */
-	int wait_err;		/* first error since last wait */
-	nvio_error_t wait_rec;	/* the op's record behind wait_err */
+	uint64_t gen;		/* new async ops join gens[gen & 1] */
+	struct nvio__gen gens[2];
 	nvio_error_t last;	/* the last failure any call returned */
 };
 

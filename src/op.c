@@ -158,11 +158,13 @@ static void report(struct nvio__op *op)
 
 	pthread_mutex_lock(&h->lock);
 	if (async) {
-		h->inflight--;
-		h->done_count++;
-		if (err && !h->wait_err) {
-			h->wait_err = err;
-			nvio__op_record(op, &h->wait_rec);
+		struct nvio__gen *g = &h->gens[op->gen];
+
+		g->inflight--;
+		g->done++;
+		if (err && !g->err) {
+			g->err = err;
+			nvio__op_record(op, &g->rec);
 		}
 	} else {
 		op->done = 1;

@@ -517,8 +517,8 @@ static int run_op(struct nvio_handle *h, struct nvio__op *op)
 	atomic_store(&op->tasks_left, busy ? busy : 1);
 	if (async) {
 		pthread_mutex_lock(&h->lock);
-		h->inflight++;
-		h->pending++;
+		op->gen = h->gen & 1;
+		h->gens[op->gen].inflight++;
 		pthread_mutex_unlock(&h->lock);
 	}
 	if (!busy)

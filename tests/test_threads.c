@@ -19,14 +19,22 @@
  * end of its own file (-ENODATA). After each failure, nvio_last_error()
  * in that thread must describe that thread's failure (its path, its
  * offset), whatever the other threads' calls failed with meanwhile.
+ *
+ * Part 4: one thread keeps submitting async reads on a shared handle
+ * while another submits one and waits: the wait returns once the ops
+ * before it have ended, not when the other thread stops (it used to wait
+ * for every op in flight, new ones included, forever).
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "t.h"
+#include "sys.h"
 
 #define NT 8
 #define ITERS (T_SANITIZED ? 20 : 50)
@@ -239,6 +247,79 @@ static void shared_failures(void)
 	nvio_handle_destroy(shared);
 }
 
+static atomic_int waited, flood_timed_out;
+
+static double now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void *flooder(void *arg)
+{
+	nvio_handle_t *h = arg;
+	unsigned char *b = t_alloc(PIECE);
+	double t0 = now();
+
+	/* until the waiter is done, or 10 s: that is the failure */
+	while (!atomic_load(&waited)) {
+		if (now() - t0 > 10) {
+			atomic_store(&flood_timed_out, 1);
+			break;
+		}
+		if (!T_OK(nvio_pread(h, b, PIECE, shared_path, 0, NVIO_ASYNC)))
+			break;
+		usleep(1000);
+	}
+	free(b);
+	return NULL;
+}
+
+/* Requests take 2 ms: ops pile up faster than they end, so some are
+ * always in flight while the flood goes on. */
+static ssize_t slow_result(int is_write, int fd, uint64_t off, size_t n,
+			   ssize_t res)
+{
+	usleep(2000);
+	return res;
+}
+
+static void wait_not_starved(void)
+{
+	unsigned char mine[PIECE];
+	pthread_t th;
+	int r;
+
+	t_ctx("a wait while another thread keeps submitting");
+	if (t_handle(&shared, engines[0], NVIO_DIRECT_OFF, 1, 0))
+		return;
+	t_path(shared_path, "flood");
+	memset(mine, 7, PIECE);
+	t_write_file(shared_path, mine, PIECE);
+	atomic_store(&waited, 0);
+	nvio__sys.io_result = slow_result;
+	pthread_create(&th, NULL, flooder, shared);
+	while (nvio_pending(shared) < 50)	/* the flood is on */
+		sched_yield();
+	memset(mine, 0, PIECE);
+	T_OK(nvio_pread(shared, mine, PIECE, shared_path, 0, NVIO_ASYNC));
+	r = nvio_wait(shared);
+	atomic_store(&waited, 1);
+	pthread_join(th, NULL);
+	T_TRUE(r >= 1);
+	T_EQ_INT(mine[PIECE - 1], 7);
+	/* the flood ended because the wait returned, not at its limit */
+	T_EQ_INT(atomic_load(&flood_timed_out), 0);
+	r = nvio_wait(shared);
+	T_TRUE(r >= 0);
+	T_EQ_U64(nvio_pending(shared), 0);
+	nvio__sys_reset();	/* nothing in flight now */
+	nvio_handle_destroy(shared);
+	unlink(shared_path);
+}
+
 int main(void)
 {
 	pthread_t th[NT];
@@ -255,5 +336,6 @@ int main(void)
 		pthread_join(th[i], NULL);
 	shared_handle();
 	shared_failures();
+	wait_not_starved();
 	return t_done();
 }
