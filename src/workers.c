@@ -27,7 +27,8 @@
  * reads are copied out and before more writes are copied in. Each
  * copy-out frees a buffer that is refilled at once.
  *
- * Every completion is checked: -EINTR/-EAGAIN are resubmitted, a short
+ * Every completion is checked: -EINTR/-EAGAIN/-EBUSY are resubmitted (up
+ * to MAX_RETRIES times, then they fail the op), a short
  * transfer is finished through the buffered descriptor (a short read at
  * end of file is -ENODATA), any other error fails the op. Once an op has
  * failed, its pieces not yet issued are skipped.
@@ -47,7 +48,12 @@ struct slot {
 	struct nvio__task *task;
 	void *stage;		/* bounce buffer, or NULL */
 	unsigned char *user;	/* where the piece lives in the op's buffer */
+	unsigned retries;	/* completions of EINTR/EAGAIN/EBUSY so far */
 };
+
+/* A request the kernel keeps answering EAGAIN (or EINTR, EBUSY) fails
+ * with that error after this many tries instead of spinning forever. */
+#define MAX_RETRIES 1000
 
 struct wstate {
 	struct nvio__worker *w;
@@ -363,6 +369,7 @@ static void fill(struct wstate *s)
 		sl = s->free[--s->nfree];
 		sl->task = t;
 		sl->stage = stage;
+		sl->retries = 0;
 		sl->user = op->buf + (off - op->plan.off);
 		sl->io.fd = body && op->dfd >= 0 ? op->dfd : op->fd;
 		sl->io.is_write = op->is_write;
@@ -407,7 +414,7 @@ static void complete(struct wstate *s, struct nvio__io *io)
 
 	if (sl->stage)
 		s->staged_inflight--;
-	if (res < 0 && retryable((int)res)) {
+	if (res < 0 && retryable((int)res) && ++sl->retries <= MAX_RETRIES) {
 		s->ready[s->nready++] = io;
 		return;
 	}

@@ -42,7 +42,7 @@ static int fail_kind;		/* see enum */
 static int want_write;		/* io_result: direction to hit */
 static uint64_t seed = 9000;
 
-enum { K_ERR, K_SHORT_HALF, K_SHORT_ZERO, K_ONCE_EINTR };
+enum { K_ERR, K_SHORT_HALF, K_SHORT_ZERO, K_ONCE_EINTR, K_ERR_FROM };
 
 static int hit(int fd)
 {
@@ -51,8 +51,8 @@ static int hit(int fd)
 	if (fd >= 0 && !t_fd_is_ours(fd))
 		return 0;
 	k = atomic_fetch_add(&calls, 1) + 1;
-	if (k != fail_at)
-		return 0;
+	if (fail_kind == K_ERR_FROM ? k < fail_at : k != fail_at)
+		return 0;	/* K_ERR_FROM: that call and every later one */
 	atomic_fetch_add(&fired, 1);
 	return 1;
 }
@@ -274,6 +274,13 @@ static void faults(nvio_handle_t *h, int e, const char *combo)
 	one_case(h, path, what, i_result_w, 1, K_SHORT_ZERO, 0, 1, 1, 0);
 	snprintf(what, sizeof(what), "%s read completion 4 is 0 bytes", combo);
 	one_case(h, path, what, i_result_r, 4, K_SHORT_ZERO, 0, 0, 1, 0);
+	/* retried, but not forever */
+	snprintf(what, sizeof(what), "%s read completions from 2 on EAGAIN",
+		 combo);
+	one_case(h, path, what, i_result_r, 2, K_ERR_FROM, EAGAIN, 0, 1, -EAGAIN);
+	snprintf(what, sizeof(what), "%s write completions from 1 on EBUSY",
+		 combo);
+	one_case(h, path, what, i_result_w, 1, K_ERR_FROM, EBUSY, 1, 1, -EBUSY);
 	snprintf(what, sizeof(what), "%s reap_fault EINTR once (read)", combo);
 	one_case(h, path, what, i_reap, 1, K_ERR, EINTR, 0, ring, 0);
 	snprintf(what, sizeof(what), "%s reap_fault EINTR once (write)", combo);
