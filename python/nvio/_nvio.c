@@ -20,6 +20,7 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -141,11 +142,15 @@ static PyObject *raise_nvio(nvio_handle_t *h, int rc, PyObject *target, int fd,
 	}
 
 	PyObject *cls = error_class(-rc);
-	PyObject *exc = PyObject_CallFunction(cls, "isO", -rc, msg,
+	/* file names are bytes: any that are not UTF-8 survive as escapes */
+	PyObject *text = PyUnicode_DecodeFSDefault(msg);
+	if (!text)
+		return NULL;
+	PyObject *exc = PyObject_CallFunction(cls, "iNO", -rc, text,
 					      target ? target : Py_None);
 	if (!exc)
 		return NULL;
-	if (set_attr_steal(exc, "op", PyUnicode_FromString(have ? e.what : op)) < 0 ||
+	if (set_attr_steal(exc, "op", PyUnicode_DecodeFSDefault(have ? e.what : op)) < 0 ||
 	    set_attr_steal(exc, "offset", PyLong_FromLongLong(have ? e.offset : offset)) < 0 ||
 	    set_attr_steal(exc, "nbytes", PyLong_FromUnsignedLongLong(have ? e.nbytes : nbytes)) < 0 ||
 	    set_attr_steal(exc, "op_seq", PyLong_FromUnsignedLongLong(have ? e.op_seq : 0)) < 0 ||
@@ -240,6 +245,7 @@ typedef struct {
 	int has_view;
 	Py_buffer view;
 	PyObject *keep;
+	PyObject *storage;	/* a tensor's storage, for async ops */
 } nv_buf;
 
 static void nv_buf_release(nv_buf *b)
@@ -249,6 +255,7 @@ static void nv_buf_release(nv_buf *b)
 		b->has_view = 0;
 	}
 	Py_CLEAR(b->keep);
+	Py_CLEAR(b->storage);
 }
 
 static char zero_byte;	/* a valid address for empty buffers */
@@ -404,8 +411,13 @@ static int torch_device(PyObject *obj)
 	if (cpu != 0)
 		return cpu;
 	PyObject *dev = PyObject_GetAttrString(obj, "device");
-	if (!dev)
-		return -1;
+	if (!dev) {
+		if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+			return -1;
+		PyErr_Clear();
+		return 1;	/* a duck type with no devices: host memory
+				 * (libnvio itself finds CUDA pointers) */
+	}
 	PyObject *dtype_name = PyObject_GetAttrString(dev, "type");
 	if (!dtype_name) {
 		Py_DECREF(dev);
@@ -586,10 +598,12 @@ static int dlpack_get(PyObject *obj, nv_buf *b)
 		Py_DECREF(keeper);
 		return -1;
 	}
-	uint64_t esize = ((uint64_t)t->dtype.bits * (t->dtype.lanes ? t->dtype.lanes : 1) + 7) / 8;
+	/* Bits per element: sub-byte types (int4, fp4) are packed, so the
+	 * size is the total bit count rounded up, not a byte per element. */
+	uint64_t ebits = (uint64_t)t->dtype.bits * (t->dtype.lanes ? t->dtype.lanes : 1);
 	uint64_t n = 1;
 	int64_t expect = 1;
-	int contiguous = 1;
+	int contiguous = 1, overflow = 0;
 	for (int i = t->ndim - 1; i >= 0; i--) {
 		int64_t s = t->shape[i];
 		if (s < 0) {
@@ -598,16 +612,21 @@ static int dlpack_get(PyObject *obj, nv_buf *b)
 		}
 		if (t->strides && s != 1 && t->strides[i] != expect)
 			contiguous = 0;
-		expect *= s;
+		if (s && n > UINT64_MAX / (uint64_t)s)
+			overflow = 1;
+		expect = s && expect > INT64_MAX / s ? INT64_MAX : expect * s;
 		n *= (uint64_t)s;
 	}
-	if (!contiguous) {
+	if (!overflow && ebits && n > UINT64_MAX / ebits)
+		overflow = 1;
+	if (overflow || !contiguous) {
 		Py_DECREF(keeper);
-		PyErr_SetString(PyExc_ValueError,
-				"nvio: DLPack tensor is not C-contiguous");
+		PyErr_SetString(overflow ? PyExc_OverflowError : PyExc_ValueError,
+				overflow ? "nvio: DLPack tensor too large"
+					 : "nvio: DLPack tensor is not C-contiguous");
 		return -1;
 	}
-	b->nbytes = n * esize;
+	b->nbytes = n * ebits / 8 + (n * ebits % 8 != 0);
 	b->ptr = t->data ? (char *)t->data + t->byte_offset : NULL;
 	if (!b->ptr && b->nbytes) {
 		Py_DECREF(keeper);
@@ -620,9 +639,25 @@ static int dlpack_get(PyObject *obj, nv_buf *b)
 	return 0;
 }
 
+/* 1 when a buffer's format holds Python object pointers ('O'). */
+static int format_has_objects(const char *f)
+{
+	return f && strchr(f, 'O') != NULL;
+}
+
 static int view_get(PyObject *obj, int writable, nv_buf *b)
 {
-	if (PyObject_GetBuffer(obj, &b->view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) == 0) {
+	if (PyObject_GetBuffer(obj, &b->view, (writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) |
+			       PyBUF_FORMAT) == 0) {
+		if (format_has_objects(b->view.format)) {
+			/* its bytes are object pointers: reading a file
+			 * into them would crash the interpreter */
+			PyErr_Format(PyExc_TypeError,
+				     "nvio: buffer holds Python objects (format '%s'), "
+				     "not data", b->view.format);
+			PyBuffer_Release(&b->view);
+			return -1;
+		}
 		b->has_view = 1;
 		b->ptr = b->view.buf ? b->view.buf : &zero_byte;
 		b->nbytes = (uint64_t)b->view.len;
@@ -873,15 +908,22 @@ static int check_open(HandleObject *self)
 	return 0;
 }
 
-/* Destroys the C handle (waiting for ops in flight), then drops holds. */
+/*
+ * Destroys the C handle (waiting for ops in flight), then drops holds.
+ * While it waits, without the GIL, the handle counts as busy: another
+ * thread's close() is refused instead of dropping the holds of ops that
+ * are still running.
+ */
 static void handle_shutdown(HandleObject *self)
 {
 	nvio_handle_t *h = self->h;
 	self->h = NULL;
 	if (h) {
+		self->busy++;
 		Py_BEGIN_ALLOW_THREADS
 		nvio_handle_destroy(h);
 		Py_END_ALLOW_THREADS
+		self->busy--;
 	}
 	release_holds(self, UINT64_MAX);
 }
@@ -890,13 +932,14 @@ static void handle_shutdown(HandleObject *self)
 static int parse_name(PyObject *o, int (*from_name)(const char *),
 		      const char *what, int *out)
 {
-	const char *name = PyUnicode_AsUTF8AndSize(o, NULL);
+	Py_ssize_t len;
+	const char *name = PyUnicode_AsUTF8AndSize(o, &len);
 	char fmt[96];
 	int v;
 
 	if (!name)
 		return -1;
-	v = from_name(name);
+	v = (size_t)len == strlen(name) ? from_name(name) : -EINVAL;	/* "psync\0x" */
 	if (v < 0) {
 		snprintf(fmt, sizeof(fmt), "nvio: unknown %s", what);
 		PyErr_Format(PyExc_ValueError, fmt, name);
@@ -1082,6 +1125,63 @@ static int parse_target(PyObject *filename, PyObject *fdobj, PyObject **pathb,
 	return 0;
 }
 
+/*
+ * A read stores into a torch tensor behind autograd's back: bump its
+ * version counter, as torch's own in-place ops do, so that a backward
+ * pass that saved the old values fails loudly instead of computing wrong
+ * gradients. Only real tensors, only once torch is imported (a tensor
+ * cannot exist before); inference tensors have no counter and are left
+ * alone by torch. Never fails the read: its bytes have moved.
+ */
+static void torch_bump_version(PyObject *obj)
+{
+	static PyObject *tensor_type, *bump;
+	if (!bump) {
+		PyObject *name = PyUnicode_FromString("torch");
+		PyObject *torch = name ? PyImport_GetModule(name) : NULL;
+		Py_XDECREF(name);
+		if (!torch) {
+			PyErr_Clear();
+			return;
+		}
+		PyObject *graph = PyImport_ImportModule("torch.autograd.graph");
+		tensor_type = PyObject_GetAttrString(torch, "Tensor");
+		bump = graph ? PyObject_GetAttrString(graph, "increment_version") : NULL;
+		Py_DECREF(torch);
+		Py_XDECREF(graph);
+		if (!tensor_type || !bump) {
+			Py_CLEAR(tensor_type);
+			Py_CLEAR(bump);
+			PyErr_Clear();
+			return;
+		}
+	}
+	int is = PyObject_IsInstance(obj, tensor_type);
+	PyObject *r = is > 0 ? PyObject_CallFunctionObjArgs(bump, obj, NULL) : NULL;
+	Py_XDECREF(r);
+	if (is < 0 || (is > 0 && !r))
+		PyErr_Clear();
+}
+
+/*
+ * An async op on a tensor also holds its storage: the tensor alone does
+ * not keep the memory (t.set_() or `param.data = ...` swaps it out while
+ * the op still moves bytes). Duck types without storages are left as
+ * they are.
+ */
+static int keep_storage(nv_buf *b, PyObject *obj)
+{
+	PyObject *st = PyObject_CallMethod(obj, "untyped_storage", NULL);
+	if (!st) {
+		if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+			return -1;
+		PyErr_Clear();
+		return 0;
+	}
+	b->storage = st;
+	return 0;
+}
+
 enum { OP_READ, OP_WRITE, OP_READ_FILE, OP_WRITE_FILE };
 
 /*
@@ -1118,11 +1218,23 @@ static int do_io(HandleObject *self, int kind, PyObject *bufobj, PyObject *filen
 		hold_free(x);
 		return -1;
 	}
+	/* a torch tensor (its own keeper): for async ops, its storage too */
+	int torch = x->buf.keep == bufobj;
+	if (torch && (flags & NVIO_ASYNC) && keep_storage(&x->buf, bufobj) < 0) {
+		hold_free(x);
+		return -1;
+	}
+	/* converting the arguments ran Python code: another thread may
+	 * have closed the handle meanwhile */
+	if (check_open(self) < 0) {
+		hold_free(x);
+		return -1;
+	}
 	const char *path = pathb ? PyBytes_AsString(pathb) : NULL;
 	nvio_handle_t *h = self->h;
 	void *ptr = x->buf.ptr;
 	uint64_t n = x->buf.nbytes;
-	int rc = 0;
+	int rc = 0, own_err = 0;	/* own_err: rc is the binding's */
 
 	self->busy++;
 	Py_BEGIN_ALLOW_THREADS
@@ -1142,9 +1254,11 @@ static int do_io(HandleObject *self, int kind, PyObject *bufobj, PyObject *filen
 			int64_t sz = nvio_file_size(path);
 			if (sz < 0) {
 				rc = (int)sz;
+				own_err = 1;
 			} else {
 				uint64_t left = (uint64_t)sz > (uint64_t)offset
 					? (uint64_t)sz - (uint64_t)offset : 0;
+				own_err = left > n;
 				rc = left > n ? -EOVERFLOW
 					      : nvio_pread(h, ptr, left, path, offset, flags);
 			}
@@ -1158,8 +1272,13 @@ static int do_io(HandleObject *self, int kind, PyObject *bufobj, PyObject *filen
 	Py_END_ALLOW_THREADS
 	self->busy--;
 
+	if (torch && !is_write && !(own_err && rc < 0))
+		torch_bump_version(bufobj);
 	if (rc < 0) {
-		raise_nvio(h, rc, shown, fd, offset, n, names[kind], is_write);
+		/* the handle's record describes this failure unless the
+		 * binding made it (it would still hold an older one) */
+		raise_nvio(own_err ? NULL : h, rc, shown, fd, offset, n,
+			   names[kind], is_write);
 		hold_free(x);
 		return -1;
 	}
@@ -1237,7 +1356,11 @@ static PyObject *rw_fixed(HandleObject *self, PyObject *args, PyObject *kw, int 
 	PyObject *buf, *fn = Py_None, *fdobj = Py_None;
 	long long off = 0;
 	int validate = 0, fs = 0;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OL$Opp", kwlist,
+	static const char *const fmts[2][2] = {
+		{ "O|OL$Opp:sync_pread", "O|OL$Opp:async_pread" },
+		{ "O|OL$Opp:sync_pwrite", "O|OL$Opp:async_pwrite" },
+	};
+	if (!PyArg_ParseTupleAndKeywords(args, kw, fmts[kind == OP_WRITE][as != 0], kwlist,
 					 &buf, &fn, &off, &fdobj, &validate, &fs))
 		return NULL;
 	if (fs && kind == OP_READ) {
@@ -1278,7 +1401,8 @@ static PyObject *file_rw(HandleObject *self, PyObject *args, PyObject *kw, int k
 	PyObject *buf, *fn;
 	int validate = 0, fs = 0;
 	long long off = 0;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|pL$p", kwlist,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, kind == OP_READ_FILE ? "OO|pL$p:read" :
+					 "OO|pL$p:write", kwlist,
 					 &buf, &fn, &validate, &off, &fs))
 		return NULL;
 	if (fs && kind == OP_READ_FILE) {
@@ -1580,10 +1704,12 @@ static PyObject *m_engine_available(PyObject *m, PyObject *arg)
 
 static PyObject *m_strerror(PyObject *m, PyObject *arg)
 {
-	int e = PyLong_AsLong(arg);
+	long e = PyLong_AsLong(arg);
 	if (e == -1 && PyErr_Occurred())
 		return NULL;
-	return PyUnicode_FromString(nvio_strerror(e > 0 ? -e : e));
+	if (e > INT_MAX || e < -INT_MAX)	/* no errno; not another's */
+		return PyUnicode_FromString(nvio_strerror(INT_MIN));
+	return PyUnicode_FromString(nvio_strerror(e > 0 ? (int)-e : (int)e));
 }
 
 static PyObject *m_file_size(PyObject *m, PyObject *arg)

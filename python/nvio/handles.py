@@ -255,14 +255,14 @@ class GdsHandle(AioHandle):
         return True
 
     def close(self):
-        """Wait for ops in flight, deregister pinned tensors, free the handle."""
+        """Wait for ops in flight, free the handle, deregister pinned tensors."""
+        super().close()   # first: no op may still use a registered buffer
         for addr in list(self._pinned):
             try:
                 _nvio.gds_deregister(addr)
             except OSError:
                 pass
         self._pinned.clear()
-        super().close()
 
 
 gds_handle = GdsHandle
