@@ -639,25 +639,41 @@ static int dlpack_get(PyObject *obj, nv_buf *b)
 	return 0;
 }
 
-/* 1 when a buffer's format holds Python object pointers ('O'). */
-static int format_has_objects(const char *f)
+/*
+ * 1 when obj's buffer holds Python object pointers (format 'O': NumPy
+ * dtype=object, ctypes py_object): its bytes are not data, and a read
+ * into them would crash the interpreter. The format comes from a second
+ * request (a plain one cannot ask for it: memoryview refuses a format
+ * without a shape); bytes and bytearray are known not to.
+ */
+static int holds_objects(PyObject *obj)
 {
-	return f && strchr(f, 'O') != NULL;
+	Py_buffer probe;
+	int yes;
+
+	if (PyBytes_CheckExact(obj) || PyByteArray_CheckExact(obj))
+		return 0;
+	if (PyObject_GetBuffer(obj, &probe, PyBUF_FULL_RO) < 0) {
+		PyErr_Clear();
+		return 0;
+	}
+	yes = probe.format && strchr(probe.format, 'O') != NULL;
+	if (yes) {
+		PyObject *tn = PyType_GetName(Py_TYPE(obj));
+		PyErr_Format(PyExc_TypeError,
+			     "nvio: buffer of %S holds Python objects (format '%s'), "
+			     "not data", tn ? tn : Py_None, probe.format);
+		Py_XDECREF(tn);
+	}
+	PyBuffer_Release(&probe);
+	return yes;
 }
 
 static int view_get(PyObject *obj, int writable, nv_buf *b)
 {
-	if (PyObject_GetBuffer(obj, &b->view, (writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) |
-			       PyBUF_FORMAT) == 0) {
-		if (format_has_objects(b->view.format)) {
-			/* its bytes are object pointers: reading a file
-			 * into them would crash the interpreter */
-			PyErr_Format(PyExc_TypeError,
-				     "nvio: buffer holds Python objects (format '%s'), "
-				     "not data", b->view.format);
-			PyBuffer_Release(&b->view);
-			return -1;
-		}
+	if (holds_objects(obj))
+		return -1;
+	if (PyObject_GetBuffer(obj, &b->view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) == 0) {
 		b->has_view = 1;
 		b->ptr = b->view.buf ? b->view.buf : &zero_byte;
 		b->nbytes = (uint64_t)b->view.len;
