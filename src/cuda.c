@@ -172,9 +172,9 @@ int nvio__cuda_pointer_device(const void *p, int *device)
 
 /*
  * Retains the device's primary context (the one PyTorch uses), makes it
- * current in this thread and makes a stream on it. The retain is the worker's one reference,
- * released by nvio__cuda_ctx_close: an application that releases its
- * own can then have the context destroyed.
+ * current in this thread and makes a stream on it. The retain is the
+ * worker's one reference, released by nvio__cuda_ctx_close: an
+ * application that releases its own can then have the context destroyed.
  */
 int nvio__cuda_ctx_open(struct nvio__cuda_ctx *c, int device)
 {

@@ -602,8 +602,8 @@ static int submit(struct nvio_handle *h, struct request *rq)
 int nvio_pread(nvio_handle_t *h, void *buf, uint64_t nbytes, const char *path,
 	       int64_t offset, unsigned flags)
 {
-	struct request rq = { .buf = buf, .nbytes = nbytes, .path = path, .by_path = 1,
-			      .offset = offset, .flags = flags };
+	struct request rq = { .buf = buf, .nbytes = nbytes, .path = path,
+			      .by_path = 1, .offset = offset, .flags = flags };
 
 	if (!path)
 		return refuse(h, &rq, -EINVAL, "path (NULL)");
@@ -614,8 +614,8 @@ int nvio_pwrite(nvio_handle_t *h, const void *buf, uint64_t nbytes,
 		const char *path, int64_t offset, unsigned flags)
 {
 	struct request rq = { .buf = (unsigned char *)buf, .nbytes = nbytes,
-			      .path = path, .by_path = 1, .offset = offset, .flags = flags,
-			      .is_write = 1 };
+			      .path = path, .by_path = 1, .offset = offset,
+			      .flags = flags, .is_write = 1 };
 
 	if (!path)
 		return refuse(h, &rq, -EINVAL, "path (NULL)");
@@ -644,8 +644,8 @@ int nvio_pwrite_fd(nvio_handle_t *h, const void *buf, uint64_t nbytes, int fd,
 int nvio_read_file(nvio_handle_t *h, void *buf, uint64_t capacity,
 		   const char *path, uint64_t *size_out, unsigned flags)
 {
-	struct request rq = { .buf = buf, .capacity = capacity, .path = path, .by_path = 1,
-			      .flags = flags, .whole_file = 1,
+	struct request rq = { .buf = buf, .capacity = capacity, .path = path,
+			      .by_path = 1, .flags = flags, .whole_file = 1,
 			      .size_out = size_out };
 
 	if (!path)
@@ -657,8 +657,8 @@ int nvio_write_file(nvio_handle_t *h, const void *buf, uint64_t nbytes,
 		    const char *path, unsigned flags)
 {
 	struct request rq = { .buf = (unsigned char *)buf, .nbytes = nbytes,
-			      .path = path, .by_path = 1, .flags = flags, .is_write = 1,
-			      .whole_file = 1 };
+			      .path = path, .by_path = 1, .flags = flags,
+			      .is_write = 1, .whole_file = 1 };
 
 	if (!path)
 		return refuse(h, &rq, -EINVAL, "path (NULL)");

@@ -657,7 +657,13 @@ static int holds_objects(PyObject *obj)
 		PyErr_Clear();
 		return 0;
 	}
-	yes = probe.format && strchr(probe.format, 'O') != NULL;
+	yes = 0;	/* an 'O' code, not in a field's :name: */
+	for (const char *f = probe.format, *in_name = NULL; f && *f; f++) {
+		if (*f == ':')
+			in_name = in_name ? NULL : f;
+		else if (*f == 'O' && !in_name)
+			yes = 1;
+	}
 	if (yes) {
 		PyObject *tn = PyType_GetName(Py_TYPE(obj));
 		PyErr_Format(PyExc_TypeError,

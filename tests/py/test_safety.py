@@ -30,6 +30,10 @@ def test_object_buffers_refused(handle, np, tmp_path):
         with pytest.raises(TypeError, match="Python objects"):
             call()
     assert list(objs) == before   # the pointers are untouched
+    # a structured array whose field name has an O holds data
+    rec = np.zeros(4, dtype=[("Offset", "<u8")])
+    handle.sync_pread(rec, path, 0)
+    assert rec.tobytes() == pattern(64)[:32]
     cobjs = (ctypes.py_object * 4)(*[object()] * 4)
     with pytest.raises(TypeError, match="Python objects"):
         handle.sync_pread(cobjs, path)
