@@ -594,19 +594,27 @@ int t_combo_ok(int engine, int direct)
 	return t_engine_ok(engine) && t_direct_ok(direct);
 }
 
+void t_config(nvio_config_t *c, int engine, int direct, uint64_t block_size,
+	      uint32_t queue_depth)
+{
+	nvio_config_init(c);
+	c->engine = engine;
+	c->direct = direct;
+	if (block_size)
+		c->block_size = block_size;
+	if (queue_depth)
+		c->queue_depth = queue_depth;
+}
+
 int t_handle(nvio_handle_t **h, int engine, int direct, uint32_t par,
 	     uint64_t block_size)
 {
 	nvio_config_t cfg;
 	int r;
 
-	nvio_config_init(&cfg);
-	cfg.engine = engine;
-	cfg.direct = direct;
+	t_config(&cfg, engine, direct, block_size, 0);
 	if (par)
 		cfg.intra_op_parallelism = par;
-	if (block_size)
-		cfg.block_size = block_size;
 	*h = NULL;
 	r = nvio_handle_create(h, &cfg);
 	if (!T_OK(r))

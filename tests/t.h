@@ -165,6 +165,10 @@ int t_combo_ok(int engine, int direct);
  * size (0: defaults), checks that the engine in force is the one asked
  * for. Returns 0 or the error (a failure is recorded).
  */
+/* nvio_config_init, then engine, direct, and block_size and queue_depth
+ * where not 0 (0 keeps the default). */
+void t_config(nvio_config_t *c, int engine, int direct, uint64_t block_size,
+	      uint32_t queue_depth);
 int t_handle(nvio_handle_t **h, int engine, int direct, uint32_t par,
 	     uint64_t block_size);
 

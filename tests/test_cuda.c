@@ -221,9 +221,7 @@ static void test_gds(unsigned char *dev, const char *path)
 			if (!t_combo_ok(e, d))
 				continue;
 			t_ctx("%s/%s GDS handle", t_engine_str(e), t_direct_str(d));
-			nvio_config_init(&c);
-			c.engine = e;
-			c.direct = d;
+			t_config(&c, e, d, 0, 0);
 			c.flags = NVIO_HANDLE_GDS;
 			if (!T_OK(nvio_handle_create(&h, &c)))
 				continue;

@@ -536,11 +536,7 @@ static void stop_after_failure(int e, int d)
 			t_ctx("%s/%s batch stops at a failure, %s, mis %d",
 			      t_engine_str(e), t_direct_str(d),
 			      w ? "write" : "read", mis);
-			nvio_config_init(&c);
-			c.engine = e;
-			c.direct = d;
-			c.block_size = BS;
-			c.queue_depth = qd;
+			t_config(&c, e, d, BS, qd);
 			c.overlap_events = 0;
 			if (!T_OK(nvio_handle_create(&h, &c)))
 				continue;
@@ -627,11 +623,7 @@ static void reset_drains(int e, int d)
 
 	t_ctx("%s/%s engine reset drains", t_engine_str(e), t_direct_str(d));
 	t_path(path, "drain");
-	nvio_config_init(&c);
-	c.engine = e;
-	c.direct = d;
-	c.block_size = 512u << 10;
-	c.queue_depth = 128;
+	t_config(&c, e, d, 512u << 10, 128);
 	if (!T_TRUE(mem != NULL) || !T_OK(nvio_handle_create(&h, &c))) {
 		free(mem);
 		return;

@@ -273,10 +273,7 @@ static void test_odd_block(int e, int d)
 	int r;
 
 	t_ctx("%s/%s block_size 1000", t_engine_str(e), t_direct_str(d));
-	nvio_config_init(&c);
-	c.engine = e;
-	c.direct = d;
-	c.block_size = 1000;
+	t_config(&c, e, d, 1000, 0);
 	c.intra_op_parallelism = 2;
 	r = nvio_handle_create(&h, &c);
 	if (r == -EINVAL)
@@ -310,11 +307,7 @@ static void test_modes(int e, int d)
 		t_ctx("%s/%s qd %u single %u overlap %u par %u",
 		      t_engine_str(e), t_direct_str(d), ms[i].qd, ms[i].single,
 		      ms[i].overlap, ms[i].par);
-		nvio_config_init(&c);
-		c.engine = e;
-		c.direct = d;
-		c.block_size = 8192;
-		c.queue_depth = ms[i].qd;
+		t_config(&c, e, d, 8192, ms[i].qd);
 		c.single_submit = ms[i].single;
 		c.overlap_events = ms[i].overlap;
 		c.intra_op_parallelism = ms[i].par;
@@ -349,11 +342,7 @@ static void test_staged_pipeline(int e, int d)
 		t_ctx("%s/%s staged pool %u blocks overlap %u par %u",
 		      t_engine_str(e), t_direct_str(d), ms[i].stage_blocks,
 		      ms[i].overlap, ms[i].par);
-		nvio_config_init(&c);
-		c.engine = e;
-		c.direct = d;
-		c.block_size = 128u << 10;
-		c.queue_depth = 16;
+		t_config(&c, e, d, 128u << 10, 16);
 		c.overlap_events = ms[i].overlap;
 		c.intra_op_parallelism = ms[i].par;
 		c.staging_bytes = ms[i].stage_blocks * c.block_size;
@@ -427,11 +416,7 @@ static void test_batch_depth(int e, int d)
 
 			t_ctx("%s/%s batch depth qd %u overlap %d mis %d",
 			      t_engine_str(e), t_direct_str(d), qd, overlap, mis);
-			nvio_config_init(&c);
-			c.engine = e;
-			c.direct = d;
-			c.block_size = bs;
-			c.queue_depth = qd;
+			t_config(&c, e, d, bs, qd);
 			c.overlap_events = (uint32_t)overlap;
 			if (!T_OK(nvio_handle_create(&h, &c)))
 				continue;
@@ -702,11 +687,7 @@ static void test_stage_alignments(int e, int d)
 	nvio_handle_t *h = NULL;
 
 	t_path(path, "stagealign");
-	nvio_config_init(&c);
-	c.engine = e;
-	c.direct = d;
-	c.block_size = 96u << 10;
-	c.queue_depth = 4;
+	t_config(&c, e, d, 96u << 10, 4);
 	t_ctx("%s/%s stage alignments create", t_engine_str(e),
 	      t_direct_str(d));
 	if (!T_OK(nvio_handle_create(&h, &c)))
