@@ -273,6 +273,8 @@ static void *flooder(void *arg)
 			break;
 		usleep(1000);
 	}
+	/* b is the target of the reads still in flight: they end first */
+	T_TRUE(nvio_wait(h) >= 0);
 	free(b);
 	return NULL;
 }
