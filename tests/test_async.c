@@ -70,8 +70,10 @@ static void test_batch(nvio_handle_t *h, const char *combo)
 		o->seed = seed++;
 		t_fill_random(o->buf + (i & 1), o->n, o->seed);
 		if (!T_OK(nvio_pwrite(h, o->buf + (i & 1), o->n, o->path,
-				      o->off, NVIO_ASYNC)))
+				      o->off, NVIO_ASYNC))) {
+			nvio_wait(h);	/* the ones before are using ops[] */
 			return;
+		}
 		T_EQ_U64(nvio_pending(h), (uint64_t)i + 1);
 	}
 	r = nvio_wait(h);
@@ -95,8 +97,10 @@ static void test_batch(nvio_handle_t *h, const char *combo)
 
 		memset(o->buf, 0, o->n + 2);
 		if (!T_OK(nvio_pread(h, o->buf + 1 - (i & 1), o->n, o->path,
-				     o->off, NVIO_ASYNC)))
+				     o->off, NVIO_ASYNC))) {
+			nvio_wait(h);
 			return;
+		}
 	}
 	T_EQ_U64(nvio_pending(h), (uint64_t)n);
 	T_EQ_INT(nvio_wait(h), n);

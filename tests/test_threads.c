@@ -247,7 +247,7 @@ static void shared_failures(void)
 	nvio_handle_destroy(shared);
 }
 
-static atomic_int waited, flood_timed_out;
+static atomic_int waited, flood_timed_out, flood_stopped;
 
 static double now(void)
 {
@@ -273,6 +273,7 @@ static void *flooder(void *arg)
 			break;
 		usleep(1000);
 	}
+	atomic_store(&flood_stopped, 1);
 	/* b is the target of the reads still in flight: they end first */
 	T_TRUE(nvio_wait(h) >= 0);
 	free(b);
@@ -303,8 +304,9 @@ static void wait_not_starved(void)
 	atomic_store(&waited, 0);
 	nvio__sys.io_result = slow_result;
 	pthread_create(&th, NULL, flooder, shared);
-	while (nvio_pending(shared) < 50)	/* the flood is on */
-		sched_yield();
+	while (nvio_pending(shared) < 50 && !atomic_load(&flood_stopped))
+		sched_yield();	/* until the flood is on */
+	T_EQ_INT(atomic_load(&flood_stopped), 0);
 	memset(mine, 0, PIECE);
 	T_OK(nvio_pread(shared, mine, PIECE, shared_path, 0, NVIO_ASYNC));
 	r = nvio_wait(shared);

@@ -108,14 +108,20 @@ def test_second_close_waits_its_turn(tmp_path):
         h.async_pread(buf, path)
         closer = threading.Thread(target=h.close)
         closer.start()
-        time.sleep(0.01)
-        if not closer.is_alive():   # the read was too quick to catch
-            closer.join()
+        while not h.closed:         # the first close has begun
+            time.sleep(0.0005)
+        try:
+            h.close()
+        except RuntimeError as e:
+            assert "another thread" in str(e)
+        else:
+            # Right only if the first close had already ended: then the
+            # read was too quick to catch; try a longer one.
+            closer.join(5)
+            assert not closer.is_alive(), "second close() returned early"
             size *= 2
             write_file(path, os.urandom(1 << 20) * (size >> 20))
             continue
-        with pytest.raises(RuntimeError, match="another thread"):
-            h.close()
         with pytest.raises(BufferError):   # still exported to the op
             buf[:] = b""
         closer.join()
