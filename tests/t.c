@@ -629,20 +629,40 @@ int t_handle(nvio_handle_t **h, int engine, int direct, uint32_t par,
 	return 0;
 }
 
-static int t_count_dir(const char *dir)
-{
-	int n = t_dir_count(dir);
-
-	return n;
-}
-
 int t_count_fds(void)
 {
 	/* opendir takes one descriptor itself. */
-	return t_count_dir("/proc/self/fd") - 1;
+	return t_dir_count("/proc/self/fd") - 1;
 }
 
+/* Threads of this process, less io_uring's kernel helpers ("iou-wrk-N",
+ * "iou-sqp-N"): they are listed in /proc/self/task, but the kernel starts
+ * and ends them on its own schedule (one may outlive its ring a while). */
 int t_count_threads(void)
 {
-	return t_count_dir("/proc/self/task");
+	DIR *d = opendir("/proc/self/task");
+	struct dirent *e;
+	int n = 0;
+
+	if (!d)
+		return -errno;
+	while ((e = readdir(d))) {
+		char path[64], comm[32] = "";
+		FILE *f;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/task/%s/comm",
+			 e->d_name);
+		f = fopen(path, "r");
+		if (!f)
+			continue;	/* it ended while we looked */
+		if (!fgets(comm, sizeof(comm), f))
+			comm[0] = 0;
+		fclose(f);
+		if (strncmp(comm, "iou-", 4) != 0)
+			n++;
+	}
+	closedir(d);
+	return n;
 }

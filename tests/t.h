@@ -172,7 +172,7 @@ void t_config(nvio_config_t *c, int engine, int direct, uint64_t block_size,
 int t_handle(nvio_handle_t **h, int engine, int direct, uint32_t par,
 	     uint64_t block_size);
 
-/* Entries in /proc/self/fd and /proc/self/task. */
+/* Open descriptors; threads other than io_uring's kernel helpers. */
 int t_count_fds(void);
 int t_count_threads(void);
 
