@@ -57,7 +57,7 @@ static void in_flight(int e, int d)
 static void cycles(void)
 {
 	int avail[T_N_ENGINES], navail = 0;
-	int fds0, thr0;
+	int fds0, thr0, thr;
 	char path[T_PATH_MAX];
 	unsigned char buf[5000];
 
@@ -90,8 +90,8 @@ static void cycles(void)
 		      t_direct_str(d), par);
 		if (!t_direct_ok(d) || t_handle(&h, e, d, par, 4096))
 			continue;
-		if (k < 4)	/* the count sees our workers, so it can fail */
-			T_TRUE(t_count_threads() >= thr0 + (int)par);
+		if (k < 4)	/* the count sees this thread and the workers */
+			T_TRUE(t_count_threads() >= 1 + (int)par);
 		if (k % 3 == 0) {
 			/* with I/O, sometimes left in flight */
 			T_OK(nvio_pread(h, got, sizeof(got), path, 0,
@@ -107,7 +107,15 @@ static void cycles(void)
 	}
 	t_ctx("after 200 cycles");
 	T_EQ_INT(t_count_fds(), fds0);
-	T_EQ_INT(t_count_threads(), thr0);
+	/* A joined thread stays listed until the kernel reaps it, a moment
+	 * later: at the baseline (which is then one high) as here. */
+	thr = t_count_threads();
+	for (int i = 0; i < 100 && thr > thr0; i++) {
+		usleep(10000);
+		thr = t_count_threads();
+	}
+	if (thr > thr0)
+		T_FAILF("%d threads after 200 cycles, %d before", thr, thr0);
 	unlink(path);
 }
 
