@@ -385,7 +385,10 @@ static int check_request(struct nvio_handle *h, const struct request *rq,
 {
 	int err = 0;
 
-	if (!h || (rq->flags & ~KNOWN_FLAGS)) {
+	if (rq->by_path && !rq->path) {
+		*what = "path (NULL)";
+		err = -EINVAL;
+	} else if (!h || (rq->flags & ~KNOWN_FLAGS)) {
 		*what = "flags";
 		err = -EINVAL;
 	} else if (!rq->buf && (rq->nbytes > 0 || rq->capacity > 0)) {
@@ -605,8 +608,6 @@ int nvio_pread(nvio_handle_t *h, void *buf, uint64_t nbytes, const char *path,
 	struct request rq = { .buf = buf, .nbytes = nbytes, .path = path,
 			      .by_path = 1, .offset = offset, .flags = flags };
 
-	if (!path)
-		return refuse(h, &rq, -EINVAL, "path (NULL)");
 	return submit(h, &rq);
 }
 
@@ -617,8 +618,6 @@ int nvio_pwrite(nvio_handle_t *h, const void *buf, uint64_t nbytes,
 			      .path = path, .by_path = 1, .offset = offset,
 			      .flags = flags, .is_write = 1 };
 
-	if (!path)
-		return refuse(h, &rq, -EINVAL, "path (NULL)");
 	return submit(h, &rq);
 }
 
@@ -648,8 +647,6 @@ int nvio_read_file(nvio_handle_t *h, void *buf, uint64_t capacity,
 			      .by_path = 1, .flags = flags, .whole_file = 1,
 			      .size_out = size_out };
 
-	if (!path)
-		return refuse(h, &rq, -EINVAL, "path (NULL)");
 	return submit(h, &rq);
 }
 
@@ -660,8 +657,6 @@ int nvio_write_file(nvio_handle_t *h, const void *buf, uint64_t nbytes,
 			      .path = path, .by_path = 1, .flags = flags,
 			      .is_write = 1, .whole_file = 1 };
 
-	if (!path)
-		return refuse(h, &rq, -EINVAL, "path (NULL)");
 	return submit(h, &rq);
 }
 
