@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 #define NVIO_VERSION_MAJOR 0
-#define NVIO_VERSION_MINOR 1
+#define NVIO_VERSION_MINOR 2
 #define NVIO_VERSION_PATCH 0
 #define NVIO_VERSION_NUM \
 	((NVIO_VERSION_MAJOR << 16) | (NVIO_VERSION_MINOR << 8) | NVIO_VERSION_PATCH)
@@ -122,11 +122,16 @@ NVIO_API void nvio_config_init(nvio_config_t *cfg);
 typedef struct nvio_handle nvio_handle_t;
 
 /*
- * Creates a handle. cfg may be NULL for the defaults. The environment
- * overrides the configuration: NVIO_ENGINE=auto|io_uring|libaio|psync and
- * NVIO_DIRECT=auto|on|off. An engine that AUTO would pick but the kernel
- * refuses (io_uring blocked by seccomp, say) is skipped; an engine asked
- * for explicitly that cannot run fails the call with its error.
+ * Creates a handle. cfg may be NULL for the defaults. cfg->struct_size
+ * says which fields the caller knows: a smaller (older) struct gets the
+ * defaults for the fields it lacks; a larger (newer) one is accepted only
+ * if every byte this library does not know is 0 (else -EINVAL).
+ * The environment supplies defaults only, for what the configuration
+ * leaves at AUTO: NVIO_ENGINE=auto|io_uring|libaio|psync and
+ * NVIO_DIRECT=auto|on|off; an explicit engine or direct mode wins. An
+ * engine that AUTO would pick but the kernel refuses (io_uring blocked by
+ * seccomp, say) is skipped; an engine asked for explicitly (or through
+ * NVIO_ENGINE) that cannot run fails the call with its error.
  * Returns 0, -EINVAL for a bad configuration, or the system's error.
  */
 NVIO_API int nvio_handle_create(nvio_handle_t **out, const nvio_config_t *cfg);
@@ -241,16 +246,23 @@ NVIO_API uint32_t nvio_pending(const nvio_handle_t *h);
  * recently returned to any thread.
  */
 typedef struct nvio_error {
-	int err;		/* negative errno, 0 if nothing failed */
-	int is_write;		/* 1 write, 0 read */
+	uint32_t struct_size;	/* the caller sets sizeof(nvio_error_t) */
+	int32_t err;		/* negative errno, 0 if nothing failed */
+	int32_t is_write;	/* 1 write, 0 read */
+	uint32_t reserved0;
 	uint64_t op_seq;	/* which op: 1 for the handle's first submit */
 	int64_t offset;		/* file offset of the failing piece */
 	uint64_t nbytes;	/* size of the failing piece */
+	uint64_t user_data;	/* the op's tag (nvio_submit), else 0 */
 	char what[32];		/* "open", "pread", "pwrite", "validate", ... */
 	char path[1024];	/* file name, or "fd N" */
 } nvio_error_t;
 
-/* Copies the last error into *out; returns out->err. */
+/*
+ * Copies the last error into *out, of which it fills out->struct_size
+ * bytes (a smaller, older struct gets the fields it has); returns
+ * out->err, or -EINVAL if struct_size is below 8.
+ */
 NVIO_API int nvio_last_error(const nvio_handle_t *h, nvio_error_t *out);
 /*
  * Formats an error as one line, e.g.
@@ -357,6 +369,265 @@ NVIO_API int nvio_config_load_tuned(nvio_config_t *cfg, const char *dir,
 /* Saves cfg as the tuned entry for dir and direction; 0 or -errno. */
 NVIO_API int nvio_config_save_tuned(const nvio_config_t *cfg, const char *dir,
 				    int for_write);
+
+/* ------------------------------------------------------------------ */
+/* libnvio 0.2: open files, tagged ops, batches, vectors, completions,  */
+/* streams. See nvio_file_open(3), nvio_submit(3), nvio_reap(3),        */
+/* nvio_stream_open(3).                                                 */
+/* ------------------------------------------------------------------ */
+
+/*
+ * Open files. A file object opens its path once and keeps what every op
+ * on it needs: a buffered descriptor, an O_DIRECT one (when the handle's
+ * direct policy and the file system allow it), the alignment O_DIRECT
+ * needs, the file's size as nvio knows it, and (GDS handles) the cuFile
+ * registration. One open serves any number of ops, from any thread.
+ *
+ * Flags:
+ *   NVIO_FILE_READ     ops may read
+ *   NVIO_FILE_WRITE    ops may write
+ *   NVIO_FILE_CREATE   create path if missing (0666 less the umask)
+ *   NVIO_FILE_EXCL     with CREATE: fail with -EEXIST if path exists
+ *   NVIO_FILE_TRUNC    truncate to 0 at open (it destroys: prefer ATOMIC)
+ *   NVIO_FILE_ATOMIC   write a new file that replaces path only at
+ *                      nvio_file_commit(): until then path is untouched
+ *                      (the data goes to an unnamed O_TMPFILE where the
+ *                      file system has it, else to an exclusive hidden
+ *                      temporary beside path); closing without a commit
+ *                      abandons it. Implies WRITE (and READ may be
+ *                      added); starts empty. path must name a regular
+ *                      file or nothing (-EINVAL for a device or FIFO).
+ * Unknown flags, no READ/WRITE/ATOMIC, or TRUNC/EXCL with ATOMIC are
+ * -EINVAL. Returns the file, or NULL with *err set (the open's errno, or
+ * -EISDIR for a directory); the failure is also the calling thread's
+ * nvio_last_error() for the handle.
+ */
+#define NVIO_FILE_READ		(1u << 0)
+#define NVIO_FILE_WRITE		(1u << 1)
+#define NVIO_FILE_CREATE	(1u << 2)
+#define NVIO_FILE_EXCL		(1u << 3)
+#define NVIO_FILE_TRUNC		(1u << 4)
+#define NVIO_FILE_ATOMIC	(1u << 5)
+
+typedef struct nvio_file nvio_file_t;
+
+NVIO_API nvio_file_t *nvio_file_open(nvio_handle_t *h, const char *path,
+				     unsigned flags, int *err);
+/*
+ * A file object over the caller's open descriptor, which nvio never
+ * closes or changes (its file offset and flags stay as they were). flags:
+ * NVIO_FILE_READ and/or NVIO_FILE_WRITE, allowed by fd's access mode.
+ */
+NVIO_API nvio_file_t *nvio_file_from_fd(nvio_handle_t *h, int fd,
+					unsigned flags, int *err);
+
+/*
+ * Waits for the file's ops in flight to end (they complete as usual),
+ * then closes it. An ATOMIC file not committed is abandoned: its data is
+ * discarded and path was never touched. Returns 0, or the error of a
+ * failed close(2) of a written file (NFS reports writeback errors
+ * there). The file is freed either way. NULL is accepted.
+ */
+NVIO_API int nvio_file_close(nvio_file_t *f);
+
+/*
+ * Durability and replacement. nvio_file_sync: fsync(2) of the data
+ * written so far. nvio_file_commit, for an ATOMIC file: waits for the
+ * file's ops, fsyncs the data, gives it path's permissions if path
+ * existed (else 0666 less umask), puts it in place of path with one
+ * rename, and fsyncs the directory: after 0 the new file is path,
+ * durably; on any error path still holds its old content. The file
+ * stays open on the new content. -EINVAL for a file that is not ATOMIC
+ * or is already committed; -EIO (and no commit) if any op on the file
+ * failed since it was opened.
+ */
+NVIO_API int nvio_file_sync(nvio_file_t *f);
+NVIO_API int nvio_file_commit(nvio_file_t *f);
+
+/*
+ * Sets the file's size exactly (ftruncate): it shrinks or grows (a hole).
+ * nvio_file_allocate reserves [offset, offset + nbytes) (fallocate, so a
+ * full disk shows now, as -ENOSPC) without changing the bytes there.
+ */
+NVIO_API int nvio_file_truncate(nvio_file_t *f, uint64_t size);
+NVIO_API int nvio_file_allocate(nvio_file_t *f, int64_t offset, uint64_t nbytes);
+
+typedef struct nvio_file_info {
+	uint32_t struct_size;	/* the caller sets sizeof(nvio_file_info_t) */
+	uint32_t flags;		/* NVIO_FILE_* it was opened with */
+	int32_t fd;		/* the buffered descriptor (do not close) */
+	int32_t direct;		/* 1: the body of ops goes through O_DIRECT */
+	uint32_t dio_offset_align; /* O_DIRECT offset/length alignment, or 0 */
+	uint32_t dio_mem_align;	/* O_DIRECT buffer alignment, or 0 */
+	uint64_t size;		/* current size: at open, plus nvio's writes */
+	int32_t committed;	/* ATOMIC: 1 once committed */
+	int32_t reserved0;
+	uint64_t reserved[4];
+} nvio_file_info_t;
+
+/* Fills out->struct_size bytes of *out; 0 or -EINVAL. */
+NVIO_API int nvio_file_info(const nvio_file_t *f, nvio_file_info_t *out);
+/* The path it was opened with ("fd N" for nvio_file_from_fd). */
+NVIO_API const char *nvio_file_path(const nvio_file_t *f);
+
+/*
+ * Synchronous (or, with NVIO_ASYNC, nvio_wait-reported) range I/O on an
+ * open file, with the contract of nvio_pread/nvio_pwrite. Reads past the
+ * size are -ENODATA; writes past it grow the file.
+ */
+NVIO_API int nvio_file_pread(nvio_file_t *f, void *buf, uint64_t nbytes,
+			     int64_t offset, unsigned flags);
+NVIO_API int nvio_file_pwrite(nvio_file_t *f, const void *buf, uint64_t nbytes,
+			      int64_t offset, unsigned flags);
+
+/*
+ * Vectors. An nvio_iovec_t is one buffer. In an op with offset >= 0 the
+ * buffers are laid end to end in the file from offset (readv/writev
+ * style: base and len used, offset must be 0); with offset
+ * NVIO_OFFSET_PER_IOV each buffer has its own file offset, in increasing
+ * order without overlap. Adjacent buffers form one contiguous run, moved
+ * in block_size requests whatever the buffers' sizes: pieces smaller than
+ * a request, or not aligned for O_DIRECT, are gathered into (or
+ * scattered from) the staging buffers; aligned spans of a whole request
+ * move straight from their memory.
+ */
+typedef struct nvio_iovec {
+	void *base;
+	uint64_t len;
+	int64_t offset;
+} nvio_iovec_t;
+
+#define NVIO_OFFSET_PER_IOV ((int64_t)-1)
+#define NVIO_MAX_IOV (1u << 24)
+
+NVIO_API int nvio_file_preadv(nvio_file_t *f, const nvio_iovec_t *iov,
+			      uint32_t iovcnt, int64_t offset, unsigned flags);
+NVIO_API int nvio_file_pwritev(nvio_file_t *f, const nvio_iovec_t *iov,
+			       uint32_t iovcnt, int64_t offset, unsigned flags);
+
+/*
+ * Tagged ops and batches. nvio_submit() accepts up to n ops; each
+ * accepted op completes exactly once, as its own completion carrying its
+ * user_data, which nvio_reap() returns. Fields:
+ *   opcode     NVIO_OP_READ or NVIO_OP_WRITE
+ *   flags      NVIO_VALIDATE | NVIO_FSYNC (async is implied)
+ *   file       an open file
+ *   buf        one buffer of nbytes bytes at file offset `offset`, or NULL
+ *   iov        with iovcnt: a vector, as for nvio_file_preadv (then buf
+ *              must be NULL and nbytes 0)
+ *   user_data  anything; comes back in the completion
+ * reserved fields must be 0.
+ * Returns how many ops, from the first, were accepted. When op r is
+ * refused the call stops there and returns r, or the refusal's -errno if
+ * r is 0 (resubmit from ops + r to see its error; nvio_last_error() has
+ * its record). A refused op never completes.
+ */
+#define NVIO_OP_READ	1
+#define NVIO_OP_WRITE	2
+
+typedef struct nvio_op {
+	uint32_t opcode;
+	uint32_t flags;
+	nvio_file_t *file;
+	void *buf;
+	uint64_t nbytes;
+	int64_t offset;
+	const nvio_iovec_t *iov;
+	uint32_t iovcnt;
+	uint32_t reserved0;
+	uint64_t user_data;
+} nvio_op_t;
+
+NVIO_API int nvio_submit(nvio_handle_t *h, const nvio_op_t *ops, unsigned n);
+
+/*
+ * One ended op. res: bytes moved (>= 0) or a negative errno; on failure
+ * err_offset, err_nbytes and err_what say which piece failed and how
+ * (the first failure of the op; nvio_completion_error() makes a full
+ * record of it).
+ */
+typedef struct nvio_completion {
+	uint64_t user_data;
+	int64_t res;
+	uint64_t op_seq;
+	int64_t err_offset;
+	uint64_t err_nbytes;
+	uint32_t flags;		/* NVIO_COMPLETION_WRITE */
+	char err_what[20];
+} nvio_completion_t;
+
+#define NVIO_COMPLETION_WRITE	(1u << 0)
+
+/*
+ * Stores up to max completions in out, oldest first, and returns how
+ * many. Waits until at least min are there, or until timeout_ns has
+ * passed (< 0: no limit; 0: never waits), then returns what there is,
+ * which may be fewer than min (0 included). min > max is -EINVAL.
+ * Completions of ops submitted by any thread come back to whichever
+ * thread reaps first. nvio_wait() does not report them.
+ */
+NVIO_API int nvio_reap(nvio_handle_t *h, nvio_completion_t *out, unsigned max,
+		       unsigned min, int64_t timeout_ns);
+
+/*
+ * An eventfd, owned by the handle, that is readable while completions
+ * wait to be reaped (an event loop polls it, then calls nvio_reap with
+ * timeout 0). Made on first call; -errno if it cannot be.
+ */
+NVIO_API int nvio_completion_fd(nvio_handle_t *h);
+
+/* Tagged ops accepted and not yet reaped. */
+NVIO_API uint32_t nvio_inflight(const nvio_handle_t *h);
+
+/* A full error record for a failed completion; path is the file's name
+ * (nvio_file_path), or NULL. Returns c->res. */
+NVIO_API int nvio_completion_error(const nvio_completion_t *c, const char *path,
+				   nvio_error_t *out);
+
+/*
+ * Streams over an open file. A writer appends from `offset`: write()
+ * copies into double-buffered locked staging buffers of buffer_bytes
+ * each (0: 8 MiB, rounded up to the block alignment) that are flushed
+ * with O_DIRECT while the caller goes on, or submits a large aligned span
+ * straight from the caller's memory; close writes the unaligned tail and
+ * sets the file's size to exactly offset + bytes written. A reader reads
+ * ahead up to `depth` buffers (0: 2) from offset.
+ *
+ * nvio_stream_write returns nbytes, or the first error of the stream (a
+ * failed flush is reported by the next call, and by close); after an
+ * error every call fails with it. nvio_stream_read returns the bytes
+ * read, fewer than nbytes only at the end of the file, 0 at the end.
+ * nvio_stream_seek (readers) moves to an absolute offset.
+ * nvio_stream_flush (writers) waits until every byte written so far but
+ * the unaligned last block is in the file. nvio_stream_close frees the
+ * stream and returns its first error; with NVIO_FSYNC the file is made
+ * durable, with NVIO_STREAM_COMMIT (an ATOMIC file) it is committed
+ * (which fsyncs). The file stays open; it must outlive its streams.
+ */
+#define NVIO_STREAM_READ	(1u << 0)
+#define NVIO_STREAM_WRITE	(1u << 1)
+#define NVIO_STREAM_COMMIT	(1u << 8)	/* close flag */
+
+typedef struct nvio_stream nvio_stream_t;
+
+NVIO_API nvio_stream_t *nvio_stream_open(nvio_file_t *f, unsigned flags,
+					 int64_t offset, uint64_t buffer_bytes,
+					 unsigned depth, int *err);
+NVIO_API int64_t nvio_stream_write(nvio_stream_t *s, const void *buf,
+				   uint64_t nbytes);
+NVIO_API int64_t nvio_stream_read(nvio_stream_t *s, void *buf, uint64_t nbytes);
+NVIO_API int nvio_stream_seek(nvio_stream_t *s, int64_t offset);
+NVIO_API int64_t nvio_stream_tell(const nvio_stream_t *s);
+NVIO_API int nvio_stream_flush(nvio_stream_t *s);
+NVIO_API int nvio_stream_close(nvio_stream_t *s, unsigned flags);
+
+/*
+ * cuFile's library. Where the process has not loaded cuFile yet, sets the
+ * path tried first (before $NVIO_CUFILE_LIB and libcufile.so.0); a probe
+ * that found none does not stop a later call from finding it. -EBUSY once
+ * cuFile is loaded from another path; NULL resets to the default search.
+ */
+NVIO_API int nvio_cufile_set_library(const char *path);
 
 #ifdef __cplusplus
 }
