@@ -1,7 +1,7 @@
 """Build of the nvio Python package.
 
 The extension nvio._nvio compiles libnvio's sources (src/*.c) together with
-python/nvio/_nvio.c; it includes no PyTorch, NumPy or CUDA header, so one
+python/nvio/_ext/*.c; it includes no PyTorch, NumPy or CUDA header, so one
 abi3 wheel (limited API 3.11) serves every Python >= 3.11 and every torch.
 
 liburing and libaio are used when their headers are found, linked from their
@@ -121,7 +121,7 @@ class BuildExt(build_ext):
         super().build_extensions()
 
 
-sources = sorted(glob.glob("src/*.c")) + ["python/nvio/_nvio.c"]
+sources = sorted(glob.glob("src/*.c")) + sorted(glob.glob("python/nvio/_ext/*.c"))
 
 ext = Extension(
     "nvio._nvio",
@@ -133,7 +133,8 @@ ext = Extension(
     extra_link_args=["-pthread"],
     py_limited_api=True,
     # Any header change rebuilds everything (setuptools only tracks .c files).
-    depends=sorted(glob.glob("include/*.h") + glob.glob("src/*.h")),
+    depends=sorted(glob.glob("include/*.h") + glob.glob("src/*.h") +
+                   glob.glob("python/nvio/_ext/*.h")),
 )
 
 setup(

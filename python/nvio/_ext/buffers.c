@@ -1,0 +1,690 @@
+/*
+ * buffers.c - borrowing a caller's memory for one op, and holding it for
+ * an async op until a wait() covers it.
+ *
+ * Accepted: any object with the buffer protocol (bytes for writes,
+ * bytearray, memoryview, NumPy arrays, LockedBuffer), torch tensors
+ * (duck typed: the methods nvio calls, no import) on the CPU or CUDA, and
+ * DLPack producers on the CPU. Always C-contiguous memory: nvio never
+ * copies a whole buffer, so it refuses what it would have to copy.
+ *
+ * Contracts:
+ *   - An ext_buf owns what keeps the memory alive (a buffer view, the
+ *     tensor and for async ops its storage, or the DLPack capsule) until
+ *     ext_buf_release().
+ *   - Memory that holds Python object pointers (buffer format 'O') is
+ *     refused: a read into it would crash the interpreter.
+ *   - A hold owns its ext_buf and encoded path; handle.c adds one per
+ *     accepted async op and releases it after the wait() that covers it.
+ */
+#include "ext.h"
+
+#include <stdint.h>
+#include <string.h>
+
+/* The stable DLPack ABI (v0.x "dltensor" capsules), declared here. */
+typedef struct {
+	int32_t device_type;
+	int32_t device_id;
+} nv_dldevice;
+
+typedef struct {
+	uint8_t code;
+	uint8_t bits;
+	uint16_t lanes;
+} nv_dldtype;
+
+typedef struct {
+	void *data;
+	nv_dldevice device;
+	int32_t ndim;
+	nv_dldtype dtype;
+	int64_t *shape;
+	int64_t *strides;
+	uint64_t byte_offset;
+} nv_dltensor;
+
+typedef struct nv_dlmanaged {
+	nv_dltensor dl_tensor;
+	void *manager_ctx;
+	void (*deleter)(struct nv_dlmanaged *self);
+} nv_dlmanaged;
+
+#define NV_DL_CPU 1
+
+static const char *dl_device_name(int t)
+{
+	switch (t) {
+	case 1: return "cpu";
+	case 2: return "cuda";
+	case 3: return "cuda_host";
+	case 4: return "opencl";
+	case 7: return "vulkan";
+	case 8: return "metal";
+	case 9: return "vpi";
+	case 10: return "rocm";
+	case 11: return "rocm_host";
+	case 13: return "cuda_managed";
+	case 14: return "oneapi";
+	default: return "unknown";
+	}
+}
+
+void ext_buf_release(ext_buf *b)
+{
+	if (b->has_view) {
+		PyBuffer_Release(&b->view);
+		b->has_view = 0;
+	}
+	Py_CLEAR(b->keep);
+	Py_CLEAR(b->storage);
+}
+
+static char zero_byte;	/* a valid address for empty buffers */
+
+static PyObject *call0(PyObject *o, const char *name)
+{
+	return PyObject_CallMethod(o, name, NULL);
+}
+
+/* o.name(), true or not; dflt when o has no such method. */
+static int get_bool_method(PyObject *o, PyObject *name, int dflt)
+{
+	PyObject *f = PyObject_GetAttr(o, name);
+	if (!f) {
+		if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+			return -1;
+		PyErr_Clear();
+		return dflt;
+	}
+	PyObject *r = PyObject_CallNoArgs(f);
+	Py_DECREF(f);
+	if (!r)
+		return -1;
+	int v = PyObject_IsTrue(r);
+	Py_DECREF(r);
+	return v;
+}
+
+static int get_u64_method(PyObject *o, PyObject *name, uint64_t *out)
+{
+	PyObject *r = PyObject_CallMethodObjArgs(o, name, NULL);
+	if (!r)
+		return -1;
+	unsigned long long v = PyLong_AsUnsignedLongLong(r);
+	Py_DECREF(r);
+	if (v == (unsigned long long)-1 && PyErr_Occurred())
+		return -1;
+	*out = v;
+	return 0;
+}
+
+/* 1 when o.name is True; 0 when it is anything else or missing; -1 on
+ * any other error (it propagates). */
+static int attr_is_true(PyObject *o, PyObject *name)
+{
+	PyObject *r = PyObject_GetAttr(o, name);
+	if (!r) {
+		if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+			return -1;
+		PyErr_Clear();
+		return 0;
+	}
+	int v = r == Py_True;
+	Py_DECREF(r);
+	return v;
+}
+
+static int has_tensor_methods(ext_state *st, PyObject *o)
+{
+	return PyObject_HasAttr(o, st->s_data_ptr) &&
+	       PyObject_HasAttr(o, st->s_element_size) &&
+	       PyObject_HasAttr(o, st->s_is_contiguous) &&
+	       PyObject_HasAttr(o, st->s_numel);
+}
+
+/*
+ * Returns 1 if obj looks like a torch.Tensor (duck typing, no import):
+ * it has the methods nvio calls. Types that have them are remembered,
+ * the last few, with a reference so that an address is never reused for
+ * another type while cached. Objects whose type lacks them (proxies,
+ * methods set on the instance) are asked each time.
+ */
+static int is_torch_like(ext_state *st, PyObject *obj)
+{
+	PyObject **seen = st->torch_types;
+	PyObject *type = (PyObject *)Py_TYPE(obj);
+
+	for (unsigned i = 0; i < EXT_TORCH_TYPES; i++)
+		if (seen[i] == type)
+			return 1;
+	if (!has_tensor_methods(st, type))
+		return has_tensor_methods(st, obj);
+	unsigned i = st->torch_types_next++ % EXT_TORCH_TYPES;
+	PyObject *old = seen[i];
+	seen[i] = Py_NewRef(type);
+	Py_XDECREF(old);
+	return 1;
+}
+
+/*
+ * torch.cuda.current_stream(device).synchronize(), after making sure this
+ * process really has CUDA: otherwise the pointer would be taken for host
+ * memory.
+ */
+static int cuda_sync_current_stream(PyObject *dev)
+{
+	PyObject *cuda = PyImport_ImportModule("torch.cuda");
+	PyObject *stream, *avail, *r = NULL;
+	int ok;
+
+	if (!cuda)
+		return -1;
+	avail = call0(cuda, "is_available");
+	ok = avail ? PyObject_IsTrue(avail) : -1;
+	Py_XDECREF(avail);
+	if (ok <= 0) {
+		if (ok == 0)
+			PyErr_Format(PyExc_RuntimeError,
+				     "nvio: tensor on device '%S' but this process has no "
+				     "usable CUDA (torch.cuda.is_available() is False)", dev);
+		Py_DECREF(cuda);
+		return -1;
+	}
+	stream = PyObject_CallMethod(cuda, "current_stream", "O", dev);
+	Py_DECREF(cuda);
+	if (stream) {
+		r = call0(stream, "synchronize");
+		Py_DECREF(stream);
+	}
+	Py_XDECREF(r);
+	return r ? 0 : -1;
+}
+
+/*
+ * The device of a tensor: 1 CPU, 2 CUDA, 0 unsupported (TypeError set),
+ * -1 error. The is_cpu/is_cuda flags are cheap; the device object is
+ * made only for the rare rest.
+ */
+static int torch_device(ext_state *st, PyObject *obj)
+{
+	int cpu = attr_is_true(obj, st->s_is_cpu);
+	if (cpu != 0)
+		return cpu;
+	PyObject *dev = PyObject_GetAttrString(obj, "device");
+	if (!dev) {
+		if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+			return -1;
+		PyErr_Clear();
+		return 1;	/* a duck type with no devices: host memory
+				 * (libnvio itself finds CUDA pointers) */
+	}
+	PyObject *dtype_name = PyObject_GetAttrString(dev, "type");
+	if (!dtype_name) {
+		Py_DECREF(dev);
+		return -1;
+	}
+	int is_cpu = PyUnicode_Check(dtype_name) &&
+		     PyUnicode_CompareWithASCIIString(dtype_name, "cpu") == 0;
+	int is_cuda = PyUnicode_Check(dtype_name) &&
+		      PyUnicode_CompareWithASCIIString(dtype_name, "cuda") == 0;
+	Py_DECREF(dtype_name);
+	if (!is_cpu && !is_cuda) {
+		PyErr_Format(PyExc_TypeError,
+			     "nvio: tensor on device '%S' is not supported; "
+			     "use a CPU or CUDA tensor", dev);
+		Py_DECREF(dev);
+		return 0;
+	}
+	/*
+	 * Kernels that produce a CUDA tensor run asynchronously on torch's
+	 * current stream: let them finish before nvio copies the memory. (nvio
+	 * finds device memory through the CUDA driver torch has loaded.)
+	 */
+	if (is_cuda && cuda_sync_current_stream(dev) < 0) {
+		Py_DECREF(dev);
+		return -1;
+	}
+	Py_DECREF(dev);
+	return is_cuda ? 2 : 1;
+}
+
+/* 1 when the tensor's layout is torch.strided (dense), 0 if not, -1 error. */
+static int torch_strided(ext_state *st, PyObject *obj)
+{
+	PyObject *layout = PyObject_GetAttr(obj, st->s_layout);
+
+	if (!layout) {
+		if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+			return -1;
+		PyErr_Clear();
+		return 1;	/* a duck type without layouts */
+	}
+	if (layout == st->torch_strided) {
+		Py_DECREF(layout);
+		return 1;
+	}
+	PyObject *s = PyObject_Str(layout);
+	if (!s) {
+		Py_DECREF(layout);
+		return -1;
+	}
+	int yes = PyUnicode_CompareWithASCIIString(s, "torch.strided") == 0;
+	if (yes && !st->torch_strided)
+		st->torch_strided = Py_NewRef(layout);
+	else if (!yes)
+		PyErr_Format(PyExc_ValueError,
+			     "nvio: tensor layout %S is not supported; "
+			     "only dense (strided) tensors", s);
+	Py_DECREF(s);
+	Py_DECREF(layout);
+	return yes;
+}
+
+static int torch_get(ext_state *st, PyObject *obj, ext_buf *b)
+{
+	if (torch_device(st, obj) <= 0 || torch_strided(st, obj) <= 0)
+		return -1;
+
+	int c = get_bool_method(obj, st->s_is_contiguous, 1);
+	if (c < 0)
+		return -1;
+	if (!c) {
+		PyErr_SetString(PyExc_ValueError,
+				"nvio: tensor is not contiguous; call .contiguous() first");
+		return -1;
+	}
+	int lazy = get_bool_method(obj, st->s_is_conj, 0);
+	if (lazy == 0)
+		lazy = get_bool_method(obj, st->s_is_neg, 0);
+	if (lazy < 0)
+		return -1;
+	if (lazy) {
+		PyErr_SetString(PyExc_ValueError,
+				"nvio: tensor has a lazy conjugate/negative bit; "
+				"call .resolve_conj().resolve_neg() first");
+		return -1;
+	}
+
+	uint64_t numel, esize;
+	if (get_u64_method(obj, st->s_numel, &numel) < 0 ||
+	    get_u64_method(obj, st->s_element_size, &esize) < 0)
+		return -1;
+	PyObject *p = PyObject_CallMethodObjArgs(obj, st->s_data_ptr, NULL);
+	if (!p)
+		return -1;
+	void *ptr = PyLong_AsVoidPtr(p);
+	Py_DECREF(p);
+	if (!ptr && PyErr_Occurred())
+		return -1;
+	if (esize && numel > UINT64_MAX / esize) {
+		PyErr_SetString(PyExc_OverflowError, "nvio: tensor too large");
+		return -1;
+	}
+	b->nbytes = numel * esize;
+	if (!ptr && b->nbytes) {
+		PyErr_SetString(PyExc_ValueError,
+				"nvio: tensor has no storage (data_ptr() is 0)");
+		return -1;
+	}
+	b->ptr = ptr ? ptr : &zero_byte;
+	b->keep = Py_NewRef(obj);
+	return 0;
+}
+
+static void dl_keeper_destructor(PyObject *cap)
+{
+	nv_dlmanaged *mt = PyCapsule_GetPointer(cap, "nvio.dltensor");
+	if (mt && mt->deleter)
+		mt->deleter(mt);
+	else if (!mt)
+		PyErr_Clear();
+}
+
+static int dlpack_get(PyObject *obj, ext_buf *b)
+{
+	if (PyObject_HasAttrString(obj, "__dlpack_device__")) {
+		PyObject *d = call0(obj, "__dlpack_device__");
+		if (!d)
+			return -1;
+		long dt = -1;
+		if (PyTuple_Check(d) && PyTuple_Size(d) >= 1)
+			dt = PyLong_AsLong(PyTuple_GetItem(d, 0));
+		Py_DECREF(d);
+		if (dt == -1 && PyErr_Occurred())
+			return -1;
+		if (dt != NV_DL_CPU) {
+			PyErr_Format(PyExc_TypeError,
+				     "nvio: DLPack device '%s' (%ld) is not supported yet; "
+				     "only CPU (kDLCPU) buffers can be used",
+				     dl_device_name((int)dt), dt);
+			return -1;
+		}
+	}
+	PyObject *cap = call0(obj, "__dlpack__");
+	if (!cap)
+		return -1;
+	if (!PyCapsule_IsValid(cap, "dltensor")) {
+		Py_DECREF(cap);
+		PyErr_SetString(PyExc_TypeError,
+				"nvio: __dlpack__() did not return a 'dltensor' capsule");
+		return -1;
+	}
+	nv_dlmanaged *mt = PyCapsule_GetPointer(cap, "dltensor");
+	if (!mt) {
+		Py_DECREF(cap);
+		return -1;
+	}
+	/* Consume it: from here on the deleter is ours to call. */
+	if (PyCapsule_SetName(cap, "used_dltensor") < 0) {
+		Py_DECREF(cap);
+		return -1;
+	}
+	Py_DECREF(cap);
+	PyObject *keeper = PyCapsule_New(mt, "nvio.dltensor", dl_keeper_destructor);
+	if (!keeper) {
+		if (mt->deleter)
+			mt->deleter(mt);
+		return -1;
+	}
+
+	nv_dltensor *t = &mt->dl_tensor;
+	if (t->device.device_type != NV_DL_CPU) {
+		PyErr_Format(PyExc_TypeError,
+			     "nvio: DLPack device '%s' (%d) is not supported yet; "
+			     "only CPU (kDLCPU) buffers can be used",
+			     dl_device_name(t->device.device_type),
+			     (int)t->device.device_type);
+		Py_DECREF(keeper);
+		return -1;
+	}
+	/* Bits per element: sub-byte types (int4, fp4) are packed, so the
+	 * size is the total bit count rounded up, not a byte per element. */
+	uint64_t ebits = (uint64_t)t->dtype.bits * (t->dtype.lanes ? t->dtype.lanes : 1);
+	uint64_t n = 1;
+	int64_t expect = 1;
+	int contiguous = 1, overflow = 0;
+	for (int i = t->ndim - 1; i >= 0; i--) {
+		int64_t s = t->shape[i];
+		if (s < 0) {
+			contiguous = 0;
+			break;
+		}
+		if (t->strides && s != 1 && t->strides[i] != expect)
+			contiguous = 0;
+		if (s && n > UINT64_MAX / (uint64_t)s)
+			overflow = 1;
+		expect = s && expect > INT64_MAX / s ? INT64_MAX : expect * s;
+		n *= (uint64_t)s;
+	}
+	if (!overflow && ebits && n > UINT64_MAX / ebits)
+		overflow = 1;
+	if (overflow || !contiguous) {
+		Py_DECREF(keeper);
+		PyErr_SetString(overflow ? PyExc_OverflowError : PyExc_ValueError,
+				overflow ? "nvio: DLPack tensor too large"
+					 : "nvio: DLPack tensor is not C-contiguous");
+		return -1;
+	}
+	b->nbytes = n * ebits / 8 + (n * ebits % 8 != 0);
+	b->ptr = t->data ? (char *)t->data + t->byte_offset : NULL;
+	if (!b->ptr && b->nbytes) {
+		Py_DECREF(keeper);
+		PyErr_SetString(PyExc_ValueError, "nvio: DLPack tensor has no data");
+		return -1;
+	}
+	if (!b->ptr)
+		b->ptr = &zero_byte;
+	b->keep = keeper;
+	return 0;
+}
+
+/*
+ * 1 when obj's buffer holds Python object pointers (format 'O': NumPy
+ * dtype=object, ctypes py_object): its bytes are not data, and a read
+ * into them would crash the interpreter. The format comes from a second
+ * request (a plain one cannot ask for it: memoryview refuses a format
+ * without a shape); bytes and bytearray are known not to.
+ */
+static int holds_objects(PyObject *obj)
+{
+	Py_buffer probe;
+	int yes;
+
+	if (PyBytes_CheckExact(obj) || PyByteArray_CheckExact(obj))
+		return 0;
+	if (PyObject_GetBuffer(obj, &probe, PyBUF_FULL_RO) < 0) {
+		PyErr_Clear();
+		return 0;
+	}
+	yes = 0;	/* an 'O' code, not in a field's :name: */
+	for (const char *f = probe.format, *in_name = NULL; f && *f; f++) {
+		if (*f == ':')
+			in_name = in_name ? NULL : f;
+		else if (*f == 'O' && !in_name)
+			yes = 1;
+	}
+	if (yes) {
+		PyObject *tn = PyType_GetName(Py_TYPE(obj));
+		PyErr_Format(PyExc_TypeError,
+			     "nvio: buffer of %S holds Python objects (format '%s'), "
+			     "not data", tn ? tn : Py_None, probe.format);
+		Py_XDECREF(tn);
+	}
+	PyBuffer_Release(&probe);
+	return yes;
+}
+
+static int view_get(PyObject *obj, int writable, ext_buf *b)
+{
+	if (holds_objects(obj))
+		return -1;
+	if (PyObject_GetBuffer(obj, &b->view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) == 0) {
+		b->has_view = 1;
+		b->ptr = b->view.buf ? b->view.buf : &zero_byte;
+		b->nbytes = (uint64_t)b->view.len;
+		return 0;
+	}
+	/* Find out why, to say it clearly. */
+	PyObject *et, *ev, *tb;
+	PyErr_Fetch(&et, &ev, &tb);
+	Py_buffer probe;
+	if (PyObject_GetBuffer(obj, &probe, PyBUF_FULL_RO) == 0) {
+		int contig = PyBuffer_IsContiguous(&probe, 'C');
+		int ro = probe.readonly;
+		PyBuffer_Release(&probe);
+		if (!contig) {
+			Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(tb);
+			PyErr_SetString(PyExc_ValueError,
+					"nvio: buffer is not C-contiguous; make a contiguous copy first");
+			return -1;
+		}
+		if (ro && writable) {
+			Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(tb);
+			PyObject *tn = PyType_GetName(Py_TYPE(obj));
+			PyErr_Format(PyExc_TypeError,
+				     "nvio: cannot read into a read-only buffer (%S)",
+				     tn ? tn : Py_None);
+			Py_XDECREF(tn);
+			return -1;
+		}
+	} else {
+		PyErr_Clear();
+	}
+	PyErr_Restore(et, ev, tb);
+	return -1;
+}
+
+int ext_buf_get(ext_state *st, PyObject *obj, int writable, ext_buf *b)
+{
+	memset(b, 0, sizeof(*b));
+	if (PyObject_CheckBuffer(obj))
+		return view_get(obj, writable, b);
+	if (is_torch_like(st, obj))
+		return torch_get(st, obj, b);
+	if (PyObject_HasAttrString(obj, "__dlpack__"))
+		return dlpack_get(obj, b);
+	PyObject *tn = PyType_GetName(Py_TYPE(obj));
+	PyErr_Format(PyExc_TypeError,
+		     "nvio: expected a tensor, an array or a buffer, not %S",
+		     tn ? tn : Py_None);
+	Py_XDECREF(tn);
+	return -1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Holds                                                               */
+/* ------------------------------------------------------------------ */
+
+ext_hold *ext_hold_new(void)
+{
+	ext_hold *x = PyMem_Calloc(1, sizeof(*x));
+	if (!x)
+		PyErr_NoMemory();
+	return x;
+}
+
+void ext_hold_free(ext_hold *x)
+{
+	ext_buf_release(&x->buf);
+	Py_XDECREF(x->path);
+	PyMem_Free(x);
+}
+
+void ext_holds_release(ext_holds *hs, uint64_t limit)
+{
+	size_t k = 0;
+	while (k < hs->n && hs->v[k]->seq < limit)
+		k++;
+	if (!k)
+		return;
+	/* Detach first: releasing may run arbitrary Python code. */
+	ext_hold **gone = PyMem_Malloc(k * sizeof(*gone));
+	if (!gone) {
+		/* Cannot detach safely; release in place, one at a time. */
+		while (hs->n && hs->v[0]->seq < limit) {
+			ext_hold *x = hs->v[0];
+			memmove(hs->v, hs->v + 1, (hs->n - 1) * sizeof(*hs->v));
+			hs->n--;
+			ext_hold_free(x);
+		}
+		return;
+	}
+	memcpy(gone, hs->v, k * sizeof(*gone));
+	memmove(hs->v, hs->v + k, (hs->n - k) * sizeof(*hs->v));
+	hs->n -= k;
+	for (size_t i = 0; i < k; i++)
+		ext_hold_free(gone[i]);
+	PyMem_Free(gone);
+}
+
+int ext_holds_add(ext_holds *hs, ext_hold *x)
+{
+	if (hs->n == hs->cap) {
+		size_t cap = hs->cap ? hs->cap * 2 : 16;
+		ext_hold **n = PyMem_Realloc(hs->v, cap * sizeof(*n));
+		if (!n) {
+			PyErr_NoMemory();
+			return -1;
+		}
+		hs->v = n;
+		hs->cap = cap;
+	}
+	x->seq = hs->next_seq++;
+	hs->v[hs->n++] = x;
+	return 0;
+}
+
+void ext_holds_fini(ext_holds *hs)
+{
+	PyMem_Free(hs->v);
+	hs->v = NULL;
+	hs->n = hs->cap = 0;
+}
+
+/*
+ * A read stores into a torch tensor behind autograd's back: bump its
+ * version counter, as torch's own in-place ops do, so that a backward
+ * pass that saved the old values fails loudly instead of computing wrong
+ * gradients. Only real tensors, only once torch is imported (a tensor
+ * cannot exist before); inference tensors have no counter and are left
+ * alone by torch. Never fails the read: its bytes have moved.
+ */
+void ext_torch_bump_version(ext_state *st, PyObject *obj)
+{
+	if (!st->torch_increment_version) {
+		PyObject *name = PyUnicode_FromString("torch");
+		PyObject *torch = name ? PyImport_GetModule(name) : NULL;
+		Py_XDECREF(name);
+		if (!torch) {
+			PyErr_Clear();
+			return;
+		}
+		PyObject *graph = PyImport_ImportModule("torch.autograd.graph");
+		st->torch_tensor_type = PyObject_GetAttrString(torch, "Tensor");
+		st->torch_increment_version =
+			graph ? PyObject_GetAttrString(graph, "increment_version") : NULL;
+		Py_DECREF(torch);
+		Py_XDECREF(graph);
+		if (!st->torch_tensor_type || !st->torch_increment_version) {
+			Py_CLEAR(st->torch_tensor_type);
+			Py_CLEAR(st->torch_increment_version);
+			PyErr_Clear();
+			return;
+		}
+	}
+	int is = PyObject_IsInstance(obj, st->torch_tensor_type);
+	PyObject *r = is > 0 ? PyObject_CallFunctionObjArgs(st->torch_increment_version,
+							 obj, NULL) : NULL;
+	Py_XDECREF(r);
+	if (is < 0 || (is > 0 && !r))
+		PyErr_Clear();
+}
+
+/*
+ * An async op on a tensor also holds its storage: the tensor alone does
+ * not keep the memory (t.set_() or `param.data = ...` swaps it out while
+ * the op still moves bytes). Duck types without storages are left as
+ * they are.
+ */
+int ext_buf_keep_storage(ext_buf *b, PyObject *obj)
+{
+	PyObject *st = PyObject_CallMethod(obj, "untyped_storage", NULL);
+	if (!st) {
+		if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+			return -1;
+		PyErr_Clear();
+		return 0;
+	}
+	b->storage = st;
+	return 0;
+}
+
+static PyObject *m_buffer_info(PyObject *m, PyObject *args)
+{
+	PyObject *o;
+	int writable = 0;
+	if (!PyArg_ParseTuple(args, "O|p:buffer_info", &o, &writable))
+		return NULL;
+	ext_buf b;
+	if (ext_buf_get(ext_state_of(m), o, writable, &b) < 0)
+		return NULL;
+	PyObject *r = Py_BuildValue("(NK)", PyLong_FromVoidPtr(b.ptr),
+				    (unsigned long long)b.nbytes);
+	ext_buf_release(&b);
+	return r;
+}
+
+static PyMethodDef buffer_functions[] = {
+	{ "buffer_info", m_buffer_info, METH_VARARGS,
+	  "buffer_info(buffer, writable=False)\n--\n\n(address, nbytes) of what nvio would use." },
+	{ NULL, NULL, 0, NULL }
+};
+
+int ext_buffers_exec(PyObject *m, ext_state *st)
+{
+#define INTERN(n) if (!(st->s_##n = PyUnicode_InternFromString(#n))) return -1;
+	EXT_TORCH_NAMES(INTERN)
+#undef INTERN
+	return PyModule_AddFunctions(m, buffer_functions);
+}

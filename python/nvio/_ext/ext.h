@@ -1,0 +1,220 @@
+/*
+ * ext.h - what the files of the CPython extension nvio._nvio share.
+ *
+ * The extension is built against the limited API of Python 3.11 (one abi3
+ * wheel) and the public C API of libnvio only (include/nvio.h). It never
+ * includes a PyTorch, NumPy, DLPack or CUDA header: tensors are reached
+ * through Python attribute calls, DLPack capsules through a small stable
+ * struct (buffers.c).
+ *
+ * One file per concern; each adds what it defines to the module from its
+ * ext_*_exec(), called in order by module.c:
+ *   module.c   module definition (PEP 489 multi-phase init), the module
+ *              state, machine-wide functions (probe, gds_*, file_size)
+ *   errors.c   NvioError and its errno subclasses; raising from a failure
+ *   buffers.c  borrowing a buffer for one op; holds for async ops
+ *   locked.c   LockedBuffer (nvio_mem_*), mem_query
+ *   handle.c   the Handle type; handle configuration
+ *
+ * Names shared between these files start with ext_ (they are hidden in
+ * the shared object: only PyInit__nvio is exported).
+ *
+ * Rules the extension keeps:
+ *   - The GIL is released around every call that may block.
+ *   - An asynchronous op keeps its buffer (and file name) alive in a
+ *     per-handle list of holds until the wait() that covers it returns,
+ *     even when that wait raises, or until the handle is destroyed.
+ *   - A handle is never destroyed while a thread is inside one of its
+ *     calls: the method call holds a reference, and close() refuses while
+ *     a call is in progress (ext_handle.busy).
+ *   - Python objects the extension keeps (classes, types, interned names,
+ *     torch objects it looked up) live in the module state, never in C
+ *     globals; a handle keeps its module, hence that state, alive.
+ */
+#ifndef NVIO_EXT_H
+#define NVIO_EXT_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+
+#include "nvio.h"
+
+/* ------------------------------------------------------------------ */
+/* Module state (module.c)                                             */
+/* ------------------------------------------------------------------ */
+
+/* Errno values with their own exception class (errors.c's table). */
+#define EXT_NERRNO 9
+
+/* How many tensor types buffers.c remembers as torch-like. */
+#define EXT_TORCH_TYPES 8
+
+/*
+ * Names looked up on every tensor, interned once: a name made from a C
+ * string on each call, and its hash, cost more than the lookup itself.
+ * Together with the caches below this took buffer_info on a torch tensor
+ * from 5.1 to 1.5 us.
+ */
+#define EXT_TORCH_NAMES(X) X(data_ptr) X(element_size) X(is_contiguous) \
+	X(numel) X(is_conj) X(is_neg) X(is_cpu) X(layout)
+
+typedef struct ext_state {
+	/* errors.c: NvioError, and the class for each errno of its table
+	 * (NULL where that errno has none; EPERM shares EACCES's) */
+	PyObject *error;
+	PyObject *errno_class[EXT_NERRNO];
+	/* the types, for type checks */
+	PyObject *handle_type;
+	PyObject *locked_buffer_type;
+	/* buffers.c: interned names, and what it learnt about torch */
+#define EXT_DECLARE_NAME(n) PyObject *s_##n;
+	EXT_TORCH_NAMES(EXT_DECLARE_NAME)
+#undef EXT_DECLARE_NAME
+	PyObject *torch_types[EXT_TORCH_TYPES];	/* types seen to be tensors */
+	unsigned torch_types_next;
+	PyObject *torch_strided;	/* torch.strided, once seen */
+	PyObject *torch_tensor_type;	/* torch.Tensor, once torch is imported */
+	PyObject *torch_increment_version;
+	/* errors.c: a failure's record (large); only touched with the GIL */
+	nvio_error_t scratch_error;
+} ext_state;
+
+extern PyModuleDef ext_moduledef;
+
+/* The state of a module made from ext_moduledef. */
+ext_state *ext_state_of(PyObject *module);
+
+/*
+ * The module that defined `type` or the nearest base of it (a stand-in
+ * for PyType_GetModuleByDef, which the 3.11 limited API lacks: Python
+ * subclasses of Handle have no module of their own). Borrowed; NULL with
+ * TypeError set when there is none.
+ */
+PyObject *ext_module_of_type(PyTypeObject *type);
+
+/* ------------------------------------------------------------------ */
+/* Errors (errors.c)                                                   */
+/* ------------------------------------------------------------------ */
+
+int ext_errors_exec(PyObject *m, ext_state *st);
+
+/*
+ * Raises the exception for a failed nvio call (rc < 0) and returns NULL.
+ * The details come from nvio_last_error(h) when it describes this
+ * failure (h may be NULL), else from what the caller knows. `target` is
+ * the file name object the user gave (or NULL for an fd op).
+ */
+PyObject *ext_raise_io(ext_state *st, nvio_handle_t *h, int rc, PyObject *target,
+		       int fd, int64_t offset, uint64_t nbytes, const char *op,
+		       int is_write);
+
+/* An error that belongs to no handle op (config, allocation, probe):
+ * ValueError for -EINVAL, else the errno's NvioError class. NULL. */
+PyObject *ext_raise_plain(ext_state *st, int rc, const char *what);
+
+/* ------------------------------------------------------------------ */
+/* Buffers and holds (buffers.c)                                       */
+/* ------------------------------------------------------------------ */
+
+int ext_buffers_exec(PyObject *m, ext_state *st);
+
+/*
+ * A buffer borrowed for one op. `view` is valid when has_view; `keep` is
+ * a strong reference to whatever keeps the memory alive (the tensor, or a
+ * capsule whose destructor calls the DLPack deleter).
+ */
+typedef struct {
+	void *ptr;
+	uint64_t nbytes;
+	int has_view;
+	Py_buffer view;
+	PyObject *keep;
+	PyObject *storage;	/* a tensor's storage, for async ops */
+} ext_buf;
+
+/*
+ * Borrows the memory of obj for one op: writable when the op stores into
+ * it (a read). 0, or -1 with an exception set. On success the caller must
+ * ext_buf_release(b). b->keep == obj tells that obj is a torch tensor.
+ */
+int ext_buf_get(ext_state *st, PyObject *obj, int writable, ext_buf *b);
+void ext_buf_release(ext_buf *b);
+
+/* For an async op on a tensor: hold its storage as well (the tensor alone
+ * does not keep the memory). 0, or -1 with an exception set. */
+int ext_buf_keep_storage(ext_buf *b, PyObject *tensor);
+
+/* After a read into obj: bump a torch tensor's autograd version counter.
+ * Never fails. */
+void ext_torch_bump_version(ext_state *st, PyObject *obj);
+
+/* What an accepted asynchronous op borrows until a wait() covers it. */
+typedef struct {
+	uint64_t seq;
+	ext_buf buf;
+	PyObject *path;		/* the encoded file name, or NULL */
+} ext_hold;
+
+/* A handle's holds, oldest first; seq strictly increasing from 1. */
+typedef struct {
+	ext_hold **v;
+	size_t n, cap;
+	uint64_t next_seq;
+} ext_holds;
+
+/* A zeroed hold, or NULL with MemoryError set. */
+ext_hold *ext_hold_new(void);
+void ext_hold_free(ext_hold *x);
+/* Appends x with the next seq; -1 with MemoryError set (x not taken). */
+int ext_holds_add(ext_holds *hs, ext_hold *x);
+/* Releases every hold whose seq is below limit (all with UINT64_MAX).
+ * Releasing may run arbitrary Python code. */
+void ext_holds_release(ext_holds *hs, uint64_t limit);
+/* Frees the list itself; call after ext_holds_release(hs, UINT64_MAX). */
+void ext_holds_fini(ext_holds *hs);
+
+/* ------------------------------------------------------------------ */
+/* Locked memory (locked.c)                                            */
+/* ------------------------------------------------------------------ */
+
+int ext_locked_exec(PyObject *m, ext_state *st);
+
+/* ------------------------------------------------------------------ */
+/* Handle (handle.c)                                                   */
+/* ------------------------------------------------------------------ */
+
+int ext_handle_exec(PyObject *m, ext_state *st);
+
+typedef struct {
+	PyObject_HEAD
+	nvio_handle_t *h;	/* NULL once closed */
+	PyObject *module;	/* strong: keeps the state alive */
+	int busy;		/* calls now running with the GIL released */
+	ext_holds holds;
+} ext_handle;
+
+static inline ext_state *ext_handle_state(ext_handle *self)
+{
+	return ext_state_of(self->module);
+}
+
+/* 0 if the handle is open, else -1 with ValueError set. */
+int ext_handle_check_open(ext_handle *self);
+
+/*
+ * Resolves a file target: a path (str, bytes, os.PathLike) or an open
+ * descriptor (int, or the fd= keyword). *pathb gets the encoded path
+ * (new reference) and *shown the object to name in errors, or NULL with
+ * *fd set. 0, or -1 with an exception set.
+ */
+int ext_parse_target(PyObject *filename, PyObject *fdobj, PyObject **pathb,
+		     int *fd, PyObject **shown);
+
+/* An engine (None, a name or an NVIO_ENGINE_* number) and a direct mode
+ * (None, a bool or a name). 0, or -1 with an exception set. */
+int ext_parse_engine(PyObject *o, int *out);
+int ext_parse_direct(PyObject *o, int *out);
+
+#endif
