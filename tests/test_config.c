@@ -1,7 +1,9 @@
 /*
  * test_config.c - nvio_config_init defaults, handle getters, invalid
- * configurations, environment overrides, names, version and strerror.
+ * configurations, the struct_size of nvio_config_t and nvio_error_t, the
+ * environment as defaults, names, version and strerror.
  */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -197,9 +199,7 @@ static void b_flagshi(nvio_config_t *c) { c->flags = 0x80000000u; }
 static void b_res0(nvio_config_t *c) { c->reserved[0] = 1; }
 static void b_res5(nvio_config_t *c) { c->reserved[5] = 1ull << 63; }
 static void b_size0(nvio_config_t *c) { c->struct_size = 0; }
-static void b_size8(nvio_config_t *c) { c->struct_size = 8; }
-static void b_sizem1(nvio_config_t *c) { c->struct_size = sizeof(*c) - 1; }
-static void b_sizem8(nvio_config_t *c) { c->struct_size = sizeof(*c) - 8; }
+static void b_size2(nvio_config_t *c) { c->struct_size = 2; }
 
 static const struct bad_cfg bad_cfgs[] = {
 	{ "block_size 0", b_block0 },
@@ -219,9 +219,7 @@ static const struct bad_cfg bad_cfgs[] = {
 	{ "reserved[0]", b_res0 },
 	{ "reserved[5]", b_res5 },
 	{ "struct_size 0", b_size0 },
-	{ "struct_size 8", b_size8 },
-	{ "struct_size sizeof-1", b_sizem1 },
-	{ "struct_size sizeof-8", b_sizem8 },
+	{ "struct_size 2 (not even its own field)", b_size2 },
 };
 
 static void test_invalid(void)
@@ -284,18 +282,25 @@ static void test_invalid(void)
 	}
 }
 
+/*
+ * The environment supplies defaults only: it applies where the
+ * configuration leaves the engine or direct mode at AUTO, and an
+ * explicit value in the configuration wins over it.
+ */
 static void expect_env(const char *var, const char *val, int cfg_engine,
-		       int want_err, int want_engine, int want_direct)
+		       int cfg_direct, int want_err, int want_engine,
+		       int want_direct)
 {
 	nvio_config_t c;
 	nvio_handle_t *h = NULL;
 	int r;
 
-	t_ctx("env %s=%s", var, val);
+	t_ctx("env %s=%s, cfg engine %s direct %s", var, val,
+	      t_engine_str(cfg_engine), nvio_direct_name(cfg_direct));
 	setenv(var, val, 1);
 	nvio_config_init(&c);
 	c.engine = cfg_engine;
-	c.direct = NVIO_DIRECT_ON;
+	c.direct = cfg_direct;
 	r = nvio_handle_create(&h, &c);
 	unsetenv(var);
 	if (!T_ERR(r, want_err) || r)
@@ -309,48 +314,246 @@ static void expect_env(const char *var, const char *val, int cfg_engine,
 
 static void test_env(void)
 {
-	int other = NVIO_ENGINE_PSYNC;
+	const int A = NVIO_ENGINE_AUTO, P = NVIO_ENGINE_PSYNC;
+	int other = P, missing = -1;
 
-	/* A configured engine that env must override. */
+	/* A configured engine the environment names another than. */
 	if (nvio_engine_available(NVIO_ENGINE_URING, NULL, 0) == 1)
 		other = NVIO_ENGINE_URING;
 	else if (nvio_engine_available(NVIO_ENGINE_AIO, NULL, 0) == 1)
 		other = NVIO_ENGINE_AIO;
-	if (other == NVIO_ENGINE_PSYNC)
-		t_note("only psync available: env engine override checked "
-		       "against psync itself");
-
-	expect_env("NVIO_ENGINE", "psync", other, 0, NVIO_ENGINE_PSYNC, -1);
-	for (int e = NVIO_ENGINE_URING; e <= NVIO_ENGINE_AIO; e++) {
+	if (other == P)
+		t_note("only psync available: explicit engine over env "
+		       "checked against psync itself");
+	for (int e = NVIO_ENGINE_URING; e <= NVIO_ENGINE_AIO; e++)
 		if (nvio_engine_available(e, NULL, 0) != 1)
-			continue;
-		expect_env("NVIO_ENGINE", nvio_engine_name(e),
-			   NVIO_ENGINE_PSYNC, 0, e, -1);
-	}
-	expect_env("NVIO_ENGINE", "auto", NVIO_ENGINE_PSYNC, 0, -1, -1);
-	expect_env("NVIO_ENGINE", "bogus", NVIO_ENGINE_PSYNC, -EINVAL, -1, -1);
-	expect_env("NVIO_DIRECT", "off", NVIO_ENGINE_PSYNC, 0, -1,
-		   NVIO_DIRECT_OFF);
-	expect_env("NVIO_DIRECT", "auto", NVIO_ENGINE_PSYNC, 0, -1,
-		   NVIO_DIRECT_AUTO);
-	expect_env("NVIO_DIRECT", "bogus", NVIO_ENGINE_PSYNC, -EINVAL, -1, -1);
+			missing = e;
 
-	/* Env "on" over a config saying off. */
+	/* cfg AUTO: the environment applies */
+	expect_env("NVIO_ENGINE", "psync", A, NVIO_DIRECT_AUTO, 0, P, -1);
+	for (int e = NVIO_ENGINE_URING; e <= NVIO_ENGINE_AIO; e++)
+		if (nvio_engine_available(e, NULL, 0) == 1)
+			expect_env("NVIO_ENGINE", nvio_engine_name(e), A,
+				   NVIO_DIRECT_AUTO, 0, e, -1);
+	expect_env("NVIO_ENGINE", "auto", A, NVIO_DIRECT_AUTO, 0, -1, -1);
+	expect_env("NVIO_ENGINE", "bogus", A, NVIO_DIRECT_AUTO, -EINVAL, -1,
+		   -1);
+	/* an explicit engine wins, also over an engine that cannot run */
+	expect_env("NVIO_ENGINE", "psync", other, NVIO_DIRECT_AUTO, 0, other,
+		   -1);
+	expect_env("NVIO_ENGINE", nvio_engine_name(other), P,
+		   NVIO_DIRECT_AUTO, 0, P, -1);
+	if (missing >= 0)
+		expect_env("NVIO_ENGINE", nvio_engine_name(missing), P,
+			   NVIO_DIRECT_AUTO, 0, P, -1);
+
+	expect_env("NVIO_DIRECT", "off", P, NVIO_DIRECT_AUTO, 0, -1,
+		   NVIO_DIRECT_OFF);
+	expect_env("NVIO_DIRECT", "on", P, NVIO_DIRECT_AUTO, 0, -1,
+		   NVIO_DIRECT_ON);
+	expect_env("NVIO_DIRECT", "auto", P, NVIO_DIRECT_AUTO, 0, -1,
+		   NVIO_DIRECT_AUTO);
+	expect_env("NVIO_DIRECT", "bogus", P, NVIO_DIRECT_AUTO, -EINVAL, -1,
+		   -1);
+	expect_env("NVIO_DIRECT", "on", P, NVIO_DIRECT_OFF, 0, -1,
+		   NVIO_DIRECT_OFF);
+	expect_env("NVIO_DIRECT", "off", P, NVIO_DIRECT_ON, 0, -1,
+		   NVIO_DIRECT_ON);
+
+	/* cfg NULL is all defaults: the environment applies */
 	{
-		nvio_config_t c;
 		nvio_handle_t *h = NULL;
 
-		t_ctx("env NVIO_DIRECT=on over cfg off");
-		setenv("NVIO_DIRECT", "on", 1);
-		nvio_config_init(&c);
-		c.engine = NVIO_ENGINE_PSYNC;
-		c.direct = NVIO_DIRECT_OFF;
-		if (T_OK(nvio_handle_create(&h, &c))) {
-			T_EQ_INT(nvio_get_direct(h), NVIO_DIRECT_ON);
+		t_ctx("env NVIO_ENGINE=psync NVIO_DIRECT=off, cfg NULL");
+		setenv("NVIO_ENGINE", "psync", 1);
+		setenv("NVIO_DIRECT", "off", 1);
+		if (T_OK(nvio_handle_create(&h, NULL))) {
+			T_EQ_INT(nvio_get_engine(h), P);
+			T_EQ_INT(nvio_get_direct(h), NVIO_DIRECT_OFF);
 			nvio_handle_destroy(h);
 		}
+		unsetenv("NVIO_ENGINE");
 		unsetenv("NVIO_DIRECT");
 	}
+}
+
+/*
+ * nvio_config_t grows: a struct that ends before a field (an older
+ * caller's) gets the default for every field it lacks, whatever bytes
+ * lie past its end; a larger one (a newer caller's) is accepted when the
+ * bytes this library does not know are 0, else -EINVAL.
+ */
+static void test_struct_size(void)
+{
+	static const struct {
+		const char *what;
+		size_t size;
+	} older[] = {
+		{ "up to flags", offsetof(nvio_config_t, block_size) },
+		{ "up to block_size", offsetof(nvio_config_t, queue_depth) },
+		{ "up to queue_depth", offsetof(nvio_config_t,
+						intra_op_parallelism) },
+		{ "up to overlap_events", offsetof(nvio_config_t, engine) },
+		{ "up to engine", offsetof(nvio_config_t, direct) },
+		{ "up to direct", offsetof(nvio_config_t, staging_bytes) },
+		{ "up to staging_bytes", offsetof(nvio_config_t, reserved) },
+		{ "equal", sizeof(nvio_config_t) },
+	};
+	struct {
+		nvio_config_t c;
+		uint64_t tail[4];
+	} big;
+	nvio_config_t got;
+	nvio_handle_t *h;
+
+	for (size_t i = 0; i < sizeof(older) / sizeof(older[0]); i++) {
+		size_t n = older[i].size;
+
+		t_ctx("struct_size %zu (%s)", n, older[i].what);
+		memset(&big, 0, sizeof(big));
+		nvio_config_init(&big.c);
+		big.c.struct_size = (uint32_t)n;
+		big.c.block_size = 65536;
+		big.c.queue_depth = 7;
+		big.c.intra_op_parallelism = 2;
+		big.c.single_submit = 1;
+		big.c.overlap_events = 1;
+		big.c.engine = NVIO_ENGINE_PSYNC;
+		big.c.direct = NVIO_DIRECT_OFF;
+		big.c.staging_bytes = 3 * 65536;
+		/* what the caller does not know is garbage to it */
+		memset((char *)&big + n, 0xff, sizeof(big) - n);
+		h = NULL;
+		if (!T_OK(nvio_handle_create(&h, &big.c)))
+			continue;
+#define FIELD_IN(f) (offsetof(nvio_config_t, f) + \
+		     sizeof(((nvio_config_t *)0)->f) <= n)
+		T_EQ_U64(nvio_get_block_size(h), FIELD_IN(block_size) ? 65536 :
+			 NVIO_DEFAULT_BLOCK_SIZE);
+		T_EQ_U64(nvio_get_queue_depth(h), FIELD_IN(queue_depth) ? 7 :
+			 NVIO_DEFAULT_QUEUE_DEPTH);
+		T_EQ_U64(nvio_get_intra_op_parallelism(h),
+			 FIELD_IN(intra_op_parallelism) ? 2 : 1);
+		T_EQ_INT(nvio_get_single_submit(h),
+			 FIELD_IN(single_submit) ? 1 : 0);
+		T_EQ_INT(nvio_get_overlap_events(h),
+			 FIELD_IN(overlap_events) ? 1 : 0);
+		if (FIELD_IN(engine))
+			T_EQ_INT(nvio_get_engine(h), NVIO_ENGINE_PSYNC);
+		T_EQ_INT(nvio_get_direct(h), FIELD_IN(direct) ?
+			 NVIO_DIRECT_OFF : NVIO_DIRECT_AUTO);
+		T_EQ_INT(nvio_get_gds(h), 0);	/* flags: 0 */
+		memset(&got, 0, sizeof(got));
+		if (FIELD_IN(staging_bytes) &&
+		    T_OK(nvio_handle_config(h, &got)))
+			T_EQ_U64(got.staging_bytes, 3 * 65536);
+#undef FIELD_IN
+		nvio_handle_destroy(h);
+	}
+
+	for (int k = 0; k < 5; k++) {
+		int bad = k >= 2;
+
+		t_ctx("struct_size %zu, tail %s", sizeof(big),
+		      bad ? "nonzero" : "zero");
+		memset(&big, 0, sizeof(big));
+		nvio_config_init(&big.c);
+		big.c.struct_size = (uint32_t)(k == 1 ? sizeof(big.c) + 8 :
+					       sizeof(big));
+		big.c.engine = NVIO_ENGINE_PSYNC;
+		big.c.block_size = 65536;
+		if (bad)
+			((unsigned char *)big.tail)[k == 2 ? 0 : k == 3 ? 17 :
+						    sizeof(big.tail) - 1] = 1;
+		h = NULL;
+		if (bad) {
+			T_ERR(nvio_handle_create(&h, &big.c), -EINVAL);
+		} else if (T_OK(nvio_handle_create(&h, &big.c))) {
+			T_EQ_U64(nvio_get_block_size(h), 65536);
+			T_EQ_INT(nvio_get_engine(h), NVIO_ENGINE_PSYNC);
+		}
+		nvio_handle_destroy(h);
+	}
+	/* a byte past a smaller struct_size is never looked at */
+	t_ctx("struct_size sizeof + 8, nonzero byte past it");
+	memset(&big, 0, sizeof(big));
+	nvio_config_init(&big.c);
+	big.c.struct_size = (uint32_t)(sizeof(big.c) + 8);
+	big.c.engine = NVIO_ENGINE_PSYNC;
+	big.tail[1] = ~0ull;
+	h = NULL;
+	T_OK(nvio_handle_create(&h, &big.c));
+	nvio_handle_destroy(h);
+}
+
+/*
+ * nvio_error_t: nvio_last_error fills exactly struct_size bytes (an older
+ * caller's smaller struct gets the fields it has, the bytes after it are
+ * not written); below 8 is -EINVAL.
+ */
+static void test_error_struct_size(void)
+{
+	union {
+		nvio_error_t e;
+		unsigned char b[sizeof(nvio_error_t) + 64];
+	} u;
+	static const size_t sizes[] = {
+		8, offsetof(nvio_error_t, op_seq),
+		offsetof(nvio_error_t, user_data),
+		offsetof(nvio_error_t, what) + 5,
+		offsetof(nvio_error_t, path),
+	};
+	char path[T_PATH_MAX], buf[16];
+	nvio_handle_t *h = NULL;
+
+	t_ctx("nvio_error_t struct_size");
+	t_path(path, "no-such-file");
+	if (t_handle(&h, NVIO_ENGINE_PSYNC, NVIO_DIRECT_OFF, 1, 0))
+		return;
+	T_ERR(nvio_pread(h, buf, sizeof(buf), path, 0, 0), -ENOENT);
+	/* the full struct */
+	memset(&u, 0xa5, sizeof(u));
+	u.e.struct_size = sizeof(nvio_error_t);
+	if (T_ERR(nvio_last_error(h, &u.e), -ENOENT)) {
+		T_EQ_U64(u.e.struct_size, sizeof(nvio_error_t));
+		T_ERR(u.e.err, -ENOENT);
+		T_EQ_INT(u.e.is_write, 0);
+		T_EQ_U64(u.e.user_data, 0);
+		T_TRUE(strstr(u.e.path, "no-such-file") != NULL);
+		for (size_t i = sizeof(nvio_error_t); i < sizeof(u); i++)
+			if (u.b[i] != 0xa5) {
+				T_FAILF("byte %zu past the struct written", i);
+				break;
+			}
+	}
+	for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+		t_ctx("nvio_error_t struct_size %zu", sizes[k]);
+		memset(&u, 0xa5, sizeof(u));
+		u.e.struct_size = (uint32_t)sizes[k];
+		T_ERR(nvio_last_error(h, &u.e), -ENOENT);
+		T_EQ_U64(u.e.struct_size, sizes[k]);
+		T_ERR(u.e.err, -ENOENT);
+		for (size_t i = sizes[k]; i < sizeof(u); i++)
+			if (u.b[i] != 0xa5) {
+				T_FAILF("byte %zu written past struct_size %zu",
+					i, sizes[k]);
+				break;
+			}
+	}
+	for (uint32_t n = 0; n < 8; n++) {
+		t_ctx("nvio_error_t struct_size %u", n);
+		memset(&u, 0xa5, sizeof(u));
+		u.e.struct_size = n;
+		T_ERR(nvio_last_error(h, &u.e), -EINVAL);
+		for (size_t i = 4; i < sizeof(u); i++)
+			if (u.b[i] != 0xa5) {
+				T_FAILF("byte %zu written", i);
+				break;
+			}
+	}
+	t_ctx("nvio_error_t NULL");
+	T_ERR(nvio_last_error(h, NULL), -EINVAL);
+	nvio_handle_destroy(h);
 }
 
 static void test_names(void)
@@ -402,10 +605,10 @@ static void test_version(void)
 
 	t_ctx("version");
 	T_EQ_U64(nvio_version(), NVIO_VERSION_NUM);
-	T_EQ_U64(NVIO_VERSION_NUM, (0u << 16) | (1u << 8) | 0u);
-	T_TRUE(NVIO_CHECK_VERSION(0, 1, 0));
-	T_TRUE(NVIO_CHECK_VERSION(0, 0, 9));
-	T_TRUE(!NVIO_CHECK_VERSION(0, 1, 1));
+	T_EQ_U64(NVIO_VERSION_NUM, (0u << 16) | (2u << 8) | 0u);
+	T_TRUE(NVIO_CHECK_VERSION(0, 2, 0));
+	T_TRUE(NVIO_CHECK_VERSION(0, 1, 9));
+	T_TRUE(!NVIO_CHECK_VERSION(0, 2, 1));
 	T_TRUE(!NVIO_CHECK_VERSION(1, 0, 0));
 	snprintf(want, sizeof(want), "%d.%d.%d", NVIO_VERSION_MAJOR,
 		 NVIO_VERSION_MINOR, NVIO_VERSION_PATCH);
@@ -446,6 +649,8 @@ int main(void)
 	test_auto_order();
 	test_invalid();
 	test_env();
+	test_struct_size();
+	test_error_struct_size();
 	test_names();
 	test_version();
 	test_strerror();
