@@ -175,7 +175,7 @@ static void drop_all(void)
 static void fail(const char *what, int err, nvio_handle_t *h)
 {
 	char line[1400] = "";
-	nvio_error_t e;
+	nvio_error_t e = { .struct_size = sizeof(e) };
 	char *p;
 
 	if (h && nvio_last_error(h, &e))

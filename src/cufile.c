@@ -241,7 +241,7 @@ int nvio_gds_deregister(void *dev_ptr)
 	return 0;
 }
 
-int nvio__cufile_op_open(struct nvio__op *op, int fd)
+int nvio__cufile_open(int fd, void **out)
 {
 	CUfileDescr_t d;
 	CUfileHandle_t fh;
@@ -253,15 +253,14 @@ int nvio__cufile_op_open(struct nvio__op *op, int fd)
 	e = cf.HandleRegister(&fh, &d);
 	if (e.err)
 		return cf_errno(e.err);
-	op->cufh = fh;
+	*out = fh;
 	return 0;
 }
 
-void nvio__cufile_op_close(struct nvio__op *op)
+void nvio__cufile_close(void *fh)
 {
-	if (op->cufh)
-		cf.HandleDeregister(op->cufh);
-	op->cufh = NULL;
+	if (fh)
+		cf.HandleDeregister(fh);
 }
 
 /*
@@ -269,10 +268,10 @@ void nvio__cufile_op_close(struct nvio__op *op)
  * offset, as cuFile asks; an unregistered one as itself. cuFile may
  * return short counts: loop. Returns 0 or -errno; *what names the call.
  */
-int nvio__cufile_rw(struct nvio__op *op, uint64_t off, uint64_t len,
-		    const char **what)
+int nvio__cufile_rw(void *fh, int is_write, void *dev, uint64_t off,
+		    uint64_t len, const char **what)
 {
-	uintptr_t p = (uintptr_t)(op->buf + (off - op->plan.off));
+	uintptr_t p = (uintptr_t)dev;
 	uintptr_t base = p;
 	uint64_t done = 0;
 	size_t i;
@@ -281,13 +280,13 @@ int nvio__cufile_rw(struct nvio__op *op, uint64_t off, uint64_t len,
 	if (reg_find(p, &i))
 		base = regs[i].base;
 	pthread_mutex_unlock(&regs_lock);
-	*what = op->is_write ? "cuFileWrite" : "cuFileRead";
+	*what = is_write ? "cuFileWrite" : "cuFileRead";
 	while (done < len) {
 		off_t boff = (off_t)(p - base + done);
-		ssize_t r = op->is_write ?
-			cf.Write(op->cufh, (const void *)base, len - done,
+		ssize_t r = is_write ?
+			cf.Write(fh, (const void *)base, len - done,
 				 (off_t)(off + done), boff) :
-			cf.Read(op->cufh, (void *)base, len - done,
+			cf.Read(fh, (void *)base, len - done,
 				(off_t)(off + done), boff);
 
 		if (r == -1)
@@ -295,7 +294,7 @@ int nvio__cufile_rw(struct nvio__op *op, uint64_t off, uint64_t len,
 		if (r < 0)
 			return cf_errno((int)-r);
 		if (r == 0)
-			return op->is_write ? -EIO : -ENODATA;
+			return is_write ? -EIO : -ENODATA;
 		done += (uint64_t)r;
 	}
 	return 0;

@@ -84,16 +84,3 @@ const struct nvio__engine_ops nvio__engine_psync = {
 	.submit = psync_submit,
 	.reap = psync_reap,
 };
-
-const struct nvio__engine_ops *nvio__engine(int id)
-{
-	switch (id) {
-	case NVIO_ENGINE_URING:
-		return &nvio__engine_uring;
-	case NVIO_ENGINE_AIO:
-		return &nvio__engine_aio;
-	case NVIO_ENGINE_PSYNC:
-		return &nvio__engine_psync;
-	}
-	return NULL;
-}

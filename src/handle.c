@@ -1,24 +1,14 @@
 /*
- * handle.c - handle life cycle, configuration, getters, wait and errors.
+ * handle.c - handle life cycle, configuration and getters.
  */
 #include <errno.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
-
-/*
- * The last failure returned to this thread, and the handle it came from.
- * Threads sharing a handle each keep their own, so one thread's error
- * never describes another's failure; a handle id is never reused, so a
- * record cannot outlive its handle into a new one at the same address.
- */
-static _Thread_local struct {
-	uint64_t handle_id;
-	nvio_error_t e;
-} thread_last;
 
 /* Handle ids start at 1: a thread's record with id 0 names no handle. */
 static atomic_uint_fast64_t next_handle_id = 1;
@@ -37,9 +27,29 @@ void nvio_config_init(nvio_config_t *cfg)
 	cfg->staging_bytes = 0;		/* automatic: see workers_alloc */
 }
 
+/*
+ * The caller's configuration, whatever version of this header it was
+ * built with: a smaller struct leaves our newer fields at their
+ * defaults; a larger one may not set anything this library cannot honour.
+ */
+static int config_in(nvio_config_t *c, const nvio_config_t *theirs)
+{
+	size_t n = theirs->struct_size;
+
+	nvio_config_init(c);
+	if (n < offsetof(nvio_config_t, block_size))
+		return -EINVAL;
+	for (size_t i = sizeof(*c); i < n; i++)
+		if (((const unsigned char *)theirs)[i])
+			return -EINVAL;
+	memcpy(c, theirs, n < sizeof(*c) ? n : sizeof(*c));
+	c->struct_size = sizeof(*c);
+	return 0;
+}
+
 static int check_config(const nvio_config_t *c)
 {
-	if (c->struct_size < sizeof(*c) || (c->flags & ~NVIO_HANDLE_GDS))
+	if (c->flags & ~NVIO_HANDLE_GDS)
 		return -EINVAL;
 	for (size_t i = 0; i < sizeof(c->reserved) / sizeof(c->reserved[0]); i++)
 		if (c->reserved[i])
@@ -60,21 +70,24 @@ static int check_config(const nvio_config_t *c)
 	return 0;
 }
 
-/* NVIO_ENGINE and NVIO_DIRECT override the configuration. */
+/*
+ * NVIO_ENGINE and NVIO_DIRECT supply what the configuration leaves at
+ * AUTO; an explicit setting wins.
+ */
 static int apply_env(nvio_config_t *c, int *engine_from_env)
 {
 	const char *e = getenv("NVIO_ENGINE"), *d = getenv("NVIO_DIRECT");
 	int v;
 
 	*engine_from_env = 0;
-	if (e && *e) {
+	if (e && *e && c->engine == NVIO_ENGINE_AUTO) {
 		v = nvio_engine_from_name(e);
 		if (v < 0)
 			return v;
 		c->engine = v;
 		*engine_from_env = 1;
 	}
-	if (d && *d) {
+	if (d && *d && c->direct == NVIO_DIRECT_AUTO) {
 		v = nvio_direct_from_name(d);
 		if (v < 0)
 			return v;
@@ -169,9 +182,7 @@ static void handle_free(struct nvio_handle *h)
 		pthread_mutex_destroy(&w->lock);
 		pthread_cond_destroy(&w->cond);
 	}
-	pthread_mutex_destroy(&h->lock);
-	pthread_mutex_destroy(&h->wait_lock);
-	pthread_cond_destroy(&h->cond);
+	nvio__track_fini(h);
 	free(h->workers);
 	free(h);
 }
@@ -236,25 +247,17 @@ int nvio_handle_create(nvio_handle_t **out, const nvio_config_t *cfg)
 	h = calloc(1, sizeof(*h));
 	if (!h)
 		return -ENOMEM;
-	if (cfg) {
-		if (cfg->struct_size < sizeof(*cfg)) {
-			free(h);
-			return -EINVAL;
-		}
-		h->cfg = *cfg;
-	} else {
-		nvio_config_init(&h->cfg);
-	}
-	r = check_config(&h->cfg);
+	nvio_config_init(&h->cfg);
+	r = cfg ? config_in(&h->cfg, cfg) : 0;
+	if (!r)
+		r = check_config(&h->cfg);
 	if (!r)
 		r = apply_env(&h->cfg, &from_env);
 	if (r) {
 		free(h);
 		return r;
 	}
-	pthread_mutex_init(&h->lock, NULL);
-	pthread_mutex_init(&h->wait_lock, NULL);
-	pthread_cond_init(&h->cond, NULL);
+	nvio__track_init(h);
 	h->id = atomic_fetch_add(&next_handle_id, 1);
 	h->nworkers = h->cfg.intra_op_parallelism;
 	r = workers_alloc(h);
@@ -277,12 +280,9 @@ void nvio_handle_destroy(nvio_handle_t *h)
 {
 	if (!h)
 		return;
-	/* every async op, whatever its generation, ends before the workers
-	 * stop (a thread still submitting is the caller's error) */
-	pthread_mutex_lock(&h->lock);
-	while (h->gens[0].inflight > 0 || h->gens[1].inflight > 0)
-		pthread_cond_wait(&h->cond, &h->lock);
-	pthread_mutex_unlock(&h->lock);
+	/* every async op, of any sink, ends before the workers stop (a
+	 * thread still submitting is the caller's error) */
+	nvio__track_quiesce(h, NULL);
 	nvio__workers_stop(h);
 	handle_free(h);
 }
@@ -338,83 +338,4 @@ int nvio_get_direct(const nvio_handle_t *h)
 const char *nvio_get_engine_note(const nvio_handle_t *h)
 {
 	return h ? h->engine_note : "";
-}
-
-int nvio_wait(nvio_handle_t *h)
-{
-	struct nvio__gen *g;
-	nvio_error_t e;
-	int r;
-
-	if (!h)
-		return -EINVAL;
-	/* Waits take turns: when this one flips the generation, the other
-	 * one holds nothing (the previous wait reported it all). */
-	pthread_mutex_lock(&h->wait_lock);
-	pthread_mutex_lock(&h->lock);
-	g = &h->gens[h->gen & 1];
-	h->gen++;	/* ops submitted from now on are the next wait's */
-	while (g->inflight > 0)
-		pthread_cond_wait(&h->cond, &h->lock);
-	r = g->err ? g->err : g->done > INT_MAX ? INT_MAX : (int)g->done;
-	if (g->err)
-		e = g->rec;
-	g->err = 0;
-	g->done = 0;
-	pthread_mutex_unlock(&h->lock);
-	pthread_mutex_unlock(&h->wait_lock);
-	/* The record of the op whose error this wait returns. */
-	return r < 0 ? nvio__error_publish(h, &e) : r;
-}
-
-uint32_t nvio_pending(const nvio_handle_t *h)
-{
-	uint32_t n;
-
-	if (!h)
-		return 0;
-	pthread_mutex_lock((pthread_mutex_t *)&h->lock);
-	n = h->gens[0].inflight + h->gens[0].done + h->gens[1].inflight +
-	    h->gens[1].done;
-	pthread_mutex_unlock((pthread_mutex_t *)&h->lock);
-	return n;
-}
-
-void nvio__error_fill(nvio_error_t *e, int err, const struct nvio__op *op,
-		      const char *what, uint64_t off, uint64_t len)
-{
-	memset(e, 0, sizeof(*e));
-	e->err = err;
-	e->offset = (int64_t)off;
-	e->nbytes = len;
-	snprintf(e->what, sizeof(e->what), "%s", what);
-	if (op) {
-		e->is_write = op->is_write;
-		e->op_seq = op->seq;
-		snprintf(e->path, sizeof(e->path), "%s", op->path ? op->path : "");
-	}
-}
-
-int nvio__error_publish(struct nvio_handle *h, const nvio_error_t *e)
-{
-	thread_last.e = *e;
-	thread_last.handle_id = h->id;
-	pthread_mutex_lock(&h->lock);
-	h->last = *e;
-	pthread_mutex_unlock(&h->lock);
-	return e->err;
-}
-
-int nvio_last_error(const nvio_handle_t *h, nvio_error_t *out)
-{
-	if (!h || !out)
-		return -EINVAL;
-	if (thread_last.handle_id == h->id) {
-		*out = thread_last.e;
-		return out->err;
-	}
-	pthread_mutex_lock((pthread_mutex_t *)&h->lock);
-	*out = h->last;
-	pthread_mutex_unlock((pthread_mutex_t *)&h->lock);
-	return out->err;
 }

@@ -3,14 +3,23 @@
  *
  * Objects and who owns them:
  *   nvio_handle   owns its workers (threads, engine contexts, staging
- *                 pools) and the bookkeeping of ops in flight.
+ *                 pools); track.c owns its bookkeeping of ops in flight,
+ *                 completions and errors.
+ *   nvio_file     an open file (file.c): descriptors, alignment, size,
+ *                 the temporary of an atomic write. The caller's, or an
+ *                 op's private one for the by-path and by-fd calls.
  *   nvio__op      one accepted request. Allocated at submit with one
  *                 nvio__task per worker embedded in it; freed by the thread
- *                 that finishes it (async) or by the submitter (sync).
+ *                 that ends it (async) or by the submitter (sync).
  *   nvio__task    the contiguous run of an op's pieces given to a worker.
  *
+ * Dependencies run one way: handle -> workers, track; submit -> file,
+ * plan, op, workers, track; op -> track, file; workers -> engines,
+ * staging, cuda.
+ *
  * Lock order: a thread never holds two of these locks at once:
- *   handle->lock (op accounting, errors) and worker->lock (task queue).
+ *   handle->lock (op accounting, completions, errors), worker->lock
+ *   (task queue) and file->lock (the lazily opened O_DIRECT descriptor).
  */
 #ifndef NVIO_INTERNAL_H
 #define NVIO_INTERNAL_H
@@ -18,6 +27,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include "nvio.h"
@@ -27,9 +37,9 @@
 #define NVIO__PAGE 4096u
 #define NVIO__MAX_BLOCK (1ull << 30)	/* one request must fit a syscall */
 
-/* How an op's byte range is cut: see plan.c. */
+/* How one contiguous file range (an extent) is cut: see plan.c. */
 struct nvio__plan {
-	uint64_t off, len;	/* the file range of the whole op */
+	uint64_t off, len;	/* the file range */
 	uint64_t head;		/* bytes before the aligned body */
 	uint64_t body;		/* aligned body length (0: none) */
 	uint64_t tail;		/* bytes after the body */
@@ -42,11 +52,44 @@ void nvio__plan_make(struct nvio__plan *p, uint64_t off, uint64_t len,
 /* Piece k: file offset, length and whether it belongs to the body. */
 void nvio__plan_piece(const struct nvio__plan *p, uint64_t k, uint64_t *off,
 		      uint64_t *len, int *body);
-/* Worker w of n gets pieces [*begin, *end). */
-void nvio__plan_slice(const struct nvio__plan *p, unsigned w, unsigned n,
+/* Worker w of n gets pieces [*begin, *end) of npieces. */
+void nvio__plan_slice(uint64_t npieces, unsigned w, unsigned n,
 		      uint64_t *begin, uint64_t *end);
 
+/*
+ * An op's memory: one or more buffers laid end to end make the op's
+ * "virtual buffer"; pos is where a buffer starts in it.
+ */
+struct nvio__seg {
+	unsigned char *base;
+	uint64_t len;
+	uint64_t pos;
+};
+
+/* A contiguous file range of an op and where its bytes start in the
+ * virtual buffer; first is the op-wide number of its first piece. */
+struct nvio__extent {
+	struct nvio__plan plan;
+	uint64_t pos;
+	uint64_t first;
+};
+
+/* One piece of an op, as plan.c and memory lookups see it. */
+struct nvio__piece {
+	uint64_t off, len;	/* file range */
+	uint64_t pos;		/* in the virtual buffer */
+	int body;		/* aligned body piece (O_DIRECT when direct) */
+};
 struct nvio__op;
+void nvio__op_piece(const struct nvio__op *op, uint64_t k, struct nvio__piece *pc);
+/* The bytes at pos, and in *avail how many follow in the same buffer. */
+unsigned char *nvio__op_at(const struct nvio__op *op, uint64_t pos, uint64_t *avail);
+/* The piece's bytes if they lie in one buffer, else NULL. */
+unsigned char *nvio__op_mem(const struct nvio__op *op, uint64_t pos, uint64_t len);
+/* Copies between the virtual buffer at pos and flat host memory, across
+ * buffer boundaries (host memory only; CUDA goes through workers.c). */
+void nvio__op_gather(const struct nvio__op *op, void *dst, uint64_t pos, uint64_t len);
+void nvio__op_scatter(const struct nvio__op *op, const void *src, uint64_t pos, uint64_t len);
 
 struct nvio__task {
 	struct nvio__op *op;
@@ -58,29 +101,101 @@ struct nvio__task {
 /* Where an op's bytes live; decides how staged pieces are copied. */
 enum nvio__mem { NVIO__MEM_HOST = 0, NVIO__MEM_CUDA = 1 };
 
+/*
+ * Who learns that an op ended (track.c):
+ *   SYNC   the submitter, waiting on op->done; it frees the op
+ *   GROUP  a group (a generation of nvio_wait, or a stream) counts it
+ *   QUEUE  a completion with the op's tag goes to the handle's queue
+ */
+enum nvio__sink { NVIO__SINK_SYNC, NVIO__SINK_GROUP, NVIO__SINK_QUEUE };
+
+/*
+ * Ops that end together: the async ops of one nvio_wait generation, or
+ * a stream's flushes. Guarded by the handle's lock.
+ */
+struct nvio__group {
+	unsigned inflight;	/* accepted, not ended */
+	unsigned done;		/* ended, not yet reported */
+	int err;		/* the first failure among them, 0 if none */
+	nvio_error_t rec;	/* its record */
+};
+
+/*
+ * An open file (file.c). Its descriptors and facts are set at open and
+ * read without locks; the O_DIRECT descriptor is opened on first need
+ * under `lock`; size grows with writes (atomic max).
+ */
+struct nvio_file {
+	struct nvio_handle *h;
+	unsigned flags;		/* NVIO_FILE_* */
+	char *path;		/* as given, or "fd N" */
+	int by_path;		/* path names the file (else "fd N") */
+	int fd;			/* buffered descriptor */
+	int own_fd;
+	int caller_fd;		/* from_fd: the caller's descriptor */
+	struct stat st;		/* of fd at open */
+	int plain;		/* not a regular file or block device */
+	uint32_t align;		/* O_DIRECT offset alignment, 0: none here */
+	uint32_t mem_align;	/* O_DIRECT buffer alignment */
+	pthread_mutex_t lock;	/* guards dfd_state, dfd, cufh */
+	atomic_int dfd_state;	/* 0 untried, 1 open, <0 its error */
+	int dfd, own_dfd;
+	void *cufh;		/* cuFile registration, or NULL */
+	int cufh_state;		/* 0 untried, 1 registered, <0 refused */
+	_Atomic uint64_t size;	/* UINT64_MAX: has no size (pipe) */
+	atomic_int failed;	/* an op on it failed: commit refuses */
+	unsigned inflight;	/* ops in flight, under h->lock */
+	/* ATOMIC files */
+	int tmpfile;		/* an unnamed O_TMPFILE, linked at commit */
+	char *tmp_path;		/* else the exclusive temporary's name */
+	char *target;		/* path with its symbolic links followed */
+	int keep_mode;		/* target existed: its permission bits */
+	unsigned tmp_mode;
+	int committed;
+	int private;		/* made for one by-path/fd op, closed with it */
+};
+
+/* file.c */
+int nvio__file_make(struct nvio_handle *h, const char *path, int fd,
+		    unsigned flags, struct nvio_file **out, const char **what);
+void nvio__file_free(struct nvio_file *f);
+/* The O_DIRECT descriptor, opened on first call: fd, or -errno. */
+int nvio__file_dfd(struct nvio_file *f);
+/* The cuFile handle, registered on first call: the handle or NULL. */
+void *nvio__file_cufh(struct nvio_file *f);
+/* Allocates [off, off + len) past the end of the file (see file.c). */
+int nvio__file_grow(struct nvio_file *f, uint64_t off, uint64_t len);
+/* Records that the file now reaches at least end. */
+void nvio__file_note_end(struct nvio_file *f, uint64_t end);
+/* Puts an ATOMIC file in place of its path, fsyncing if durable. */
+int nvio__file_commit(struct nvio_file *f, int durable, const char **what);
+/* Closes the file's descriptors: the first failed close's -errno. */
+int nvio__file_close_fds(struct nvio_file *f);
+int nvio__file_fsync_dir(const char *path);
+
 struct nvio__op {
 	struct nvio_handle *h;
+	struct nvio_file *file;
 	uint64_t seq;
+	uint64_t user_data;
 	unsigned flags;		/* NVIO_ASYNC | NVIO_VALIDATE | NVIO_FSYNC */
 	int is_write;
 	int mem;		/* enum nvio__mem */
 	int cuda_device;
-	unsigned char *buf;
-	struct nvio__plan plan;
-	int fd;			/* buffered descriptor: head, tail, !direct */
-	int dfd;		/* O_DIRECT descriptor or -1 */
-	int own_fd, own_dfd;	/* close them when the op ends */
-	int stage;		/* body pieces go through staging buffers */
+	int sink;		/* enum nvio__sink */
+	struct nvio__group *group;	/* GROUP: which */
+	uint64_t nbytes;	/* total bytes */
+	struct nvio__seg *segs;	/* the buffers; seg1 for one */
+	uint32_t nsegs;
+	struct nvio__seg seg1;
+	struct nvio__extent *ext;	/* the file ranges; ext1 for one */
+	uint32_t next;
+	struct nvio__extent ext1;
+	uint64_t npieces;	/* of all extents */
+	int direct;		/* body pieces go through the file's dfd */
+	int dfd;		/* that descriptor, or -1 */
+	uint32_t mem_align;	/* for direct pieces */
 	void *cufh;		/* cuFile handle: pieces go through cuFile */
-	int plain;		/* not a file or block device: pieces go
-				 * through pread/pwrite (AIO refuses them) */
-	char *path;		/* for errors; the target of write_file */
-	int by_path;		/* path names the file (else it says "fd N") */
-	char *tmp_path;		/* write_file: the temporary, else NULL */
-	char *target;		/* write_file: path with its symbolic links
-				 * followed, the name the temporary replaces */
-	int keep_mode;		/* write_file over a file: give the */
-	unsigned tmp_mode;	/* temporary these permissions */
 	atomic_uint tasks_left;
 	atomic_int err;		/* first error, 0 if none */
 	/* Where it happened: written once, by the thread that set err, and
@@ -88,7 +203,6 @@ struct nvio__op {
 	const char *fail_what;	/* a string literal: "pread", "fsync", ... */
 	uint64_t fail_off, fail_len;
 	int done;		/* sync ops: set under handle->lock */
-	unsigned gen;		/* async ops: index in handle->gens */
 	unsigned ntasks;
 	struct nvio__task tasks[];
 };
@@ -108,19 +222,6 @@ struct nvio__worker {
 	void *slots;		/* worker.c private: nvio__worker_slots slots */
 };
 
-/*
- * Async ops of one generation: those submitted before a wait, which it
- * waits for and reports together, while ops other threads submit
- * meanwhile join the next generation. Waits take turns, so at most two
- * generations have ops not yet reported.
- */
-struct nvio__gen {
-	unsigned inflight;	/* accepted, not ended */
-	unsigned done;		/* ended, not yet reported */
-	int err;		/* the first failure among them, 0 if none */
-	nvio_error_t rec;	/* its record */
-};
-
 struct nvio_handle {
 	nvio_config_t cfg;	/* engine resolved */
 	int gds;		/* CUDA buffers go through cuFile */
@@ -130,16 +231,37 @@ struct nvio_handle {
 	atomic_uint_fast64_t seq;
 	uint64_t id;		/* unique in the process, never reused */
 
+	/* track.c owns everything below */
 	pthread_mutex_t wait_lock;	/* waits take turns (nvio_wait) */
-	pthread_mutex_t lock;	/* guards everything below */
-	pthread_cond_t cond;	/* an op finished */
+	pthread_mutex_t lock;	/* guards everything below, and files' inflight */
+	pthread_cond_t cond;	/* an op ended */
 	uint64_t gen;		/* new async ops join gens[gen & 1] */
-	struct nvio__gen gens[2];
+	struct nvio__group gens[2];
+	nvio_completion_t *cq;	/* ring of completions not yet reaped */
+	unsigned cq_head, cq_count, cq_cap;
+	unsigned tagged;	/* tagged ops accepted, not yet ended */
+	int efd;		/* nvio_completion_fd, -1 until asked */
 	nvio_error_t last;	/* the last failure any call returned */
 };
 
 /*
- * handle.c: error records. nvio__error_fill describes a failure of op
+ * track.c: where ended ops are reported, and errors.
+ * nvio__track_begin registers an accepted op with its sink before any
+ * piece runs; nvio__track_end reports it exactly once (and frees it,
+ * unless its submitter waits for it). nvio__group_wait waits until a
+ * group has nothing in flight.
+ */
+void nvio__track_init(struct nvio_handle *h);
+void nvio__track_fini(struct nvio_handle *h);
+void nvio__track_begin(struct nvio__op *op);
+void nvio__track_end(struct nvio__op *op);
+void nvio__track_wait_sync(struct nvio__op *op);
+void nvio__group_wait(struct nvio_handle *h, struct nvio__group *g);
+/* Waits until the handle has no op in flight on file f (f NULL: none). */
+void nvio__track_quiesce(struct nvio_handle *h, const struct nvio_file *f);
+
+/*
+ * Error records. nvio__error_fill describes a failure of op
  * (which may be NULL); nvio__error_publish is called by the thread whose
  * call returns that failure: it becomes that thread's nvio_last_error()
  * for the handle, and the handle's for threads that have none of their
@@ -148,6 +270,17 @@ struct nvio_handle {
 void nvio__error_fill(nvio_error_t *e, int err, const struct nvio__op *op,
 		      const char *what, uint64_t off, uint64_t len);
 int nvio__error_publish(struct nvio_handle *h, const nvio_error_t *e);
+/* Copies a growable struct out: min(their size, ours) bytes. */
+int nvio__struct_out(void *dst, const void *src, size_t ours);
+
+/*
+ * The one retry policy (retry.c) for every request's result: -EINTR,
+ * -EAGAIN and -EBUSY are tried again up to NVIO__MAX_RETRIES times,
+ * then fail the op with that error.
+ */
+#define NVIO__MAX_RETRIES 1000
+int nvio__retryable(int err);
+int nvio__retry(unsigned *tries, int err);
 
 /* workers.c; nvio__finish_short: the rest of a piece the kernel cut
  * short, through the buffered fd (0 or -errno; -ENODATA at end of file). */
@@ -160,14 +293,31 @@ int nvio__workers_start(struct nvio_handle *h);
 void nvio__workers_stop(struct nvio_handle *h);
 void nvio__worker_push(struct nvio__worker *w, struct nvio__task *t);
 
-/* op.c: the end of an op (validate, fsync, rename, close, report). */
+/* submit.c: an op built by the caller (stream.c) goes through the same
+ * checks and planning as every other; 0 or -errno (refused, op freed). */
+struct nvio__opspec {
+	struct nvio_file *file;
+	int is_write;
+	unsigned flags;
+	unsigned char *buf;
+	uint64_t nbytes;
+	int64_t offset;
+	const nvio_iovec_t *iov;
+	uint32_t iovcnt;
+	uint64_t user_data;
+	int sink;
+	struct nvio__group *group;
+};
+int nvio__submit(struct nvio_handle *h, const struct nvio__opspec *sp);
+
+/* op.c: the end of an op (validate, fsync, commit, report). */
 void nvio__op_task_done(struct nvio__op *op);
 /* Records the op's first failure; `what` must be a string literal. */
 void nvio__op_fail(struct nvio__op *op, int err, const char *what,
 		   uint64_t off, uint64_t len);
 /* The error record of an op that has ended with an error. */
 void nvio__op_record(const struct nvio__op *op, nvio_error_t *e);
-/* Closes what the op still owns and frees it. */
+/* Frees the op (and its private file). */
 void nvio__op_free(struct nvio__op *op);
 
 /* locked.c */
@@ -202,9 +352,9 @@ void nvio__cuda_probe(nvio_probe_t *out);
  */
 void nvio__cufile_probe(nvio_probe_t *out);
 int nvio__cufile_usable(void);
-int nvio__cufile_op_open(struct nvio__op *op, int fd);
-void nvio__cufile_op_close(struct nvio__op *op);
-int nvio__cufile_rw(struct nvio__op *op, uint64_t off, uint64_t len,
-		    const char **what);
+int nvio__cufile_open(int fd, void **fh);
+void nvio__cufile_close(void *fh);
+int nvio__cufile_rw(void *fh, int is_write, void *dev, uint64_t off,
+		    uint64_t len, const char **what);
 
 #endif

@@ -102,10 +102,16 @@ int nvio_direct_from_name(const char *name)
 	return -EINVAL;
 }
 
-int nvio_format_error(const nvio_error_t *e, char *buf, size_t len)
+int nvio_format_error(const nvio_error_t *theirs, char *buf, size_t len)
 {
-	if (!e || e->err == 0)
+	nvio_error_t x, *e = &x;
+
+	if (!theirs || theirs->struct_size < 8 || theirs->err == 0)
 		return snprintf(buf, len, "no error");
+	/* an older, smaller record has no later fields: they read as empty */
+	memset(&x, 0, sizeof(x));
+	memcpy(&x, theirs, theirs->struct_size < sizeof(x) ? theirs->struct_size :
+	       sizeof(x));
 	return snprintf(buf, len,
 			"%s of %" PRIu64 " bytes at offset %" PRId64
 			" in %s failed: %s (op %" PRIu64 ")",

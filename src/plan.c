@@ -9,9 +9,10 @@
  * cut into chunks of block size, itself rounded up to `align`. Without
  * direct I/O (align 0) the whole range is body.
  *
- * Pieces are numbered: head (if any), body chunks, tail (if any). Worker
- * w of n gets a contiguous run of them, so each worker streams through
- * its own part of the file.
+ * Pieces are numbered: head (if any), body chunks, tail (if any). An op
+ * of several extents (a vector with its own offset per buffer) numbers
+ * them across its extents in file order. Worker w of n gets a contiguous
+ * run of them, so each worker streams through its own part of the file.
  */
 #include "internal.h"
 
@@ -78,9 +79,11 @@ void nvio__plan_piece(const struct nvio__plan *p, uint64_t k, uint64_t *off,
 	*body = 0;
 }
 
-void nvio__plan_slice(const struct nvio__plan *p, unsigned w, unsigned n,
+/* npieces * w cannot overflow: a piece is at least one byte of a range
+ * below INT64_MAX, and there are at most NVIO_MAX_PARALLELISM workers. */
+void nvio__plan_slice(uint64_t npieces, unsigned w, unsigned n,
 		      uint64_t *begin, uint64_t *end)
 {
-	*begin = p->npieces * w / n;
-	*end = p->npieces * (w + 1) / n;
+	*begin = npieces * w / n;
+	*end = npieces * (w + 1) / n;
 }

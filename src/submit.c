@@ -1,451 +1,433 @@
 /*
- * submit.c - from a call to an accepted op.
+ * submit.c - from a call to an accepted op: check -> op -> plan -> dispatch.
  *
  * Everything that can be refused is checked here, in the caller's thread,
- * before any byte moves: arguments, opening the file, the file's size for
- * reads, whether O_DIRECT applies. A refused op returns its error and
- * never completes. An accepted op is cut into pieces (plan.c) and each
- * worker gets its run of pieces.
+ * before any byte moves: arguments, the file's size for reads, growth
+ * for writes, whether O_DIRECT applies. A refused op returns its error
+ * and never completes. An accepted op is registered with track.c, cut
+ * into pieces (plan.c) and each worker gets its run of pieces; a sync op
+ * of one piece that needs no bounce buffer runs right here.
+ *
+ * Every call ends in nvio__submit: the one-buffer calls by path or fd
+ * open a private file for their op (file.c) and wait for it or leave it
+ * to nvio_wait; nvio_submit's ops run on the caller's open files and end
+ * as completions.
  */
 #include <errno.h>
-#include <fcntl.h>
-#include <libgen.h>
 #include <limits.h>
-#include <linux/fs.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "internal.h"
 #include "sys.h"
 
 #define KNOWN_FLAGS (NVIO_ASYNC | NVIO_VALIDATE | NVIO_FSYNC)
 
-/* What the caller asked for. */
-struct request {
-	unsigned char *buf;
-	uint64_t nbytes;
-	const char *path;	/* NULL for the _fd calls */
-	int by_path;		/* a call that takes a path (maybe NULL) */
-	int fd;
-	int64_t offset;
-	unsigned flags;
-	int is_write;
-	int whole_file;		/* read_file / write_file */
-	uint64_t capacity;	/* read_file */
-	uint64_t *size_out;
-	struct stat st;		/* of the buffered descriptor, once open */
-};
+/* ---- checks ----------------------------------------------------------- */
 
-static struct nvio__op *op_new(struct nvio_handle *h, const struct request *rq)
+static int check_iov(const struct nvio__opspec *sp, const char **what)
 {
+	uint64_t total = 0, end = 0;
+
+	if (sp->buf || sp->nbytes) {
+		*what = "iov (with buf or nbytes)";
+		return -EINVAL;
+	}
+	if (!sp->iov || sp->iovcnt == 0 || sp->iovcnt > NVIO_MAX_IOV) {
+		*what = "iov (NULL, empty or over NVIO_MAX_IOV)";
+		return -EINVAL;
+	}
+	for (uint32_t i = 0; i < sp->iovcnt; i++) {
+		const nvio_iovec_t *v = &sp->iov[i];
+
+		if (!v->base && v->len) {
+			*what = "iov (NULL base)";
+			return -EINVAL;
+		}
+		if (v->len > (uint64_t)INT64_MAX - total) {
+			*what = "iov (total past INT64_MAX)";
+			return -EINVAL;
+		}
+		total += v->len;
+		if (sp->offset != NVIO_OFFSET_PER_IOV) {
+			if (v->offset != 0) {
+				*what = "iov (offset set in a contiguous vector)";
+				return -EINVAL;
+			}
+			continue;
+		}
+		if (v->offset < 0 || v->len > (uint64_t)(INT64_MAX - v->offset)) {
+			*what = "iov (offset negative or past INT64_MAX)";
+			return -EINVAL;
+		}
+		if (v->len && (uint64_t)v->offset < end) {
+			*what = "iov (offsets decrease or overlap)";
+			return -EINVAL;
+		}
+		if (v->len)
+			end = (uint64_t)v->offset + v->len;
+	}
+	if (sp->offset != NVIO_OFFSET_PER_IOV &&
+	    (sp->offset < 0 || total > (uint64_t)(INT64_MAX - sp->offset))) {
+		*what = "range (past INT64_MAX)";
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* The arguments of an op, before anything is made. 0, or the error with
+ * *what naming the argument. */
+static int check_spec(const struct nvio__opspec *sp, const char **what)
+{
+	struct nvio_file *f = sp->file;
+
+	*what = "flags";
+	if (sp->flags & ~KNOWN_FLAGS)
+		return -EINVAL;
+	*what = "file (not open for writing)";
+	if (sp->is_write && !(f->flags & NVIO_FILE_WRITE))
+		return -EBADF;
+	*what = "file (not open for reading)";
+	if (!sp->is_write && !(f->flags & NVIO_FILE_READ))
+		return -EBADF;
+	if (sp->iov)
+		return check_iov(sp, what);
+	*what = "buffer (NULL)";
+	if (!sp->buf && sp->nbytes > 0)
+		return -EINVAL;
+	*what = "range (past INT64_MAX)";
+	if (sp->offset < 0 || sp->nbytes > (uint64_t)(INT64_MAX - sp->offset))
+		return -EINVAL;
+	return 0;
+}
+
+/* ---- the op and its memory ---------------------------------------- */
+
+static uint32_t count_extents(const struct nvio__opspec *sp)
+{
+	uint32_t n = 0;
+	uint64_t end = UINT64_MAX;
+
+	if (!sp->iov || sp->offset != NVIO_OFFSET_PER_IOV)
+		return 1;
+	for (uint32_t i = 0; i < sp->iovcnt; i++) {
+		if (!sp->iov[i].len)
+			continue;
+		if ((uint64_t)sp->iov[i].offset != end)
+			n++;
+		end = (uint64_t)sp->iov[i].offset + sp->iov[i].len;
+	}
+	return n ? n : 1;
+}
+
+/* Buffers and file ranges of the op; ranges are planned later. */
+static void lay_out(struct nvio__op *op, const struct nvio__opspec *sp)
+{
+	uint64_t pos = 0, end = UINT64_MAX;
+	uint32_t e = 0;
+
+	if (!sp->iov) {
+		op->seg1 = (struct nvio__seg){ sp->buf, sp->nbytes, 0 };
+		op->nsegs = 1;
+		op->ext1.plan.off = (uint64_t)sp->offset;
+		op->ext1.plan.len = sp->nbytes;
+		op->next = 1;
+		op->nbytes = sp->nbytes;
+		return;
+	}
+	op->ext[0].plan.off = sp->offset == NVIO_OFFSET_PER_IOV ? 0 : (uint64_t)sp->offset;
+	for (uint32_t i = 0; i < sp->iovcnt; i++) {
+		const nvio_iovec_t *v = &sp->iov[i];
+
+		if (!v->len)
+			continue;
+		op->segs[op->nsegs++] = (struct nvio__seg){ v->base, v->len, pos };
+		if (sp->offset == NVIO_OFFSET_PER_IOV && (uint64_t)v->offset != end) {
+			if (end != UINT64_MAX)
+				e++;
+			op->ext[e].plan.off = (uint64_t)v->offset;
+			op->ext[e].plan.len = 0;
+			op->ext[e].pos = pos;
+			end = (uint64_t)v->offset;
+		}
+		op->ext[e].plan.len += v->len;
+		end += v->len;
+		pos += v->len;
+	}
+	op->next = e + 1;
+	op->nbytes = pos;
+}
+
+static struct nvio__op *op_new(struct nvio_handle *h, const struct nvio__opspec *sp)
+{
+	uint32_t nseg = sp->iov ? sp->iovcnt : 1, next = count_extents(sp);
+	size_t size = sizeof(struct nvio__op) + h->nworkers * sizeof(struct nvio__task);
 	struct nvio__op *op;
 
-	op = calloc(1, sizeof(*op) + h->nworkers * sizeof(op->tasks[0]));
+	op = calloc(1, size);
 	if (!op)
 		return NULL;
+	op->segs = &op->seg1;
+	op->ext = &op->ext1;
+	if (sp->iov) {
+		op->segs = calloc(nseg, sizeof(*op->segs));
+		op->ext = next > 1 ? calloc(next, sizeof(*op->ext)) : &op->ext1;
+		if (!op->segs || !op->ext) {
+			if (op->segs)
+				free(op->segs);
+			free(op);
+			return NULL;
+		}
+	}
 	op->h = h;
+	op->file = sp->file;
 	op->seq = atomic_fetch_add(&h->seq, 1) + 1;
-	op->flags = rq->flags;
-	op->is_write = rq->is_write;
-	op->buf = rq->buf;
-	op->fd = op->dfd = -1;
-	if (rq->path) {
-		op->path = strdup(rq->path);
-		op->by_path = 1;
-	} else if ((op->path = malloc(32)) != NULL) {
-		snprintf(op->path, 32, "fd %d", rq->fd);
-	}
-	if (!op->path) {
-		free(op);
-		return NULL;
-	}
+	op->user_data = sp->user_data;
+	op->flags = sp->flags;
+	op->is_write = sp->is_write;
+	op->sink = sp->sink;
+	op->group = sp->group;
+	op->dfd = -1;
+	lay_out(op, sp);
 	return op;
 }
 
-/*
- * The name a write through path would reach, as open(2) follows it: the
- * symbolic links of the last component followed (a link's relative
- * target is relative to the link's directory; a dangling link gives the
- * name it points to, which open would create). Directories in path are
- * followed by the kernel anyway. Sets *out to a malloc'd name.
- */
-static int follow_links(const char *path, char **out)
+/* Where the op's memory lives: all host, or all on one CUDA device. */
+static int classify_mem(struct nvio__op *op, const char **what)
 {
-	char *cur = strdup(path), *link = malloc(PATH_MAX), *next;
-	struct stat st;
-	int err = -ENOMEM;
+	for (uint32_t i = 0; i < op->nsegs; i++) {
+		int dev = 0, r = nvio__cuda_pointer_device(op->segs[i].base, &dev);
 
-	for (int hops = 0; cur && link; hops++) {
-		ssize_t n;
-		size_t dlen;
-
-		if (lstat(cur, &st) < 0 || !S_ISLNK(st.st_mode)) {
-			free(link);
-			*out = cur;	/* errors are open's to report */
-			return 0;
-		}
-		err = -ELOOP;	/* open's limit on links in a name */
-		if (hops == 40)
-			break;
-		n = readlink(cur, link, PATH_MAX);
-		err = n < 0 ? -errno : -ENAMETOOLONG;
-		if (n < 0 || n == PATH_MAX)
-			break;
-		link[n] = 0;
-		/* relative: beside the link, after cur's last '/' */
-		dlen = link[0] == '/' || !strrchr(cur, '/') ? 0 :
-		       (size_t)(strrchr(cur, '/') - cur) + 1;
-		err = -ENOMEM;
-		next = malloc(dlen + (size_t)n + 1);
-		if (!next)
-			break;
-		memcpy(next, cur, dlen);
-		memcpy(next + dlen, link, (size_t)n + 1);
-		free(cur);
-		cur = next;
-	}
-	free(cur);
-	free(link);
-	return err;
-}
-
-/*
- * A fresh name beside the target for a whole-file write. The target is
- * path with its links followed (follow_links), so a link stays a link
- * and the file it names is replaced, as a plain open and write would.
- * A file being replaced keeps its permissions: the temporary is made
- * 0600, so that nvio can reopen it (O_DIRECT, validate) whatever they
- * are, and takes them just before the rename (op.c). A new file gets
- * 0666 less umask.
- */
-static int open_temp(struct nvio__op *op)
-{
-	char *copy = NULL, *dir, *base;
-	int fd = follow_links(op->path, &op->target);
-	struct stat st;
-	mode_t mode = 0666;
-	size_t len;
-
-	if (fd < 0)
-		return fd;
-	len = strlen(op->target) + 32;
-	fd = -EEXIST;
-	copy = strdup(op->target);
-	op->tmp_path = malloc(len);
-	if (!copy || !op->tmp_path) {
-		fd = -ENOMEM;
-	} else if (stat(op->target, &st) == 0) {
-		if (S_ISDIR(st.st_mode))
-			fd = -EISDIR;
-		op->tmp_mode = st.st_mode & 07777;
-		op->keep_mode = 1;
-		mode = 0600;
-	}
-	if (fd != -EEXIST) {
-		free(copy);
-		free(op->tmp_path);
-		op->tmp_path = NULL;
-		return fd;
-	}
-	dir = dirname(copy);
-	base = strrchr(op->target, '/') ? strrchr(op->target, '/') + 1 :
-	       op->target;
-	for (int i = 0; i < 100 && fd == -EEXIST; i++) {
-		struct timespec ts;
-
-		clock_gettime(CLOCK_REALTIME, &ts);
-		snprintf(op->tmp_path, len, "%s/.%s.nvio-%lx", dir, base,
-			 (unsigned long)(ts.tv_nsec ^ (op->seq << 20) ^ (unsigned)i ^
-					 (unsigned long)getpid() << 32));
-		fd = nvio__open(op->tmp_path, O_WRONLY | O_CREAT | O_EXCL, mode);
-	}
-	free(copy);
-	if (fd < 0) {
-		free(op->tmp_path);
-		op->tmp_path = NULL;
-	}
-	return fd;
-}
-
-/* Opens (or adopts) the buffered descriptor. */
-static int open_main(struct nvio__op *op, const struct request *rq)
-{
-	int fl, fd;
-
-	if (rq->path && rq->whole_file && rq->is_write)
-		fd = open_temp(op);
-	else if (rq->path)
-		fd = nvio__open(rq->path, rq->is_write ? O_WRONLY | O_CREAT : O_RDONLY,
-				0666);
-	else
-		fd = -1;
-	if (rq->path) {
-		if (fd < 0)
-			return fd;
-		op->fd = fd;
-		op->own_fd = 1;
-		return 0;
-	}
-	fl = fcntl(rq->fd, F_GETFL);
-	if (fl < 0)
-		return -EBADF;
-	if ((fl & O_ACCMODE) == (rq->is_write ? O_RDONLY : O_WRONLY))
-		return -EBADF;
-	if (!(fl & (O_DIRECT | O_APPEND))) {
-		op->fd = rq->fd;
-		return 0;
-	}
-	/* O_APPEND would ignore offsets, O_DIRECT forbids unaligned pieces:
-	 * use a plain descriptor of our own for the same file. */
-	char p[64];
-
-	snprintf(p, sizeof(p), "/proc/self/fd/%d", rq->fd);
-	fd = nvio__open(p, rq->is_write ? O_WRONLY : O_RDONLY, 0);
-	if (fd < 0)
-		return fd;
-	op->fd = fd;
-	op->own_fd = 1;
-	return 0;
-}
-
-/* The file's size for reads: regular files and block devices; any other
- * (pipes, character devices) has none: UINT64_MAX. */
-static int file_size(int fd, const struct stat *st, uint64_t *size)
-{
-	if (S_ISDIR(st->st_mode))
-		return -EISDIR;
-	if (S_ISBLK(st->st_mode))
-		return ioctl(fd, BLKGETSIZE64, size) < 0 ? -errno : 0;
-	*size = S_ISREG(st->st_mode) ? (uint64_t)st->st_size : UINT64_MAX;
-	return 0;
-}
-
-/*
- * The offset alignment O_DIRECT needs for this file, 0 if the file
- * system cannot do direct I/O. Sets *mem_align for buffers.
- */
-static uint32_t dio_align(int fd, uint32_t *mem_align)
-{
-	struct statx sx;
-
-	*mem_align = NVIO__PAGE;
-	if (nvio__sys.statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) < 0 ||
-	    !(sx.stx_mask & STATX_DIOALIGN))
-		return NVIO__PAGE;	/* unknown: page alignment is safe */
-	*mem_align = sx.stx_dio_mem_align ? sx.stx_dio_mem_align : NVIO__PAGE;
-	return sx.stx_dio_offset_align;
-}
-
-/* The O_DIRECT descriptor: the caller's, or a new one for the very file
- * op->fd has open, even if its path was replaced meanwhile (nvio__reopen). */
-static int open_direct(struct nvio__op *op, const struct request *rq)
-{
-	int acc = op->is_write ? O_WRONLY : O_RDONLY;
-	int fl;
-
-	if (op->dfd >= 0)
-		return 0;	/* already open (a GDS attempt) */
-	if (!rq->path) {
-		fl = fcntl(rq->fd, F_GETFL);
-		if ((fl & O_DIRECT) && !(fl & O_APPEND)) {
-			op->dfd = rq->fd;
-			return 0;
+		*what = "CUDA pointer query";
+		if (r < 0)
+			return r;
+		if (i == 0) {
+			op->mem = r > 0 ? NVIO__MEM_CUDA : NVIO__MEM_HOST;
+			op->cuda_device = dev;
+		} else if ((r > 0) != (op->mem == NVIO__MEM_CUDA) ||
+			   (r > 0 && dev != op->cuda_device)) {
+			*what = "iov (host and device memory mixed)";
+			return -EINVAL;
 		}
 	}
-	op->dfd = nvio__reopen(op->fd, op->tmp_path ? op->tmp_path : rq->path,
-			       acc | O_DIRECT, &rq->st);
-	if (op->dfd < 0)
-		return op->dfd;
-	op->own_dfd = 1;
+	return 0;
+}
+
+void nvio__op_piece(const struct nvio__op *op, uint64_t k, struct nvio__piece *pc)
+{
+	const struct nvio__extent *x = op->ext;
+	uint32_t lo = 0, hi = op->next;
+
+	while (hi - lo > 1) {	/* the last extent whose first <= k */
+		uint32_t mid = lo + (hi - lo) / 2;
+
+		if (op->ext[mid].first <= k)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	x = &op->ext[lo];
+	nvio__plan_piece(&x->plan, k - x->first, &pc->off, &pc->len, &pc->body);
+	pc->pos = x->pos + (pc->off - x->plan.off);
+}
+
+/* The buffer holding virtual position pos. */
+static const struct nvio__seg *seg_at(const struct nvio__op *op, uint64_t pos)
+{
+	uint32_t lo = 0, hi = op->nsegs;
+
+	while (hi - lo > 1) {
+		uint32_t mid = lo + (hi - lo) / 2;
+
+		if (op->segs[mid].pos <= pos)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return &op->segs[lo];
+}
+
+unsigned char *nvio__op_at(const struct nvio__op *op, uint64_t pos, uint64_t *avail)
+{
+	const struct nvio__seg *s = op->nsegs == 1 ? op->segs : seg_at(op, pos);
+
+	*avail = s->pos + s->len - pos;
+	return s->base + (pos - s->pos);
+}
+
+unsigned char *nvio__op_mem(const struct nvio__op *op, uint64_t pos, uint64_t len)
+{
+	uint64_t avail;
+	unsigned char *p = nvio__op_at(op, pos, &avail);
+
+	return len <= avail ? p : NULL;
+}
+
+/* Calls fn on each part of [pos, pos + len) that lies in one buffer. */
+static void each_part(const struct nvio__op *op, uint64_t pos, uint64_t len,
+		      void (*fn)(unsigned char *mem, unsigned char *flat, size_t n),
+		      unsigned char *flat)
+{
+	const struct nvio__seg *s = seg_at(op, pos);
+
+	while (len > 0) {
+		uint64_t in = pos - s->pos, n = s->len - in < len ? s->len - in : len;
+
+		fn(s->base + in, flat, (size_t)n);
+		flat += n;
+		pos += n;
+		len -= n;
+		s++;
+	}
+}
+
+static void to_flat(unsigned char *mem, unsigned char *flat, size_t n)
+{
+	nvio__stage_copy(flat, mem, n);
+}
+
+static void from_flat(unsigned char *mem, unsigned char *flat, size_t n)
+{
+	nvio__stage_copy(mem, flat, n);
+}
+
+void nvio__op_gather(const struct nvio__op *op, void *dst, uint64_t pos, uint64_t len)
+{
+	each_part(op, pos, len, to_flat, dst);
+}
+
+void nvio__op_scatter(const struct nvio__op *op, const void *src, uint64_t pos, uint64_t len)
+{
+	each_part(op, pos, len, from_flat, (unsigned char *)src);
+}
+
+/* ---- planning ------------------------------------------------------ */
+
+/* Cuts every extent with alignment align (0: no direct I/O). */
+static void plan_extents(struct nvio__op *op, uint64_t block, uint32_t align)
+{
+	uint64_t first = 0;
+
+	for (uint32_t e = 0; e < op->next; e++) {
+		struct nvio__plan *p = &op->ext[e].plan;
+
+		nvio__plan_make(p, p->off, p->len, block, align);
+		op->ext[e].first = first;
+		first += p->npieces;
+	}
+	op->npieces = first;
+}
+
+static uint64_t body_bytes(const struct nvio__op *op)
+{
+	uint64_t n = 0;
+
+	for (uint32_t e = 0; e < op->next; e++)
+		n += op->ext[e].plan.body;
+	return n;
+}
+
+/* Whether some piece may need a bounce buffer (see workers.c fill). */
+static int may_stage(const struct nvio__op *op, uint32_t mem_align)
+{
+	if (op->mem != NVIO__MEM_HOST || op->nsegs > 1)
+		return 1;
+	return ((uintptr_t)(op->segs[0].base + op->ext[0].plan.head) % mem_align) != 0;
+}
+
+/*
+ * Plans the op and decides on O_DIRECT. GPU memory on a GDS handle goes
+ * through cuFile when the file registers (cuFile takes any alignment).
+ * A body chunk is the block rounded up to the alignment; the bounce
+ * buffers hold the block rounded up to the page. Where the alignment is
+ * coarser than both, a staged chunk would not fit: AUTO then moves the
+ * op buffered, ON refuses it (*what says why). AUTO also goes buffered
+ * when the O_DIRECT descriptor cannot be opened.
+ */
+static int plan_op(struct nvio_handle *h, struct nvio__op *op, const char **what)
+{
+	struct nvio_file *f = op->file;
+	uint64_t block = h->cfg.block_size;
+	int policy = h->cfg.direct, dfd;
+
+	if (h->gds && op->mem == NVIO__MEM_CUDA && op->nsegs == 1 && !f->plain &&
+	    (op->cufh = nvio__file_cufh(f)) != NULL) {
+		plan_extents(op, block, 0);
+		return 0;
+	}
+	if (!f->align || f->plain || policy == NVIO_DIRECT_OFF) {
+		plan_extents(op, block, 0);
+		return 0;
+	}
+	plan_extents(op, block, f->align);
+	if (body_bytes(op) == 0) {
+		/* Nothing goes direct. A head could be up to twice the
+		 * alignment: GPU memory moves in blocks, which fit. */
+		if (op->mem != NVIO__MEM_HOST)
+			plan_extents(op, block, 0);
+		return 0;
+	}
+	if (may_stage(op, f->mem_align) &&
+	    op->ext[0].plan.chunk > h->workers[0].stage.size) {
+		*what = "staging (block < alignment)";
+		dfd = -EINVAL;
+	} else {
+		*what = "open O_DIRECT";
+		dfd = nvio__file_dfd(f);
+	}
+	if (dfd < 0) {
+		/* AUTO: whatever refuses O_DIRECT here (the file system, a
+		 * socket, the file's mode, the alignment), buffered works */
+		if (policy == NVIO_DIRECT_ON)
+			return dfd;
+		plan_extents(op, block, 0);
+		return 0;
+	}
+	op->direct = 1;
+	op->dfd = dfd;
+	op->mem_align = f->mem_align;
 	return 0;
 }
 
 /*
- * GPU memory on a GDS handle: cuFile takes the whole range (it handles
- * unaligned pieces itself) through one registration of the descriptor.
- * Returns 1 if cuFile took the op, 0 to use the bounce path instead.
+ * Reads must lie within the file (a file someone else grew is looked at
+ * again before -ENODATA); writes that grow it allocate first, so a full
+ * disk fails here, before any byte moves.
  */
-static int plan_gds(struct nvio_handle *h, struct nvio__op *op,
-		    const struct request *rq, uint64_t nbytes)
+static int check_range(struct nvio__op *op, const char **what)
 {
-	if (!h->gds || op->mem != NVIO__MEM_CUDA)
-		return 0;
-	if (h->cfg.direct != NVIO_DIRECT_OFF && open_direct(op, rq) < 0)
-		op->dfd = -1;	/* compatibility mode takes a plain fd */
-	if (nvio__cufile_op_open(op, op->dfd >= 0 ? op->dfd : op->fd) < 0)
-		return 0;
-	nvio__plan_make(&op->plan, (uint64_t)rq->offset, nbytes,
-			h->cfg.block_size, 0);
-	return 1;
-}
-
-/*
- * Direct writes that extend a file make ext4 and xfs take the slow,
- * blocking path for every request (io_uring then hands each one to a
- * kernel worker thread). Allocating the new range first turns them into
- * writes inside the file. It also reports a full disk (-ENOSPC) before
- * any byte is written. The file reaches offset + nbytes either way.
- */
-static int preallocate(struct nvio__op *op, const struct stat *st)
-{
-	uint64_t end = op->plan.off + op->plan.len;
-	uint64_t start = (uint64_t)st->st_size;
-
-	if (!S_ISREG(st->st_mode) || end <= start)
-		return 0;
-	if (op->plan.off > start)
-		start = op->plan.off;	/* a gap before the range stays a hole */
-	if (nvio__sys.fallocate(op->fd, 0, (off_t)start, (off_t)(end - start)) == 0)
-		return 0;
-	/* Not supported here: the writes will extend the file themselves. */
-	return errno == ENOSPC || errno == EFBIG || errno == EDQUOT ? -errno : 0;
-}
-
-/*
- * The op moves through the page cache: an O_DIRECT descriptor already
- * opened (for cuFile, which then refused the file) must not take its
- * pieces, which need not be aligned.
- */
-static void drop_direct(struct nvio__op *op)
-{
-	if (op->own_dfd)
-		nvio__sys.close(op->dfd);
-	op->dfd = -1;
-	op->own_dfd = 0;
-	op->stage = 0;
-}
-
-/*
- * Plans the op and decides on O_DIRECT and staging. A body chunk is the
- * block rounded up to the alignment; the bounce buffers hold the block
- * rounded up to the page. Where the alignment is coarser than both, a
- * staged chunk would not fit: AUTO then moves the op buffered, ON
- * refuses it (*what says why).
- */
-static int plan_op(struct nvio_handle *h, struct nvio__op *op,
-		   const struct request *rq, uint64_t nbytes, const char **what)
-{
-	const uint64_t off = (uint64_t)rq->offset;
-	int policy = h->cfg.direct;
-	uint32_t mem_align = 0, align = 0;
-	uint64_t body;
+	struct nvio_file *f = op->file;
+	struct nvio__plan *last = &op->ext[op->next - 1].plan;
+	uint64_t end = last->off + last->len, size = atomic_load(&f->size);
+	struct stat st;
 	int r;
 
-	if (plan_gds(h, op, rq, nbytes))
-		return 0;
-	if (policy != NVIO_DIRECT_OFF) {
-		align = dio_align(op->fd, &mem_align);
-		if (align == 0 && policy == NVIO_DIRECT_ON)
-			return -EINVAL;	/* the file system has no direct I/O */
+	if (!op->is_write) {
+		*what = "stat";
+		if (end <= size || size == UINT64_MAX)
+			return 0;
+		if (S_ISREG(f->st.st_mode) && nvio__sys.fstat(f->fd, &st) == 0 &&
+		    (uint64_t)st.st_size >= end) {
+			nvio__file_note_end(f, (uint64_t)st.st_size);
+			return 0;
+		}
+		return -ENODATA;
 	}
-	nvio__plan_make(&op->plan, off, nbytes, h->cfg.block_size, align);
-	if (op->plan.body == 0 && align && op->mem != NVIO__MEM_HOST) {
-		/* Nothing goes direct. The head could be up to twice the
-		 * alignment: GPU memory moves in blocks, which fit. */
-		align = 0;
-		nvio__plan_make(&op->plan, off, nbytes, h->cfg.block_size, 0);
+	*what = "fallocate";
+	for (uint32_t e = 0; e < op->next; e++) {
+		struct nvio__plan *p = &op->ext[e].plan;
+
+		if ((r = nvio__file_grow(f, p->off, p->len)) < 0)
+			return r;
 	}
-	if (op->plan.body == 0 || !align) {
-		drop_direct(op);
-		return 0;
-	}
-	/* All body pieces share one alignment relative to mem_align. */
-	op->stage = ((uintptr_t)(op->buf + op->plan.head) % mem_align) != 0;
-	body = op->plan.body < op->plan.chunk ? op->plan.body : op->plan.chunk;
-	r = 0;
-	if ((op->stage || op->mem != NVIO__MEM_HOST) &&
-	    body > h->workers[0].stage.size) {
-		*what = "staging (block < alignment)";
-		r = -EINVAL;
-	}
-	if (!r)
-		r = open_direct(op, rq);
-	/* AUTO: whatever refuses O_DIRECT here (the file system, a socket,
-	 * the file's mode for a new open, the alignment), buffered I/O
-	 * still works */
-	if (r < 0 && policy == NVIO_DIRECT_AUTO) {
-		drop_direct(op);
-		nvio__plan_make(&op->plan, off, nbytes, h->cfg.block_size, 0);
-		return 0;
-	}
-	return r;
+	if (op->nbytes)
+		nvio__file_note_end(f, end);
+	return 0;
 }
 
-/*
- * The arguments of a call, before anything is opened. Returns 0, or the
- * error with *what naming the argument.
- */
-static int check_request(struct nvio_handle *h, const struct request *rq,
-			 const char **what)
-{
-	int err = 0;
-
-	if (rq->by_path && !rq->path) {
-		*what = "path (NULL)";
-		err = -EINVAL;
-	} else if (!h || (rq->flags & ~KNOWN_FLAGS)) {
-		*what = "flags";
-		err = -EINVAL;
-	} else if (!rq->buf && (rq->nbytes > 0 || rq->capacity > 0)) {
-		*what = "buffer (NULL)";
-		err = -EINVAL;
-	} else if (rq->path && rq->path[0] == '\0') {
-		*what = "open (empty path)";
-		err = -ENOENT;
-	} else if (!rq->path && rq->fd < 0) {
-		*what = "fd (negative)";
-		err = -EBADF;
-	} else if (rq->offset < 0 ||
-		   rq->nbytes > (uint64_t)(INT64_MAX - rq->offset)) {
-		*what = "range (past INT64_MAX)";
-		err = -EINVAL;
-	}
-	return err;
-}
-
-/*
- * A call refused before it became an op. Its error is still the calling
- * thread's nvio_last_error(), as the man page promises for every failed
- * call on a handle; op_seq 0 says that no op was made.
- */
-static int refuse(struct nvio_handle *h, const struct request *rq, int err,
-		  const char *what)
-{
-	nvio_error_t e;
-
-	if (!h)
-		return err;
-	nvio__error_fill(&e, err, NULL, what, (uint64_t)rq->offset, rq->nbytes);
-	e.is_write = rq->is_write;
-	if (rq->path)
-		snprintf(e.path, sizeof(e.path), "%s", rq->path);
-	else if (!rq->by_path)
-		snprintf(e.path, sizeof(e.path), "fd %d", rq->fd);
-	return nvio__error_publish(h, &e);
-}
-
-/*
- * A sync op of one piece that needs no bounce buffer runs in the caller's
- * thread, through the same completion checks as in a worker. Handing it
- * to a worker and back costs two thread wake-ups: 200 us for a 4 KiB
- * cached read on our VM, whose system calls take 5 us.
- */
-static int inline_ok(const struct nvio__op *op)
-{
-	uint64_t off, len;
-	int body;
-
-	if ((op->flags & NVIO_ASYNC) || op->plan.npieces != 1 ||
-	    op->mem != NVIO__MEM_HOST || op->cufh)
-		return 0;
-	nvio__plan_piece(&op->plan, 0, &off, &len, &body);
-	return !(body && op->stage);
-}
+/* ---- dispatch ------------------------------------------------------ */
 
 /*
  * The error of an op that has ended, 0 if none; a failure becomes the
@@ -463,28 +445,46 @@ static int op_error(const struct nvio__op *op)
 	return err;
 }
 
-static int run_inline(struct nvio__op *op)
+/*
+ * A sync op of one piece that needs no bounce buffer runs in the caller's
+ * thread, through the same completion checks as in a worker: handing it
+ * to a worker and back costs two thread wake-ups.
+ */
+static unsigned char *inline_mem(const struct nvio__op *op, struct nvio__piece *pc)
 {
-	struct nvio__io io = { .is_write = op->is_write, .buf = op->buf };
-	uint64_t off, len;
-	ssize_t r;
-	int body, err;
+	unsigned char *mem;
 
-	nvio__plan_piece(&op->plan, 0, &off, &len, &body);
-	io.fd = body && op->dfd >= 0 ? op->dfd : op->fd;
-	io.len = (size_t)len;
-	io.off = off;
+	if (op->sink != NVIO__SINK_SYNC || op->npieces != 1 ||
+	    op->mem != NVIO__MEM_HOST || op->cufh || op->file->plain)
+		return NULL;
+	nvio__op_piece(op, 0, pc);
+	mem = nvio__op_mem(op, pc->pos, pc->len);
+	if (mem && pc->body && op->direct && (uintptr_t)mem % op->mem_align)
+		return NULL;
+	return mem;
+}
+
+static int run_inline(struct nvio__op *op, struct nvio__piece *pc, unsigned char *mem)
+{
+	struct nvio__io io = { .is_write = op->is_write, .buf = mem };
+	unsigned tries = 0;
+	ssize_t r;
+	int err;
+
+	io.fd = pc->body && op->direct ? op->dfd : op->file->fd;
+	io.len = (size_t)pc->len;
+	io.off = pc->off;
 	do {
-		r = op->is_write ? nvio__sys.pwrite(io.fd, io.buf, io.len, (off_t)off) :
-				   nvio__sys.pread(io.fd, io.buf, io.len, (off_t)off);
-		r = nvio__sys.io_result(io.is_write, io.fd, off, io.len, r < 0 ? -errno : r);
-	} while (r == -EINTR || r == -EAGAIN);
+		r = op->is_write ? nvio__sys.pwrite(io.fd, io.buf, io.len, (off_t)io.off) :
+				   nvio__sys.pread(io.fd, io.buf, io.len, (off_t)io.off);
+		r = nvio__sys.io_result(io.is_write, io.fd, io.off, io.len, r < 0 ? -errno : r);
+	} while (r < 0 && nvio__retry(&tries, (int)r));
 	if (r < 0)
 		err = (int)r;
 	else
 		err = (size_t)r < io.len ? nvio__finish_short(op, &io, (size_t)r) : 0;
 	if (err)
-		nvio__op_fail(op, err, op->is_write ? "pwrite" : "pread", off, len);
+		nvio__op_fail(op, err, op->is_write ? "pwrite" : "pread", pc->off, pc->len);
 	atomic_store(&op->tasks_left, 1);
 	nvio__op_task_done(op);		/* epilogue, report: op->done is set */
 	err = op_error(op);
@@ -499,17 +499,20 @@ static int run_inline(struct nvio__op *op)
  */
 static int run_op(struct nvio_handle *h, struct nvio__op *op)
 {
-	int async = (op->flags & NVIO_ASYNC) != 0;
+	int sync = op->sink == NVIO__SINK_SYNC;
 	unsigned busy = 0, last = 0;
+	struct nvio__piece pc;
+	unsigned char *mem;
 	int err;
 
-	if (inline_ok(op))
-		return run_inline(op);
+	nvio__track_begin(op);
+	if ((mem = inline_mem(op, &pc)) != NULL)
+		return run_inline(op, &pc, mem);
 	for (unsigned w = 0; w < h->nworkers; w++) {
 		struct nvio__task *t = &op->tasks[w];
 
 		t->op = op;
-		nvio__plan_slice(&op->plan, w, h->nworkers, &t->next_piece,
+		nvio__plan_slice(op->npieces, w, h->nworkers, &t->next_piece,
 				 &t->end_piece);
 		t->left = t->end_piece - t->next_piece;
 		if (t->left > 0) {
@@ -518,146 +521,289 @@ static int run_op(struct nvio_handle *h, struct nvio__op *op)
 		}
 	}
 	atomic_store(&op->tasks_left, busy ? busy : 1);
-	if (async) {
-		pthread_mutex_lock(&h->lock);
-		op->gen = h->gen & 1;
-		h->gens[op->gen].inflight++;
-		pthread_mutex_unlock(&h->lock);
-	}
 	if (!busy)
 		nvio__op_task_done(op);	/* nothing to move: ends here */
 	for (unsigned w = 0; busy && w <= last; w++)
 		if (op->tasks[w].left > 0)
 			nvio__worker_push(&h->workers[w], &op->tasks[w]);
-	if (async)
+	if (!sync)
 		return 0;
-	pthread_mutex_lock(&h->lock);
-	while (!op->done)
-		pthread_cond_wait(&h->cond, &h->lock);
-	pthread_mutex_unlock(&h->lock);
+	nvio__track_wait_sync(op);
 	err = op_error(op);
 	nvio__op_free(op);
 	return err;
 }
 
-static int submit(struct nvio_handle *h, struct request *rq)
+/* A refused op: its error becomes the caller's nvio_last_error(). */
+static int refuse(struct nvio_handle *h, const struct nvio__opspec *sp,
+		  struct nvio__op *op, int err, const char *what)
 {
-	struct nvio__op *op;
-	struct stat *st = &rq->st;
-	uint64_t size = 0, nbytes = rq->nbytes;
-	const char *what = "open";
-	int r = check_request(h, rq, &what);
+	nvio_error_t e;
 
-	if (r)
-		return refuse(h, rq, r, what);
-	op = op_new(h, rq);
-	if (!op)
-		return refuse(h, rq, -ENOMEM, "memory");
-	r = nvio__cuda_pointer_device(rq->buf, &op->cuda_device);
-	if (r > 0)
-		op->mem = NVIO__MEM_CUDA;
-	if (r < 0)
-		what = "CUDA pointer query";
-	else
-		r = open_main(op, rq);
-	if (!r && nvio__sys.fstat(op->fd, st) < 0) {
-		what = "stat";
-		r = -errno;
+	if (op) {
+		nvio__op_fail(op, err, what, op->ext[0].plan.off, op->nbytes);
+		op_error(op);
+		nvio__op_free(op);
+		return err;
 	}
-	if (!r && !rq->is_write) {
-		what = "stat";
-		r = file_size(op->fd, st, &size);
-		if (!r && rq->whole_file && size == UINT64_MAX) {
-			what = "size (not a file or device)";
-			r = -EINVAL;	/* a pipe or character device */
-		} else if (!r && rq->whole_file) {
-			nbytes = size;
-			if (rq->size_out)
-				*rq->size_out = size;
-			if (size > rq->capacity)
-				r = -EOVERFLOW;
-		} else if (!r && (uint64_t)rq->offset + nbytes > size) {
-			r = -ENODATA;
-		}
-	}
+	nvio__error_fill(&e, err, NULL, what, (uint64_t)sp->offset, sp->nbytes);
+	e.is_write = sp->is_write;
+	e.user_data = sp->user_data;
+	snprintf(e.path, sizeof(e.path), "%s", sp->file->path);
+	if (sp->file->private)
+		nvio__file_free(sp->file);
+	return nvio__error_publish(h, &e);
+}
+
+int nvio__submit(struct nvio_handle *h, const struct nvio__opspec *sp)
+{
+	struct nvio__op *op = NULL;
+	const char *what;
+	int r = check_spec(sp, &what);
+
 	if (!r) {
-		what = "open O_DIRECT";
-		r = plan_op(h, op, rq, nbytes, &what);
+		op = op_new(h, sp);
+		what = "memory";
+		r = op ? 0 : -ENOMEM;
 	}
-	/* Not a file or block device: AIO refuses those, move it plainly. */
-	if (!r && op->mem == NVIO__MEM_HOST && !op->cufh && op->dfd < 0)
-		op->plain = !S_ISREG(st->st_mode) && !S_ISBLK(st->st_mode);
-	if (!r && rq->is_write) {
-		what = "fallocate";
-		r = preallocate(op, st);
+	if (!r)
+		r = classify_mem(op, &what);
+	if (!r)
+		r = plan_op(h, op, &what);
+	if (!r)
+		r = check_range(op, &what);
+	if (r)
+		return refuse(h, sp, op, r, what);
+	return run_op(h, op);
+}
+
+/* ---- the calls ------------------------------------------------------- */
+
+int nvio_file_pread(nvio_file_t *f, void *buf, uint64_t nbytes, int64_t offset,
+		    unsigned flags)
+{
+	struct nvio__opspec sp = { .file = f, .flags = flags, .buf = buf,
+				   .nbytes = nbytes, .offset = offset };
+
+	if (!f)
+		return -EINVAL;
+	sp.sink = flags & NVIO_ASYNC ? NVIO__SINK_GROUP : NVIO__SINK_SYNC;
+	return nvio__submit(f->h, &sp);
+}
+
+int nvio_file_pwrite(nvio_file_t *f, const void *buf, uint64_t nbytes,
+		     int64_t offset, unsigned flags)
+{
+	struct nvio__opspec sp = { .file = f, .flags = flags, .is_write = 1,
+				   .buf = (unsigned char *)buf, .nbytes = nbytes,
+				   .offset = offset };
+
+	if (!f)
+		return -EINVAL;
+	sp.sink = flags & NVIO_ASYNC ? NVIO__SINK_GROUP : NVIO__SINK_SYNC;
+	return nvio__submit(f->h, &sp);
+}
+
+static int file_v(nvio_file_t *f, const nvio_iovec_t *iov, uint32_t iovcnt,
+		  int64_t offset, unsigned flags, int is_write)
+{
+	struct nvio__opspec sp = { .file = f, .flags = flags, .is_write = is_write,
+				   .iov = iov, .iovcnt = iovcnt, .offset = offset };
+
+	if (!f)
+		return -EINVAL;
+	sp.sink = flags & NVIO_ASYNC ? NVIO__SINK_GROUP : NVIO__SINK_SYNC;
+	return nvio__submit(f->h, &sp);
+}
+
+int nvio_file_preadv(nvio_file_t *f, const nvio_iovec_t *iov, uint32_t iovcnt,
+		     int64_t offset, unsigned flags)
+{
+	return file_v(f, iov, iovcnt, offset, flags, 0);
+}
+
+int nvio_file_pwritev(nvio_file_t *f, const nvio_iovec_t *iov, uint32_t iovcnt,
+		      int64_t offset, unsigned flags)
+{
+	return file_v(f, iov, iovcnt, offset, flags, 1);
+}
+
+int nvio_submit(nvio_handle_t *h, const nvio_op_t *ops, unsigned n)
+{
+	unsigned i;
+
+	if (!h || (n && !ops))
+		return -EINVAL;
+	for (i = 0; i < n; i++) {
+		const nvio_op_t *o = &ops[i];
+		struct nvio__opspec sp = {
+			.file = o->file, .is_write = o->opcode == NVIO_OP_WRITE,
+			.flags = o->flags & ~NVIO_ASYNC, .buf = o->buf, .nbytes = o->nbytes,
+			.offset = o->offset, .iov = o->iov, .iovcnt = o->iovcnt,
+			.user_data = o->user_data, .sink = NVIO__SINK_QUEUE,
+		};
+		const char *what = NULL;
+		int r = 0;
+
+		if (o->opcode != NVIO_OP_READ && o->opcode != NVIO_OP_WRITE)
+			what = "opcode";
+		else if (o->reserved0)
+			what = "reserved field";
+		else if (!o->file || o->file->h != h)
+			what = "file (NULL or of another handle)";
+		if (what) {
+			nvio_error_t e;
+
+			nvio__error_fill(&e, -EINVAL, NULL, what, (uint64_t)o->offset,
+					 o->nbytes);
+			e.user_data = o->user_data;
+			r = nvio__error_publish(h, &e);
+		} else {
+			r = nvio__submit(h, &sp);
+		}
+		if (r < 0)
+			return i > 0 ? (int)i : r;
+	}
+	return (int)i;
+}
+
+/* ---- the one-buffer calls by path or descriptor ------------------------ */
+
+/* A failure to open the private file of a one-buffer call. */
+static int refuse_open(struct nvio_handle *h, int err, const char *what,
+		       const char *path, int fd, int is_write, int64_t off,
+		       uint64_t n)
+{
+	nvio_error_t e;
+
+	if (!h)
+		return err;
+	nvio__error_fill(&e, err, NULL, what, (uint64_t)off, n);
+	e.is_write = is_write;
+	if (path)
+		snprintf(e.path, sizeof(e.path), "%s", path);
+	else
+		snprintf(e.path, sizeof(e.path), "fd %d", fd);
+	return nvio__error_publish(h, &e);
+}
+
+/*
+ * The one-buffer calls: a private file for the op, which closes it when
+ * it ends (op.c). A whole-file read takes its size from the file; a
+ * whole-file write goes to an atomic file committed by the op.
+ */
+struct call {
+	const char *path;	/* or NULL: fd */
+	int fd;
+	int is_write;
+	int whole;
+	void *buf;
+	uint64_t nbytes;	/* capacity for a whole-file read */
+	int64_t offset;
+	unsigned flags;
+	uint64_t *size_out;
+};
+
+static int one_call(struct nvio_handle *h, const struct call *c, int by_path)
+{
+	unsigned ff = !c->is_write ? NVIO_FILE_READ : c->whole ? NVIO_FILE_ATOMIC :
+		      c->path ? NVIO_FILE_WRITE | NVIO_FILE_CREATE : NVIO_FILE_WRITE;
+	struct nvio__opspec sp = { .is_write = c->is_write, .flags = c->flags,
+				   .buf = c->buf, .nbytes = c->nbytes,
+				   .offset = c->offset };
+	struct nvio_file *f = NULL;
+	const char *what = "flags";
+	int r = 0;
+
+	if (!h || (c->flags & ~KNOWN_FLAGS))
+		r = -EINVAL;
+	else if (by_path && !c->path)
+		r = -EINVAL, what = "path (NULL)";
+	else if (!c->buf && c->nbytes > 0)
+		r = -EINVAL, what = "buffer (NULL)";
+	else if (!c->path && c->fd < 0)
+		r = -EBADF, what = "fd (negative)";
+	else if (c->offset < 0 || c->nbytes > (uint64_t)(INT64_MAX - c->offset))
+		r = -EINVAL, what = "range (past INT64_MAX)";
+	if (!r) {
+		what = "open";
+		r = nvio__file_make(h, c->path, c->path ? -1 : c->fd, ff, &f, &what);
+	}
+	if (!r && c->whole && !c->is_write) {
+		uint64_t size = atomic_load(&f->size);
+
+		what = "size (not a file or device)";
+		r = size == UINT64_MAX ? -EINVAL : 0;
+		if (!r && c->size_out)
+			*c->size_out = size;
+		if (!r && size > c->nbytes)
+			r = -EOVERFLOW, what = "open";
+		sp.nbytes = size;
 	}
 	if (r) {
-		nvio__op_fail(op, r, what, (uint64_t)rq->offset, nbytes);
-		op_error(op);
-		if (op->tmp_path)
-			nvio__sys.unlink(op->tmp_path);
-		nvio__op_free(op);
-		return r;
+		nvio__file_free(f);
+		return refuse_open(h, r, what, c->path, c->fd, c->is_write,
+				   c->offset, c->nbytes);
 	}
-	return run_op(h, op);
+	f->private = 1;
+	sp.file = f;
+	sp.sink = c->flags & NVIO_ASYNC ? NVIO__SINK_GROUP : NVIO__SINK_SYNC;
+	r = nvio__submit(h, &sp);
+	return r;
 }
 
 int nvio_pread(nvio_handle_t *h, void *buf, uint64_t nbytes, const char *path,
 	       int64_t offset, unsigned flags)
 {
-	struct request rq = { .buf = buf, .nbytes = nbytes, .path = path,
-			      .by_path = 1, .offset = offset, .flags = flags };
+	struct call c = { .path = path, .buf = buf, .nbytes = nbytes,
+			  .offset = offset, .flags = flags };
 
-	return submit(h, &rq);
+	return one_call(h, &c, 1);
 }
 
 int nvio_pwrite(nvio_handle_t *h, const void *buf, uint64_t nbytes,
 		const char *path, int64_t offset, unsigned flags)
 {
-	struct request rq = { .buf = (unsigned char *)buf, .nbytes = nbytes,
-			      .path = path, .by_path = 1, .offset = offset,
-			      .flags = flags, .is_write = 1 };
+	struct call c = { .path = path, .is_write = 1, .buf = (void *)buf,
+			  .nbytes = nbytes, .offset = offset, .flags = flags };
 
-	return submit(h, &rq);
+	return one_call(h, &c, 1);
 }
 
 int nvio_pread_fd(nvio_handle_t *h, void *buf, uint64_t nbytes, int fd,
 		  int64_t offset, unsigned flags)
 {
-	struct request rq = { .buf = buf, .nbytes = nbytes, .fd = fd,
-			      .offset = offset, .flags = flags };
+	struct call c = { .fd = fd, .buf = buf, .nbytes = nbytes,
+			  .offset = offset, .flags = flags };
 
-	return submit(h, &rq);
+	return one_call(h, &c, 0);
 }
 
 int nvio_pwrite_fd(nvio_handle_t *h, const void *buf, uint64_t nbytes, int fd,
 		   int64_t offset, unsigned flags)
 {
-	struct request rq = { .buf = (unsigned char *)buf, .nbytes = nbytes,
-			      .fd = fd, .offset = offset, .flags = flags,
-			      .is_write = 1 };
+	struct call c = { .fd = fd, .is_write = 1, .buf = (void *)buf,
+			  .nbytes = nbytes, .offset = offset, .flags = flags };
 
-	return submit(h, &rq);
+	return one_call(h, &c, 0);
 }
 
 int nvio_read_file(nvio_handle_t *h, void *buf, uint64_t capacity,
 		   const char *path, uint64_t *size_out, unsigned flags)
 {
-	struct request rq = { .buf = buf, .capacity = capacity, .path = path,
-			      .by_path = 1, .flags = flags, .whole_file = 1,
-			      .size_out = size_out };
+	struct call c = { .path = path, .whole = 1, .buf = buf,
+			  .nbytes = capacity, .flags = flags, .size_out = size_out };
 
-	return submit(h, &rq);
+	return one_call(h, &c, 1);
 }
 
 int nvio_write_file(nvio_handle_t *h, const void *buf, uint64_t nbytes,
 		    const char *path, unsigned flags)
 {
-	struct request rq = { .buf = (unsigned char *)buf, .nbytes = nbytes,
-			      .path = path, .by_path = 1, .flags = flags,
-			      .is_write = 1, .whole_file = 1 };
+	struct call c = { .path = path, .is_write = 1, .whole = 1,
+			  .buf = (void *)buf, .nbytes = nbytes, .flags = flags };
 
-	return submit(h, &rq);
+	return one_call(h, &c, 1);
 }
 
 int64_t nvio_file_size(const char *path)

@@ -1,14 +1,16 @@
 /*
  * sys.c - the one table of system calls (see sys.h), and the helpers that
- * retry EINTR and loop over short transfers.
+ * loop over short transfers (retrying as retry.c says).
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "internal.h"
 #include "sys.h"
 
 static int sys_open(const char *path, int flags, mode_t mode)
@@ -31,6 +33,7 @@ static int no_reap_fault(void)
 	.open = sys_open, .close = close, .pread = pread, .pwrite = pwrite, \
 	.fstat = fstat, .fsync = fsync, .rename = rename, .unlink = unlink, \
 	.mlock = mlock, .fallocate = fallocate, .statx = statx, \
+	.ftruncate = ftruncate, .linkat = linkat, .eventfd = eventfd, \
 	.io_result = identity_result, .reap_fault = no_reap_fault, \
 }
 
@@ -55,11 +58,12 @@ int nvio__open(const char *path, int flags, mode_t mode)
 int nvio__pread_full(int fd, void *buf, size_t n, uint64_t off)
 {
 	char *p = buf;
+	unsigned tries = 0;
 
 	while (n > 0) {
 		ssize_t r = nvio__sys.pread(fd, p, n, (off_t)off);
 
-		if (r < 0 && errno == EINTR)
+		if (r < 0 && nvio__retry(&tries, -errno))
 			continue;
 		if (r < 0)
 			return -errno;
@@ -75,11 +79,12 @@ int nvio__pread_full(int fd, void *buf, size_t n, uint64_t off)
 int nvio__pwrite_full(int fd, const void *buf, size_t n, uint64_t off)
 {
 	const char *p = buf;
+	unsigned tries = 0;
 
 	while (n > 0) {
 		ssize_t w = nvio__sys.pwrite(fd, p, n, (off_t)off);
 
-		if (w < 0 && errno == EINTR)
+		if (w < 0 && nvio__retry(&tries, -errno))
 			continue;
 		if (w < 0)
 			return -errno;

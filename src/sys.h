@@ -30,6 +30,10 @@ struct nvio__sys {
 	int (*fallocate)(int fd, int mode, off_t off, off_t len);
 	int (*statx)(int dirfd, const char *path, int flags, unsigned mask,
 		     struct statx *sx);
+	int (*ftruncate)(int fd, off_t len);
+	int (*linkat)(int olddirfd, const char *oldpath, int newdirfd,
+		      const char *newpath, int flags);
+	int (*eventfd)(unsigned initval, int flags);
 	/*
 	 * Every completion of every engine passes through here before it is
 	 * checked: res is the byte count or -errno the kernel reported for
@@ -49,7 +53,8 @@ extern struct nvio__sys nvio__sys;
 void nvio__sys_reset(void);
 
 /*
- * Helpers over the table. Both retry EINTR and loop over short transfers
+ * Helpers over the table. Both retry as retry.c says (EINTR, EAGAIN,
+ * bounded) and loop over short transfers
  * until n bytes moved, the file ends (reads: -ENODATA) or an error.
  * Return 0 or -errno.
  */

@@ -27,8 +27,8 @@
  * reads are copied out and before more writes are copied in. Each
  * copy-out frees a buffer that is refilled at once.
  *
- * Every completion is checked: -EINTR/-EAGAIN/-EBUSY are resubmitted (up
- * to MAX_RETRIES times, then they fail the op), a short
+ * Every completion is checked: -EINTR/-EAGAIN/-EBUSY are resubmitted as
+ * retry.c allows (bounded, then they fail the op), a short
  * transfer is finished through the buffered descriptor (a short read at
  * end of file is -ENODATA), any other error fails the op. Once an op has
  * failed, its pieces not yet issued are skipped.
@@ -47,13 +47,9 @@ struct slot {
 	struct nvio__io io;
 	struct nvio__task *task;
 	void *stage;		/* bounce buffer, or NULL */
-	unsigned char *user;	/* where the piece lives in the op's buffer */
+	uint64_t pos;		/* where the piece lives in the op's memory */
 	unsigned retries;	/* completions of EINTR/EAGAIN/EBUSY so far */
 };
-
-/* A request the kernel keeps answering EAGAIN (or EINTR, EBUSY) fails
- * with that error after this many tries instead of spinning forever. */
-#define MAX_RETRIES 1000
 
 struct wstate {
 	struct nvio__worker *w;
@@ -128,14 +124,22 @@ static void task_pieces_done(struct nvio__task *t, uint64_t n)
 		nvio__op_task_done(t->op);
 }
 
-/* Copies between a piece's place in the op's buffer and its bounce buffer. */
-static int stage_copy(struct wstate *s, struct nvio__op *op, void *dst,
-		      const void *src, size_t n, int to_user)
+/*
+ * Copies between a piece's place in the op's memory (which may span
+ * several of its buffers: a vector's small pieces are gathered into one
+ * request) and its bounce buffer.
+ */
+static int stage_copy(struct wstate *s, struct nvio__op *op, void *stage,
+		      uint64_t pos, size_t n, int to_user)
 {
+	unsigned char *flat = stage;
 	int r;
 
 	if (op->mem == NVIO__MEM_HOST) {
-		nvio__stage_copy(dst, src, n);
+		if (to_user)
+			nvio__op_scatter(op, stage, pos, n);
+		else
+			nvio__op_gather(op, stage, pos, n);
 		return 0;
 	}
 	if (!s->cuda.stream || s->cuda.device != op->cuda_device) {
@@ -145,7 +149,21 @@ static int stage_copy(struct wstate *s, struct nvio__op *op, void *dst,
 			return r;
 		nvio__stage_want_cuda(&s->w->stage);
 	}
-	return nvio__cuda_copy(dst, src, n, to_user, &s->cuda);
+	while (n > 0) {	/* one buffer's part at a time */
+		uint64_t k;
+		unsigned char *mem = nvio__op_at(op, pos, &k);
+
+		if (k > n)
+			k = n;
+		r = to_user ? nvio__cuda_copy(mem, flat, (size_t)k, 1, &s->cuda) :
+			      nvio__cuda_copy(flat, mem, (size_t)k, 0, &s->cuda);
+		if (r < 0)
+			return r;
+		flat += k;
+		pos += k;
+		n -= (size_t)k;
+	}
+	return 0;
 }
 
 static void piece_end(struct wstate *s, struct slot *sl, int err)
@@ -155,7 +173,7 @@ static void piece_end(struct wstate *s, struct slot *sl, int err)
 	struct nvio__io *io = &sl->io;
 
 	if (!err && sl->stage && !io->is_write)
-		err = stage_copy(s, op, sl->user, sl->stage, io->len, 1);
+		err = stage_copy(s, op, sl->stage, sl->pos, io->len, 1);
 	if (err)
 		nvio__op_fail(op, err, io->is_write ? "pwrite" : "pread",
 			      io->off, io->len);
@@ -205,11 +223,6 @@ static struct nvio__task *current_task(struct wstate *s)
 		}
 		return t;
 	}
-}
-
-static int retryable(int err)
-{
-	return err == -EINTR || err == -EAGAIN || err == -EBUSY;
 }
 
 /*
@@ -290,9 +303,9 @@ static void submit_ready(struct wstate *s)
 			memmove(s->ready, s->ready + r, s->nready * sizeof(*s->ready));
 			continue;
 		}
-		if (retryable(r) && s->inflight > 0)
+		if (nvio__retryable(r) && s->inflight > 0)
 			return;		/* reap, then try again */
-		if (retryable(r) && ++spins < 1000) {
+		if (nvio__retryable(r) && ++spins < 1000) {
 			sched_yield();
 			continue;
 		}
@@ -327,40 +340,77 @@ static void submit_copied(struct wstate *s)
 }
 
 /*
+ * Pieces that skip the engine, moved right here: GDS pieces through
+ * cuFile, and pieces of files that are not regular files or block
+ * devices (AIO refuses them), through pread/pwrite, a buffer at a time.
+ */
+static void move_here(struct nvio__op *op, const struct nvio__piece *pc)
+{
+	const char *what = op->is_write ? "pwrite" : "pread";
+	uint64_t pos = pc->pos, off = pc->off, left = pc->len;
+	int err = 0;
+
+	while (!err && left > 0) {
+		uint64_t k;
+		unsigned char *mem = nvio__op_at(op, pos, &k);
+
+		if (k > left)
+			k = left;
+		if (op->cufh)
+			err = nvio__cufile_rw(op->cufh, op->is_write, mem, off, k, &what);
+		else if (op->is_write)
+			err = nvio__pwrite_full(op->file->fd, mem, (size_t)k, off);
+		else
+			err = nvio__pread_full(op->file->fd, mem, (size_t)k, off);
+		pos += k;
+		off += k;
+		left -= k;
+	}
+	if (err)
+		nvio__op_fail(op, err, what, pc->off, pc->len);
+}
+
+/*
+ * Whether a piece goes through a bounce buffer: GPU memory always (the
+ * kernel cannot reach it), a piece that spans several of the op's
+ * buffers (gathered into one request), and an O_DIRECT piece whose
+ * memory is not aligned as the file needs. *mem: the piece's own bytes.
+ */
+static int needs_stage(const struct nvio__op *op, const struct nvio__piece *pc,
+		       unsigned char **mem)
+{
+	*mem = nvio__op_mem(op, pc->pos, pc->len);
+	return op->mem != NVIO__MEM_HOST || !*mem ||
+	       (pc->body && op->direct && (uintptr_t)*mem % op->mem_align);
+}
+
+/*
  * Prepares pieces into free slots until the slots, the work or the
- * bounce buffers run out. GDS and non-file pieces are moved right here.
+ * bounce buffers run out.
  */
 static void fill(struct wstate *s)
 {
 	while (s->nfree > 0) {
 		struct nvio__task *t = current_task(s);
+		struct nvio__piece pc;
 		struct nvio__op *op;
 		struct slot *sl;
-		uint64_t off, len;
+		unsigned char *mem;
 		void *stage = NULL;
-		int body, err;
+		int staged, err = 0;
 
 		if (!t)
 			return;
 		op = t->op;
-		nvio__plan_piece(&op->plan, t->next_piece, &off, &len, &body);
-		if (op->cufh || op->plain) {	/* moved here, synchronously */
-			const char *what = op->is_write ? "pwrite" : "pread";
-			void *p = op->buf + (off - op->plan.off);
-
+		nvio__op_piece(op, t->next_piece, &pc);
+		if (op->cufh || op->file->plain) {
 			take_piece(s, t);
-			if (op->cufh)
-				err = nvio__cufile_rw(op, off, len, &what);
-			else if (op->is_write)
-				err = nvio__pwrite_full(op->fd, p, (size_t)len, off);
-			else
-				err = nvio__pread_full(op->fd, p, (size_t)len, off);
-			if (err)
-				nvio__op_fail(op, err, what, off, len);
+			move_here(op, &pc);
 			task_pieces_done(t, 1);
 			continue;
 		}
-		if (op->mem != NVIO__MEM_HOST || (body && op->stage)) {
+		staged = needs_stage(op, &pc, &mem);
+		if (staged) {
 			stage = nvio__stage_get(&s->w->stage, &err);
 			if (!stage && !err)
 				return;	/* all bounce buffers busy: reap first */
@@ -370,26 +420,26 @@ static void fill(struct wstate *s)
 		sl->task = t;
 		sl->stage = stage;
 		sl->retries = 0;
-		sl->user = op->buf + (off - op->plan.off);
-		sl->io.fd = body && op->dfd >= 0 ? op->dfd : op->fd;
+		sl->pos = pc.pos;
+		sl->io.fd = pc.body && op->direct ? op->dfd : op->file->fd;
 		sl->io.is_write = op->is_write;
-		sl->io.buf = stage ? stage : sl->user;
-		sl->io.len = (size_t)len;
-		sl->io.off = off;
+		sl->io.buf = stage ? stage : mem;
+		sl->io.len = (size_t)pc.len;
+		sl->io.off = pc.off;
 		sl->io.res = 0;
-		if (!stage && (op->mem != NVIO__MEM_HOST || (body && op->stage))) {
+		if (staged && !stage) {
 			piece_end(s, sl, err);	/* no staging memory at all */
 			continue;
 		}
 		if (stage && op->is_write) {
-			err = stage_copy(s, op, stage, sl->user, (size_t)len, 0);
+			err = stage_copy(s, op, stage, pc.pos, (size_t)pc.len, 0);
 			if (err) {
 				piece_end(s, sl, err);
 				continue;
 			}
 		}
 		s->ready[s->nready++] = &sl->io;
-		if (stage && op->is_write && len >= OVERLAP_COPY_BYTES)
+		if (stage && op->is_write && pc.len >= OVERLAP_COPY_BYTES)
 			submit_copied(s);
 	}
 }
@@ -402,8 +452,8 @@ int nvio__finish_short(struct nvio__op *op, const struct nvio__io *io, size_t go
 	if (!io->is_write && got == 0)
 		return -ENODATA;	/* end of file inside the range */
 	if (io->is_write)
-		return nvio__pwrite_full(op->fd, p, io->len - got, io->off + got);
-	return nvio__pread_full(op->fd, p, io->len - got, io->off + got);
+		return nvio__pwrite_full(op->file->fd, p, io->len - got, io->off + got);
+	return nvio__pread_full(op->file->fd, p, io->len - got, io->off + got);
 }
 
 static void complete(struct wstate *s, struct nvio__io *io)
@@ -414,7 +464,7 @@ static void complete(struct wstate *s, struct nvio__io *io)
 
 	if (sl->stage)
 		s->staged_inflight--;
-	if (res < 0 && retryable((int)res) && ++sl->retries <= MAX_RETRIES) {
+	if (res < 0 && nvio__retry(&sl->retries, (int)res)) {
 		s->ready[s->nready++] = io;
 		return;
 	}
@@ -469,7 +519,7 @@ static void reap(struct wstate *s)
 	int r = s->w->eng->reap(s->w->ectx, s->done, min, s->inflight);
 
 	if (r < 0) {
-		if (!retryable(r))
+		if (!nvio__retryable(r))
 			engine_reset(s, r);
 		return;
 	}

@@ -184,9 +184,10 @@ static void test_table(nvio_handle_t *h, const char *combo)
 				       "%llu, not the file size 100",
 				       (unsigned long long)size_out);
 			if (!b->null_handle && r < 0) {
-				nvio_error_t e;
+				nvio_error_t e = { .struct_size = sizeof(e) };
 
 				memset(&e, 0, sizeof(e));
+				e.struct_size = sizeof(e);
 				nvio_last_error(h, &e);
 				/* refused calls too: each records its own */
 				if (e.err != r)
@@ -212,12 +213,13 @@ static void test_table(nvio_handle_t *h, const char *combo)
 static void test_last_error(nvio_handle_t *h, const char *combo)
 {
 	char buf[64];
-	nvio_error_t e;
+	nvio_error_t e = { .struct_size = sizeof(e) };
 	int n;
 
 	t_ctx("%s last_error after ENOENT", combo);
 	T_ERR(nvio_pread(h, buf, 10, missing, 0, 0), -ENOENT);
 	memset(&e, 0, sizeof(e));
+	e.struct_size = sizeof(e);
 	T_ERR(nvio_last_error(h, &e), -ENOENT);
 	T_ERR(e.err, -ENOENT);
 	T_EQ_INT(e.is_write, 0);
@@ -239,6 +241,7 @@ static void test_last_error(nvio_handle_t *h, const char *combo)
 	T_ERR(nvio_pread(h, buf, 10, missing, 0, 0), -ENOENT);
 	T_ERR(nvio_pwrite(h, buf, 10, good, 0, 1u << 20), -EINVAL);
 	memset(&e, 0, sizeof(e));
+	e.struct_size = sizeof(e);
 	T_ERR(nvio_last_error(h, &e), -EINVAL);
 	T_TRUE(strcmp(e.path, good) == 0);	/* not the missing file */
 	T_TRUE(strcmp(e.what, "flags") == 0);
@@ -259,6 +262,7 @@ static void test_last_error(nvio_handle_t *h, const char *combo)
 		T_ERR(nvio_read_file(h, buf, sizeof(buf), "/dev/null",
 				     &size_out, 0), -EINVAL);
 		memset(&e, 0, sizeof(e));
+		e.struct_size = sizeof(e);
 		T_ERR(nvio_last_error(h, &e), -EINVAL);
 		T_TRUE(strcmp(e.path, "/dev/null") == 0);
 		T_TRUE(strstr(e.what, "size") != NULL);
@@ -268,6 +272,7 @@ static void test_last_error(nvio_handle_t *h, const char *combo)
 	t_ctx("%s last_error after ENODATA", combo);
 	T_ERR(nvio_pread(h, buf, 50, good, 60, 0), -ENODATA);
 	memset(&e, 0, sizeof(e));
+	e.struct_size = sizeof(e);
 	T_ERR(nvio_last_error(h, &e), -ENODATA);
 	T_EQ_INT(e.is_write, 0);
 	if (!strstr(e.path, good))
@@ -277,6 +282,7 @@ static void test_last_error(nvio_handle_t *h, const char *combo)
 	t_ctx("%s last_error after EISDIR", combo);
 	T_ERR(nvio_pwrite(h, buf, 10, dirpath, 0, 0), -EISDIR);
 	memset(&e, 0, sizeof(e));
+	e.struct_size = sizeof(e);
 	T_ERR(nvio_last_error(h, &e), -EISDIR);
 	T_EQ_INT(e.is_write, 1);
 	if (!strstr(e.path, dirpath))

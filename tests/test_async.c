@@ -176,7 +176,7 @@ static ssize_t fail_bad_file(int is_write, int fd, uint64_t off, size_t n,
 static void test_one_fails(nvio_handle_t *h, const char *combo)
 {
 	const int n = NFILES;
-	nvio_error_t e;
+	nvio_error_t e = { .struct_size = sizeof(e) };
 
 	t_ctx("%s one op of a batch fails", combo);
 	plan_ops();
@@ -204,6 +204,7 @@ static void test_one_fails(nvio_handle_t *h, const char *combo)
 	T_TRUE(atomic_load(&bad_hits) > 0);
 	T_EQ_U64(nvio_pending(h), 0);
 	memset(&e, 0, sizeof(e));
+	e.struct_size = sizeof(e);
 	T_ERR(nvio_last_error(h, &e), -EIO);
 	T_EQ_INT(e.is_write, 0);
 	if (!strstr(e.path, bad_path))

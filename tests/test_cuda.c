@@ -185,7 +185,7 @@ static void rw_cases(nvio_handle_t *h, unsigned char *dev, const char *path,
 
 static void failing_copy(nvio_handle_t *h, unsigned char *dev, const char *path)
 {
-	nvio_error_t e;
+	nvio_error_t e = { .struct_size = sizeof(e) };
 
 	t_ctx("a driver copy fails");
 	stub_fail_copies(1);

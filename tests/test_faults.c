@@ -214,9 +214,10 @@ static void one_case(nvio_handle_t *h, const char *path, const char *what,
 			T_ERR(nvio_wait(h), 0);
 		T_EQ_U64(nvio_pending(h), 0);
 		if (r < 0) {
-			nvio_error_t e;
+			nvio_error_t e = { .struct_size = sizeof(e) };
 
 			memset(&e, 0, sizeof(e));
+			e.struct_size = sizeof(e);
 			nvio_last_error(h, &e);
 			T_ERR(e.err, r);
 			T_EQ_INT(e.is_write, is_write);
@@ -480,7 +481,7 @@ static void enospc_at_submit(nvio_handle_t *h, const char *combo)
 static void wait_record(nvio_handle_t *h, const char *combo)
 {
 	char path[T_PATH_MAX], missing[T_PATH_MAX + 16];
-	nvio_error_t e;
+	nvio_error_t e = { .struct_size = sizeof(e) };
 	int r;
 
 	t_ctx("%s wait's record after a later sync failure", combo);
@@ -504,6 +505,7 @@ static void wait_record(nvio_handle_t *h, const char *combo)
 	nvio__sys_reset();
 	T_ERR(r, -EIO);
 	memset(&e, 0, sizeof(e));
+	e.struct_size = sizeof(e);
 	T_ERR(nvio_last_error(h, &e), -EIO);
 	T_EQ_INT(e.is_write, 1);
 	if (strcmp(e.path, path) != 0)

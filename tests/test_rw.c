@@ -472,7 +472,7 @@ static void test_coarse_align(int e, int d)
 	for (int mis = 0; mis < 2; mis++) {
 		unsigned char *buf = area + GUARD + mis;
 		nvio_handle_t *h = NULL;
-		nvio_error_t err;
+		nvio_error_t err = { .struct_size = sizeof(err) };
 		size_t fsz = 0;
 		int r;
 

@@ -200,7 +200,7 @@ static void *failer(void *arg)
 	int id = (int)(intptr_t)arg;
 	char missing[T_PATH_MAX + 32], own[T_PATH_MAX];
 	unsigned char buf[64], data[100];
-	nvio_error_t e;
+	nvio_error_t e = { .struct_size = sizeof(e) };
 
 	t_path(own, "failer-%d", id);
 	memset(data, id, sizeof(data));
@@ -213,6 +213,7 @@ static void *failer(void *arg)
 		snprintf(missing, sizeof(missing), "%s-missing-%d", own, i);
 		T_ERR(nvio_pread(shared, buf, 10, missing, 0, 0), -ENOENT);
 		memset(&e, 0, sizeof(e));
+		e.struct_size = sizeof(e);
 		T_ERR(nvio_last_error(shared, &e), -ENOENT);
 		if (strcmp(e.path, missing) != 0) {
 			T_FAILF("last_error() names \"%s\", not this thread's "
@@ -221,6 +222,7 @@ static void *failer(void *arg)
 		}
 		T_ERR(nvio_pread(shared, buf, 1, own, off, 0), -ENODATA);
 		memset(&e, 0, sizeof(e));
+		e.struct_size = sizeof(e);
 		T_ERR(nvio_last_error(shared, &e), -ENODATA);
 		if (strcmp(e.path, own) != 0 || e.offset != off) {
 			T_FAILF("last_error() names \"%s\" at %lld, not this "

@@ -86,7 +86,7 @@ static void cases(nvio_handle_t *h, const char *combo, unsigned char *b,
 
 	for (int a = 0; a < 2; a++) {
 		unsigned fl = NVIO_VALIDATE | (a ? NVIO_ASYNC : 0);
-		nvio_error_t e;
+		nvio_error_t e = { .struct_size = sizeof(e) };
 
 		t_ctx("%s corrupted re-read after pwrite%s", combo,
 		      a ? " async" : "");
@@ -97,6 +97,7 @@ static void cases(nvio_handle_t *h, const char *combo, unsigned char *b,
 		T_EQ_INT(atomic_load(&flipped), 1);
 		corrupt(0);
 		memset(&e, 0, sizeof(e));
+		e.struct_size = sizeof(e);
 		T_ERR(nvio_last_error(h, &e), -EBADMSG);
 		T_EQ_INT(e.is_write, 1);
 		T_TRUE(strstr(e.path, path) != NULL);
@@ -112,6 +113,7 @@ static void cases(nvio_handle_t *h, const char *combo, unsigned char *b,
 		T_EQ_INT(atomic_load(&flipped), 1);
 		corrupt(0);
 		memset(&e, 0, sizeof(e));
+		e.struct_size = sizeof(e);
 		T_ERR(nvio_last_error(h, &e), -EBADMSG);
 		T_EQ_INT(e.is_write, 0);
 		T_ERR(nvio_wait(h), 0);

@@ -115,7 +115,7 @@ void xfer_teardown(struct xfer *x)
 static void print_op_error(nvio_handle_t *h, int err, int is_write,
 			   const char *path)
 {
-	nvio_error_t e;
+	nvio_error_t e = { .struct_size = sizeof(e) };
 	char line[1400];
 
 	if (nvio_last_error(h, &e) == err && err) {

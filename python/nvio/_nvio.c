@@ -119,6 +119,7 @@ static PyObject *raise_nvio(nvio_handle_t *h, int rc, PyObject *target, int fd,
 	int have = 0;
 
 	memset(&e, 0, sizeof(e));
+	e.struct_size = sizeof(e);
 	if (h && nvio_last_error(h, &e) == rc && rc != 0)
 		have = 1;
 	if (have) {
@@ -1465,6 +1466,8 @@ static PyObject *h_wait(PyObject *s, PyObject *unused)
 		/* Name the file of the failed op when the error record has one. */
 		PyObject *target = NULL;
 		nvio_error_t *e = PyMem_Malloc(sizeof(*e));
+		if (e)
+			e->struct_size = sizeof(*e);
 		if (e && nvio_last_error(h, e) == rc && e->path[0] &&
 		    strncmp(e->path, "fd ", 3) != 0) {
 			target = PyUnicode_DecodeFSDefault(e->path);

@@ -1,0 +1,675 @@
+/*
+ * file.c - open files: descriptors, alignment, size, growth, and the
+ * temporary of an atomic write with its commit or abandon.
+ *
+ * A file is opened once and every op on it uses what was found then: the
+ * buffered descriptor (heads, tails, buffered I/O), the O_DIRECT one
+ * (opened on first need, for the very file the buffered one has open),
+ * the alignment O_DIRECT needs here, and the size, which grows with the
+ * writes nvio accepts. The by-path and by-fd calls make a private file
+ * for their one op.
+ *
+ * An ATOMIC file is written where nobody can see it: an unnamed
+ * O_TMPFILE in the target's directory where the file system has them,
+ * else a hidden temporary created exclusively (O_EXCL|O_NOFOLLOW, an
+ * unpredictable name). Commit names it (linkat through /proc/self/fd for
+ * the unnamed one) and renames it over the target: the target is the old
+ * file or the new one, never a part of either.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
+#include <linux/fs.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "sys.h"
+
+#define KNOWN_FILE_FLAGS (NVIO_FILE_READ | NVIO_FILE_WRITE | NVIO_FILE_CREATE | \
+			  NVIO_FILE_EXCL | NVIO_FILE_TRUNC | NVIO_FILE_ATOMIC)
+
+/*
+ * The name a write through path would reach, as open(2) follows it: the
+ * symbolic links of the last component followed (a link's relative
+ * target is relative to the link's directory; a dangling link gives the
+ * name it points to, which open would create). Directories in path are
+ * followed by the kernel anyway. Sets *out to a malloc'd name.
+ */
+static int follow_links(const char *path, char **out)
+{
+	char *cur = strdup(path), *link = malloc(PATH_MAX), *next;
+	struct stat st;
+	int err = -ENOMEM;
+
+	for (int hops = 0; cur && link; hops++) {
+		ssize_t n;
+		size_t dlen;
+
+		if (lstat(cur, &st) < 0 || !S_ISLNK(st.st_mode)) {
+			free(link);
+			*out = cur;	/* errors are open's to report */
+			return 0;
+		}
+		err = -ELOOP;	/* open's limit on links in a name */
+		if (hops == 40)
+			break;
+		n = readlink(cur, link, PATH_MAX);
+		err = n < 0 ? -errno : -ENAMETOOLONG;
+		if (n < 0 || n == PATH_MAX)
+			break;
+		link[n] = 0;
+		/* relative: beside the link, after cur's last '/' */
+		dlen = link[0] == '/' || !strrchr(cur, '/') ? 0 :
+		       (size_t)(strrchr(cur, '/') - cur) + 1;
+		err = -ENOMEM;
+		next = malloc(dlen + (size_t)n + 1);
+		if (!next)
+			break;
+		memcpy(next, cur, dlen);
+		memcpy(next + dlen, link, (size_t)n + 1);
+		free(cur);
+		cur = next;
+	}
+	free(cur);
+	free(link);
+	return err;
+}
+
+/* The directory part of path, malloc'd ("." when it has none). */
+static char *dir_of(const char *path)
+{
+	char *copy = strdup(path), *d;
+
+	if (!copy)
+		return NULL;
+	d = strdup(dirname(copy));
+	free(copy);
+	return d;
+}
+
+/* A fresh, unpredictable hidden name beside target, in buf. */
+static void temp_name(char *buf, size_t len, const char *dir, const char *target)
+{
+	const char *base = strrchr(target, '/') ? strrchr(target, '/') + 1 : target;
+	unsigned long long r = 0;
+
+	if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r)) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		r ^= (unsigned long long)ts.tv_nsec ^ (unsigned long long)getpid() << 32 ^
+		     (uintptr_t)buf;
+	}
+	snprintf(buf, len, "%s/.%s.nvio-%016llx", dir, base, r);
+}
+
+/*
+ * Where an atomic write goes. The target is path with its links followed,
+ * so a link stays a link and the file it names is replaced, as a plain
+ * open and write would. Only a regular file (or nothing) can be replaced:
+ * a device, FIFO or socket would be turned into a file that receives
+ * nothing. A file being replaced keeps its permissions (applied at
+ * commit; the temporary is 0600 until then so nvio can reopen it for
+ * O_DIRECT and validation whatever they are); a new file gets 0666 less
+ * the umask.
+ */
+static int open_temp(struct nvio_file *f, const char **what)
+{
+	struct stat st;
+	char *dir;
+	mode_t mode = 0666;
+	size_t len;
+	int fd, r;
+
+	*what = "open";
+	r = follow_links(f->path, &f->target);
+	if (r < 0)
+		return r;
+	if (stat(f->target, &st) == 0) {
+		if (S_ISDIR(st.st_mode))
+			return -EISDIR;
+		if (!S_ISREG(st.st_mode)) {
+			*what = "replace (not a regular file)";
+			return -EINVAL;
+		}
+		f->tmp_mode = st.st_mode & 07777;
+		f->keep_mode = 1;
+		mode = 0600;
+	}
+	dir = dir_of(f->target);
+	if (!dir)
+		return -ENOMEM;
+	*what = "open temporary";
+	fd = nvio__open(dir, O_TMPFILE | O_RDWR, mode);
+	if (fd >= 0) {
+		free(dir);
+		f->tmpfile = 1;
+		return fd;
+	}
+	if (fd != -EOPNOTSUPP && fd != -EISDIR && fd != -EINVAL) {
+		free(dir);
+		return fd;	/* ENOENT, EACCES, ENOSPC: a named one fails too */
+	}
+	len = strlen(dir) + strlen(f->target) + 40;
+	f->tmp_path = malloc(len);
+	fd = -ENOMEM;
+	for (int i = 0; f->tmp_path && i < 100; i++) {
+		temp_name(f->tmp_path, len, dir, f->target);
+		fd = nvio__open(f->tmp_path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW, mode);
+		if (fd != -EEXIST)
+			break;
+	}
+	free(dir);
+	if (fd < 0) {
+		free(f->tmp_path);
+		f->tmp_path = NULL;
+	}
+	return fd;
+}
+
+static int open_flags(unsigned flags)
+{
+	int acc = (flags & NVIO_FILE_READ) && (flags & NVIO_FILE_WRITE) ? O_RDWR :
+		  (flags & NVIO_FILE_WRITE) ? O_WRONLY : O_RDONLY;
+
+	return acc | (flags & NVIO_FILE_CREATE ? O_CREAT : 0) |
+	       (flags & NVIO_FILE_EXCL ? O_EXCL : 0) |
+	       (flags & NVIO_FILE_TRUNC ? O_TRUNC : 0);
+}
+
+/*
+ * Adopts the caller's descriptor. One opened with O_APPEND would ignore
+ * offsets and one with O_DIRECT forbids unaligned pieces: the buffered
+ * side then gets a plain descriptor of our own for the same file.
+ */
+static int adopt_fd(struct nvio_file *f, int fd, const char **what)
+{
+	int fl = fcntl(fd, F_GETFL), acc;
+
+	*what = "fd";
+	if (fl < 0)
+		return -EBADF;
+	acc = fl & O_ACCMODE;
+	if (((f->flags & NVIO_FILE_WRITE) && acc == O_RDONLY) ||
+	    ((f->flags & NVIO_FILE_READ) && acc == O_WRONLY))
+		return -EBADF;
+	f->caller_fd = fd;
+	if (!(fl & (O_DIRECT | O_APPEND))) {
+		f->fd = fd;
+		return 0;
+	}
+	f->fd = nvio__reopen(fd, NULL, acc, NULL);
+	if (f->fd < 0)
+		return f->fd;
+	f->own_fd = 1;
+	return 0;
+}
+
+/* The file's size: regular files and block devices; any other (pipes,
+ * character devices) has none: UINT64_MAX. */
+static int size_of(int fd, const struct stat *st, uint64_t *size)
+{
+	if (S_ISBLK(st->st_mode))
+		return ioctl(fd, BLKGETSIZE64, size) < 0 ? -errno : 0;
+	*size = S_ISREG(st->st_mode) ? (uint64_t)st->st_size : UINT64_MAX;
+	return 0;
+}
+
+/*
+ * The offset alignment O_DIRECT needs for this file, 0 if the file
+ * system cannot do direct I/O. Sets *mem_align for buffers.
+ */
+static uint32_t dio_align(int fd, uint32_t *mem_align)
+{
+	struct statx sx;
+
+	*mem_align = NVIO__PAGE;
+	if (nvio__sys.statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) < 0 ||
+	    !(sx.stx_mask & STATX_DIOALIGN))
+		return NVIO__PAGE;	/* unknown: page alignment is safe */
+	*mem_align = sx.stx_dio_mem_align ? sx.stx_dio_mem_align : NVIO__PAGE;
+	return sx.stx_dio_offset_align;
+}
+
+static int check_flags(unsigned flags, int by_fd)
+{
+	if (flags & ~KNOWN_FILE_FLAGS)
+		return -EINVAL;
+	if (by_fd)
+		return flags & ~(NVIO_FILE_READ | NVIO_FILE_WRITE) ||
+		       !(flags & (NVIO_FILE_READ | NVIO_FILE_WRITE)) ? -EINVAL : 0;
+	if (!(flags & (NVIO_FILE_READ | NVIO_FILE_WRITE | NVIO_FILE_ATOMIC)))
+		return -EINVAL;
+	if ((flags & NVIO_FILE_ATOMIC) &&
+	    (flags & (NVIO_FILE_EXCL | NVIO_FILE_TRUNC | NVIO_FILE_CREATE)))
+		return -EINVAL;
+	if ((flags & NVIO_FILE_EXCL) && !(flags & NVIO_FILE_CREATE))
+		return -EINVAL;
+	return 0;
+}
+
+/*
+ * Opens a file object: by path (fd < 0) or over the caller's fd. On
+ * failure returns -errno with *what naming the step, and frees what it
+ * made (an atomic file's temporary included).
+ */
+int nvio__file_make(struct nvio_handle *h, const char *path, int fd,
+		    unsigned flags, struct nvio_file **out, const char **what)
+{
+	struct nvio_file *f;
+	uint64_t size = 0;
+	int r;
+
+	*out = NULL;
+	*what = "flags";
+	if (check_flags(flags, !path))
+		return -EINVAL;
+	*what = "open";
+	if (path && !*path)
+		return -ENOENT;
+	f = calloc(1, sizeof(*f));
+	if (!f)
+		return -ENOMEM;
+	if (flags & NVIO_FILE_ATOMIC)
+		flags |= NVIO_FILE_WRITE;
+	f->h = h;
+	f->flags = flags;
+	f->fd = f->dfd = f->caller_fd = -1;
+	pthread_mutex_init(&f->lock, NULL);
+	if (path) {
+		f->path = strdup(path);
+		f->by_path = 1;
+	} else if ((f->path = malloc(32)) != NULL) {
+		snprintf(f->path, 32, "fd %d", fd);
+	}
+	r = f->path ? 0 : -ENOMEM;
+	if (!r && !path) {
+		r = adopt_fd(f, fd, what);
+	} else if (!r) {
+		r = flags & NVIO_FILE_ATOMIC ? open_temp(f, what) :
+		    nvio__open(path, open_flags(flags), 0666);
+		f->fd = r;
+		f->own_fd = r >= 0;
+		r = r < 0 ? r : 0;
+	}
+	if (!r && nvio__sys.fstat(f->fd, &f->st) < 0) {
+		*what = "stat";
+		r = -errno;
+	}
+	if (!r && S_ISDIR(f->st.st_mode))
+		r = -EISDIR;
+	if (!r) {
+		*what = "size";
+		r = size_of(f->fd, &f->st, &size);
+	}
+	if (!r) {
+		f->plain = !S_ISREG(f->st.st_mode) && !S_ISBLK(f->st.st_mode);
+		atomic_store(&f->size, size);
+		if (h->cfg.direct != NVIO_DIRECT_OFF)
+			f->align = dio_align(f->fd, &f->mem_align);
+		if (!f->align && h->cfg.direct == NVIO_DIRECT_ON) {
+			*what = "open O_DIRECT (not supported here)";
+			r = -EINVAL;
+		}
+	}
+	if (r) {
+		nvio__file_free(f);
+		return r;
+	}
+	*out = f;
+	return 0;
+}
+
+/* Closes one of the file's descriptors; a failed close of a written
+ * file's is reported (returns -errno). EINTR has closed it all the same. */
+static int close_checked(const struct nvio_file *f, int fd)
+{
+	if (nvio__sys.close(fd) == 0 || !(f->flags & NVIO_FILE_WRITE) ||
+	    errno == EINTR)
+		return 0;
+	return -errno;
+}
+
+/* Closes the descriptors; the first failed close's error. */
+int nvio__file_close_fds(struct nvio_file *f)
+{
+	int err = 0, r;
+
+	nvio__cufile_close(f->cufh);
+	f->cufh = NULL;
+	if (f->own_dfd && (r = close_checked(f, f->dfd)) && !err)
+		err = r;
+	if (f->own_fd && (r = close_checked(f, f->fd)) && !err)
+		err = r;
+	f->own_fd = f->own_dfd = 0;
+	f->fd = f->dfd = -1;
+	return err;
+}
+
+/* Frees a file; an uncommitted atomic file is abandoned. */
+void nvio__file_free(struct nvio_file *f)
+{
+	if (!f)
+		return;
+	nvio__file_close_fds(f);
+	if (f->tmp_path && !f->committed)
+		nvio__sys.unlink(f->tmp_path);
+	pthread_mutex_destroy(&f->lock);
+	free(f->path);
+	free(f->tmp_path);
+	free(f->target);
+	free(f);
+}
+
+/*
+ * The O_DIRECT descriptor: the caller's if it has O_DIRECT, else a new
+ * one for the very file f->fd has open, even if its name was replaced
+ * meanwhile (nvio__reopen). Opened once; its error is kept.
+ */
+int nvio__file_dfd(struct nvio_file *f)
+{
+	int state = atomic_load(&f->dfd_state), acc, fl;
+	const char *name;
+
+	if (state == 1)
+		return f->dfd;
+	if (state < 0)
+		return state;
+	pthread_mutex_lock(&f->lock);
+	if (atomic_load(&f->dfd_state) == 0) {
+		fl = f->caller_fd >= 0 ? fcntl(f->caller_fd, F_GETFL) : 0;
+		if (fl > 0 && (fl & O_DIRECT) && !(fl & O_APPEND)) {
+			f->dfd = f->caller_fd;
+		} else {
+			acc = fcntl(f->fd, F_GETFL) & O_ACCMODE;
+			name = f->tmpfile ? NULL : f->tmp_path ? f->tmp_path :
+			       f->by_path ? f->path : NULL;
+			f->dfd = nvio__reopen(f->fd, name, acc | O_DIRECT, &f->st);
+			f->own_dfd = f->dfd >= 0;
+		}
+		atomic_store(&f->dfd_state, f->dfd >= 0 ? 1 : f->dfd);
+	}
+	state = atomic_load(&f->dfd_state);
+	pthread_mutex_unlock(&f->lock);
+	return state == 1 ? f->dfd : state;
+}
+
+/* GDS: the file's cuFile registration, on the O_DIRECT descriptor where
+ * there is one (compatibility mode takes a plain one); NULL if refused. */
+void *nvio__file_cufh(struct nvio_file *f)
+{
+	void *fh = NULL;
+	int dfd = f->h->cfg.direct != NVIO_DIRECT_OFF && f->align ?
+		  nvio__file_dfd(f) : -1;
+
+	pthread_mutex_lock(&f->lock);
+	if (f->cufh_state == 0) {
+		f->cufh_state = nvio__cufile_open(dfd >= 0 ? dfd : f->fd, &f->cufh) ? -1 : 1;
+	}
+	if (f->cufh_state == 1)
+		fh = f->cufh;
+	pthread_mutex_unlock(&f->lock);
+	return fh;
+}
+
+void nvio__file_note_end(struct nvio_file *f, uint64_t end)
+{
+	uint64_t cur = atomic_load(&f->size);
+
+	while (cur != UINT64_MAX && cur < end &&
+	       !atomic_compare_exchange_weak(&f->size, &cur, end))
+		;
+}
+
+/*
+ * Direct writes that extend a file make ext4 and xfs take the slow,
+ * blocking path for every request (io_uring then hands each one to a
+ * kernel worker thread). Allocating the new range first turns them into
+ * writes inside the file. It also reports a full disk (-ENOSPC) before
+ * any byte is written. A gap before the range stays a hole.
+ */
+int nvio__file_grow(struct nvio_file *f, uint64_t off, uint64_t len)
+{
+	uint64_t end = off + len, start = atomic_load(&f->size);
+
+	if (!S_ISREG(f->st.st_mode) || end <= start)
+		return 0;
+	if (off > start)
+		start = off;
+	if (nvio__sys.fallocate(f->fd, 0, (off_t)start, (off_t)(end - start)) == 0)
+		return 0;
+	/* Not supported here: the writes will extend the file themselves. */
+	return errno == ENOSPC || errno == EFBIG || errno == EDQUOT ? -errno : 0;
+}
+
+int nvio__file_fsync_dir(const char *path)
+{
+	char *dir = dir_of(path);
+	int fd, r;
+
+	if (!dir)
+		return -ENOMEM;
+	fd = nvio__open(dir, O_RDONLY | O_DIRECTORY, 0);
+	free(dir);
+	if (fd < 0)
+		return fd;
+	r = nvio__sys.fsync(fd) < 0 ? -errno : 0;
+	nvio__sys.close(fd);
+	return r;
+}
+
+/* An unnamed temporary gets a hidden name beside the target. */
+static int name_tmpfile(struct nvio_file *f)
+{
+	char proc[64], *dir = dir_of(f->target);
+	size_t len;
+	int r = -ENOMEM;
+
+	if (!dir)
+		return r;
+	len = strlen(dir) + strlen(f->target) + 40;
+	f->tmp_path = malloc(len);
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", f->fd);
+	for (int i = 0; f->tmp_path && i < 100; i++) {
+		temp_name(f->tmp_path, len, dir, f->target);
+		r = nvio__sys.linkat(AT_FDCWD, proc, AT_FDCWD, f->tmp_path,
+				     AT_SYMLINK_FOLLOW) < 0 ? -errno : 0;
+		if (r != -EEXIST)
+			break;
+	}
+	free(dir);
+	if (r < 0) {
+		free(f->tmp_path);
+		f->tmp_path = NULL;
+	}
+	return r;
+}
+
+/*
+ * Puts an atomic file in place of its target: data durable first when
+ * asked (f->flags), the target's permissions, a name, then one rename,
+ * then the directory. A private file (write_file) closes its descriptors
+ * before the rename, so that an error writeback reports at close (NFS)
+ * still keeps the old file. On error the target is untouched and the
+ * temporary's name is gone; *what names the failed step.
+ */
+static int commit(struct nvio_file *f, int durable, const char **what)
+{
+	int r = 0;
+
+	if (durable && nvio__sys.fsync(f->fd) < 0) {
+		*what = "fsync";
+		return -errno;
+	}
+	if (f->keep_mode && fchmod(f->fd, f->tmp_mode) < 0) {
+		*what = "chmod";
+		return -errno;
+	}
+	if (f->tmpfile && !f->tmp_path && (r = name_tmpfile(f)) < 0) {
+		*what = "link";
+		return r;
+	}
+	if (f->private && (r = nvio__file_close_fds(f)) < 0) {
+		*what = "close";
+	} else if (nvio__sys.rename(f->tmp_path, f->target) < 0) {
+		*what = "rename";
+		r = -errno;
+	}
+	if (r < 0) {
+		nvio__sys.unlink(f->tmp_path);
+		free(f->tmp_path);
+		f->tmp_path = NULL;
+		return r;
+	}
+	f->committed = 1;
+	if (durable && (r = nvio__file_fsync_dir(f->target)) < 0)
+		*what = "fsync directory";
+	return r;
+}
+
+/* For write_file's private file: durable only with NVIO_FSYNC. */
+int nvio__file_commit(struct nvio_file *f, int durable, const char **what)
+{
+	return commit(f, durable, what);
+}
+
+/* ---- the public calls ---------------------------------------------- */
+
+/* A failure of a file call becomes the caller's nvio_last_error(). */
+static int file_error(struct nvio_file *f, struct nvio_handle *h, int err,
+		      const char *what, const char *path)
+{
+	nvio_error_t e;
+
+	if (!h)
+		return err;
+	nvio__error_fill(&e, err, NULL, what, 0, 0);
+	snprintf(e.path, sizeof(e.path), "%s", f ? f->path : path ? path : "");
+	return nvio__error_publish(h, &e);
+}
+
+nvio_file_t *nvio_file_open(nvio_handle_t *h, const char *path, unsigned flags,
+			    int *err)
+{
+	struct nvio_file *f = NULL;
+	const char *what = "open";
+	int r = !h || !path ? -EINVAL : nvio__file_make(h, path, -1, flags, &f, &what);
+
+	if (r)
+		file_error(NULL, h, r, !path ? "path (NULL)" : what, path);
+	if (err)
+		*err = r;
+	return f;
+}
+
+nvio_file_t *nvio_file_from_fd(nvio_handle_t *h, int fd, unsigned flags, int *err)
+{
+	struct nvio_file *f = NULL;
+	const char *what = "fd";
+	int r = !h ? -EINVAL : fd < 0 ? -EBADF :
+		nvio__file_make(h, NULL, fd, flags, &f, &what);
+
+	if (r) {
+		char name[32];
+
+		snprintf(name, sizeof(name), "fd %d", fd);
+		file_error(NULL, h, r, what, name);
+	}
+	if (err)
+		*err = r;
+	return f;
+}
+
+int nvio_file_close(nvio_file_t *f)
+{
+	int r;
+
+	if (!f)
+		return 0;
+	nvio__track_quiesce(f->h, f);
+	r = nvio__file_close_fds(f);
+	nvio__file_free(f);
+	return r;
+}
+
+int nvio_file_sync(nvio_file_t *f)
+{
+	if (!f)
+		return -EINVAL;
+	if (nvio__sys.fsync(f->fd) < 0)
+		return file_error(f, f->h, -errno, "fsync", NULL);
+	return 0;
+}
+
+int nvio_file_commit(nvio_file_t *f)
+{
+	const char *what = "commit (not an ATOMIC file, or committed)";
+	int r = -EINVAL;
+
+	if (!f)
+		return -EINVAL;
+	if ((f->flags & NVIO_FILE_ATOMIC) && !f->committed) {
+		nvio__track_quiesce(f->h, f);
+		what = "commit (an op on the file failed)";
+		r = atomic_load(&f->failed) ? -EIO : commit(f, 1, &what);
+	}
+	return r ? file_error(f, f->h, r, what, NULL) : 0;
+}
+
+int nvio_file_truncate(nvio_file_t *f, uint64_t size)
+{
+	if (!f || size > INT64_MAX)
+		return -EINVAL;
+	if (!(f->flags & NVIO_FILE_WRITE))
+		return file_error(f, f->h, -EBADF, "truncate (not open for writing)", NULL);
+	if (nvio__sys.ftruncate(f->fd, (off_t)size) < 0)
+		return file_error(f, f->h, -errno, "truncate", NULL);
+	if (atomic_load(&f->size) != UINT64_MAX)
+		atomic_store(&f->size, size);
+	return 0;
+}
+
+int nvio_file_allocate(nvio_file_t *f, int64_t offset, uint64_t nbytes)
+{
+	if (!f || offset < 0 || nbytes > (uint64_t)(INT64_MAX - offset))
+		return -EINVAL;
+	if (!(f->flags & NVIO_FILE_WRITE))
+		return file_error(f, f->h, -EBADF, "allocate (not open for writing)", NULL);
+	if (nbytes == 0)
+		return 0;
+	if (nvio__sys.fallocate(f->fd, 0, (off_t)offset, (off_t)nbytes) < 0)
+		return file_error(f, f->h, -errno, "fallocate", NULL);
+	nvio__file_note_end(f, (uint64_t)offset + nbytes);
+	return 0;
+}
+
+int nvio_file_info(const nvio_file_t *f, nvio_file_info_t *out)
+{
+	nvio_file_info_t i;
+
+	if (!f || !out)
+		return -EINVAL;
+	memset(&i, 0, sizeof(i));
+	i.struct_size = sizeof(i);
+	i.flags = f->flags;
+	i.fd = f->fd;
+	i.direct = f->align && atomic_load(&((struct nvio_file *)f)->dfd_state) >= 0;
+	i.dio_offset_align = f->align;
+	i.dio_mem_align = f->align ? f->mem_align : 0;
+	i.size = atomic_load(&((struct nvio_file *)f)->size);
+	i.committed = f->committed;
+	return nvio__struct_out(out, &i, sizeof(i));
+}
+
+const char *nvio_file_path(const nvio_file_t *f)
+{
+	return f ? f->path : "";
+}
