@@ -266,6 +266,7 @@ static void test_partial(nvio_handle_t *h, const char *path)
 		ops[i].offset = i == 9 ? fault - 5 : (int64_t)i * 200000;
 		ops[i].nbytes = 150000;
 		ops[i].buf = mem + (uint64_t)i * 160000;
+		ops[i].file = f;	/* the first round's file is closed */
 	}
 	atomic_store(&fault_at, fault);
 	nvio__sys.io_result = eio_at;
