@@ -594,6 +594,23 @@ int t_combo_ok(int engine, int direct)
 	return t_engine_ok(engine) && t_direct_ok(direct);
 }
 
+static _Thread_local char t_combo_name[64];
+
+int t_combo_begin(int engine, int direct)
+{
+	if (!t_combo_ok(engine, direct))
+		return 0;
+	snprintf(t_combo_name, sizeof(t_combo_name), "%s/%s",
+		 t_engine_str(engine), t_direct_str(direct));
+	t_ctx("%s", t_combo_name);
+	return 1;
+}
+
+const char *t_combo(void)
+{
+	return t_combo_name;
+}
+
 void t_config(nvio_config_t *c, int engine, int direct, uint64_t block_size,
 	      uint32_t queue_depth)
 {

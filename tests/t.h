@@ -160,6 +160,34 @@ int t_engine_ok(int engine);
 int t_direct_ok(int direct);
 /* Both of the above. */
 int t_combo_ok(int engine, int direct);
+
+/*
+ * The engine x direct-I/O matrix every I/O test runs (STYLE rule 13):
+ *
+ *	T_FOR_EACH_COMBO(e, d) {
+ *		... int e and int d are set; t_combo() is "io_uring/direct"
+ *	}
+ *
+ * The body runs once per engine (io_uring, libaio, psync, in that order)
+ * and, within each, per direct mode (on, off), for the combinations that
+ * can run here: the others are skipped with one "skip ..." line each
+ * (t_combo_ok; a failure under NVIO_TEST_REQUIRE_ENGINES=1). Before the
+ * body the context is set to t_combo(). t_combo_i is the combination's
+ * index, 0 .. T_N_ENGINES * T_N_DIRECTS - 1 (engine * T_N_DIRECTS +
+ * direct), counting skipped ones. `continue` and `break` in the body both
+ * go on with the next combination. Not nestable.
+ */
+#define T_FOR_EACH_COMBO(e, d)						\
+	for (int t_combo_i = 0; t_combo_i < T_N_ENGINES * T_N_DIRECTS;	\
+	     t_combo_i++)						\
+		for (int e = t_engine_list[t_combo_i / T_N_DIRECTS],	\
+			 d = t_direct_list[t_combo_i % T_N_DIRECTS],	\
+			 t_combo_once_ = t_combo_begin(e, d);		\
+		     t_combo_once_; t_combo_once_ = 0)
+/* t_combo_ok(); if it holds, sets t_combo() and the context to it. */
+int t_combo_begin(int engine, int direct);
+/* "engine/direct" of the current combination (per thread). */
+const char *t_combo(void);
 /*
  * Creates a handle with this engine, direct mode, parallelism and block
  * size (0: defaults), checks that the engine in force is the one asked

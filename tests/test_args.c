@@ -354,27 +354,20 @@ int main(void)
 			close(hi);	/* its number now names nothing */
 	}
 
-	for (int i = 0; i < T_N_ENGINES; i++) {
-		for (int j = 0; j < T_N_DIRECTS; j++) {
-			int e = t_engine_list[i], d = t_direct_list[j];
-			nvio_handle_t *h;
-			char combo[64];
+	T_FOR_EACH_COMBO(e, d) {
+		const char *combo = t_combo();
+		nvio_handle_t *h;
 
-			if (!t_combo_ok(e, d))
-				continue;
-			snprintf(combo, sizeof(combo), "%s/%s",
-				 t_engine_str(e), t_direct_str(d));
-			t_ctx("%s create", combo);
-			if (t_handle(&h, e, d, 2, 4096))
-				continue;
-			test_table(h, combo);
-			test_last_error(h, combo);
-			test_zero(h, combo);
-			t_ctx("%s end", combo);
-			T_EQ_U64(nvio_pending(h), 0);
-			T_ERR(nvio_wait(h), 0);
-			nvio_handle_destroy(h);
-		}
+		t_ctx("%s create", combo);
+		if (t_handle(&h, e, d, 2, 4096))
+			continue;
+		test_table(h, combo);
+		test_last_error(h, combo);
+		test_zero(h, combo);
+		t_ctx("%s end", combo);
+		T_EQ_U64(nvio_pending(h), 0);
+		T_ERR(nvio_wait(h), 0);
+		nvio_handle_destroy(h);
 	}
 	close(fd_rdwr);
 	close(fd_rdonly);

@@ -270,28 +270,23 @@ static void test_many(nvio_handle_t *h, const char *combo)
 int main(void)
 {
 	t_init("async");
-	for (int i = 0; i < T_N_ENGINES; i++)
-		for (int j = 0; j < T_N_DIRECTS; j++) {
-			int e = t_engine_list[i], d = t_direct_list[j];
+	T_FOR_EACH_COMBO(e, d) {
+		for (int par = 1; par <= 4; par += 3) {
+			nvio_handle_t *h;
+			char combo[64];
 
-			for (int par = 1; par <= 4; par += 3) {
-				nvio_handle_t *h;
-				char combo[64];
-
-				if (!t_combo_ok(e, d))
-					continue;
-				snprintf(combo, sizeof(combo), "%s/%s par %d",
-					 t_engine_str(e), t_direct_str(d), par);
-				t_ctx("%s create", combo);
-				if (t_handle(&h, e, d, (uint32_t)par, 16384))
-					continue;
-				test_batch(h, combo);
-				test_sync_between(h, combo);
-				test_one_fails(h, combo);
-				test_many(h, combo);
-				nvio_handle_destroy(h);
-			}
+			snprintf(combo, sizeof(combo), "%s par %d", t_combo(),
+				 par);
+			t_ctx("%s create", combo);
+			if (t_handle(&h, e, d, (uint32_t)par, 16384))
+				continue;
+			test_batch(h, combo);
+			test_sync_between(h, combo);
+			test_one_fails(h, combo);
+			test_many(h, combo);
+			nvio_handle_destroy(h);
 		}
+	}
 	for (int i = 0; i < NFILES + NRANGES; i++)
 		free(ops[i].buf);
 	return t_done();

@@ -2,6 +2,7 @@
  * test_config.c - nvio_config_init defaults, handle getters, invalid
  * configurations, environment overrides, names, version and strerror.
  */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -367,6 +368,185 @@ static void test_env(void)
 	}
 }
 
+/*
+ * nvio_config_t grows: a struct that ends before a field (an older
+ * caller's) gets the default for every field it lacks, whatever bytes
+ * lie past its end; a larger one (a newer caller's) is accepted when the
+ * bytes this library does not know are 0, else -EINVAL.
+ */
+static void test_struct_size(void)
+{
+	static const struct {
+		const char *what;
+		size_t size;
+	} older[] = {
+		{ "up to flags", offsetof(nvio_config_t, block_size) },
+		{ "up to block_size", offsetof(nvio_config_t, queue_depth) },
+		{ "up to queue_depth", offsetof(nvio_config_t,
+						intra_op_parallelism) },
+		{ "up to overlap_events", offsetof(nvio_config_t, engine) },
+		{ "up to engine", offsetof(nvio_config_t, direct) },
+		{ "up to direct", offsetof(nvio_config_t, staging_bytes) },
+		{ "up to staging_bytes", offsetof(nvio_config_t, reserved) },
+		{ "equal", sizeof(nvio_config_t) },
+	};
+	struct {
+		nvio_config_t c;
+		uint64_t tail[4];
+	} big;
+	nvio_config_t got;
+	nvio_handle_t *h;
+
+	for (size_t i = 0; i < sizeof(older) / sizeof(older[0]); i++) {
+		size_t n = older[i].size;
+
+		t_ctx("struct_size %zu (%s)", n, older[i].what);
+		memset(&big, 0, sizeof(big));
+		nvio_config_init(&big.c);
+		big.c.struct_size = (uint32_t)n;
+		big.c.block_size = 65536;
+		big.c.queue_depth = 7;
+		big.c.intra_op_parallelism = 2;
+		big.c.single_submit = 1;
+		big.c.overlap_events = 1;
+		big.c.engine = NVIO_ENGINE_PSYNC;
+		big.c.direct = NVIO_DIRECT_OFF;
+		big.c.staging_bytes = 3 * 65536;
+		/* what the caller does not know is garbage to it */
+		memset((char *)&big + n, 0xff, sizeof(big) - n);
+		h = NULL;
+		if (!T_OK(nvio_handle_create(&h, &big.c)))
+			continue;
+#define FIELD_IN(f) (offsetof(nvio_config_t, f) + \
+		     sizeof(((nvio_config_t *)0)->f) <= n)
+		T_EQ_U64(nvio_get_block_size(h), FIELD_IN(block_size) ? 65536 :
+			 NVIO_DEFAULT_BLOCK_SIZE);
+		T_EQ_U64(nvio_get_queue_depth(h), FIELD_IN(queue_depth) ? 7 :
+			 NVIO_DEFAULT_QUEUE_DEPTH);
+		T_EQ_U64(nvio_get_intra_op_parallelism(h),
+			 FIELD_IN(intra_op_parallelism) ? 2 : 1);
+		T_EQ_INT(nvio_get_single_submit(h),
+			 FIELD_IN(single_submit) ? 1 : 0);
+		T_EQ_INT(nvio_get_overlap_events(h),
+			 FIELD_IN(overlap_events) ? 1 : 0);
+		if (FIELD_IN(engine))
+			T_EQ_INT(nvio_get_engine(h), NVIO_ENGINE_PSYNC);
+		T_EQ_INT(nvio_get_direct(h), FIELD_IN(direct) ?
+			 NVIO_DIRECT_OFF : NVIO_DIRECT_AUTO);
+		T_EQ_INT(nvio_get_gds(h), 0);	/* flags: 0 */
+		memset(&got, 0, sizeof(got));
+		if (FIELD_IN(staging_bytes) &&
+		    T_OK(nvio_handle_config(h, &got)))
+			T_EQ_U64(got.staging_bytes, 3 * 65536);
+#undef FIELD_IN
+		nvio_handle_destroy(h);
+	}
+
+	for (int k = 0; k < 5; k++) {
+		int bad = k >= 2;
+
+		t_ctx("struct_size %zu, tail %s", sizeof(big),
+		      bad ? "nonzero" : "zero");
+		memset(&big, 0, sizeof(big));
+		nvio_config_init(&big.c);
+		big.c.struct_size = (uint32_t)(k == 1 ? sizeof(big.c) + 8 :
+					       sizeof(big));
+		big.c.engine = NVIO_ENGINE_PSYNC;
+		big.c.block_size = 65536;
+		if (bad)
+			((unsigned char *)big.tail)[k == 2 ? 0 : k == 3 ? 17 :
+						    sizeof(big.tail) - 1] = 1;
+		h = NULL;
+		if (bad) {
+			T_ERR(nvio_handle_create(&h, &big.c), -EINVAL);
+		} else if (T_OK(nvio_handle_create(&h, &big.c))) {
+			T_EQ_U64(nvio_get_block_size(h), 65536);
+			T_EQ_INT(nvio_get_engine(h), NVIO_ENGINE_PSYNC);
+		}
+		nvio_handle_destroy(h);
+	}
+	/* a byte past a smaller struct_size is never looked at */
+	t_ctx("struct_size sizeof + 8, nonzero byte past it");
+	memset(&big, 0, sizeof(big));
+	nvio_config_init(&big.c);
+	big.c.struct_size = (uint32_t)(sizeof(big.c) + 8);
+	big.c.engine = NVIO_ENGINE_PSYNC;
+	big.tail[1] = ~0ull;
+	h = NULL;
+	T_OK(nvio_handle_create(&h, &big.c));
+	nvio_handle_destroy(h);
+}
+
+/*
+ * nvio_error_t: nvio_last_error fills exactly struct_size bytes (an older
+ * caller's smaller struct gets the fields it has, the bytes after it are
+ * not written); below 8 is -EINVAL.
+ */
+static void test_error_struct_size(void)
+{
+	union {
+		nvio_error_t e;
+		unsigned char b[sizeof(nvio_error_t) + 64];
+	} u;
+	static const size_t sizes[] = {
+		8, offsetof(nvio_error_t, op_seq),
+		offsetof(nvio_error_t, user_data),
+		offsetof(nvio_error_t, what) + 5,
+		offsetof(nvio_error_t, path),
+	};
+	char path[T_PATH_MAX], buf[16];
+	nvio_handle_t *h = NULL;
+
+	t_ctx("nvio_error_t struct_size");
+	t_path(path, "no-such-file");
+	if (t_handle(&h, NVIO_ENGINE_PSYNC, NVIO_DIRECT_OFF, 1, 0))
+		return;
+	T_ERR(nvio_pread(h, buf, sizeof(buf), path, 0, 0), -ENOENT);
+	/* the full struct */
+	memset(&u, 0xa5, sizeof(u));
+	u.e.struct_size = sizeof(nvio_error_t);
+	if (T_ERR(nvio_last_error(h, &u.e), -ENOENT)) {
+		T_EQ_U64(u.e.struct_size, sizeof(nvio_error_t));
+		T_ERR(u.e.err, -ENOENT);
+		T_EQ_INT(u.e.is_write, 0);
+		T_EQ_U64(u.e.user_data, 0);
+		T_TRUE(strstr(u.e.path, "no-such-file") != NULL);
+		for (size_t i = sizeof(nvio_error_t); i < sizeof(u); i++)
+			if (u.b[i] != 0xa5) {
+				T_FAILF("byte %zu past the struct written", i);
+				break;
+			}
+	}
+	for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+		t_ctx("nvio_error_t struct_size %zu", sizes[k]);
+		memset(&u, 0xa5, sizeof(u));
+		u.e.struct_size = (uint32_t)sizes[k];
+		T_ERR(nvio_last_error(h, &u.e), -ENOENT);
+		T_EQ_U64(u.e.struct_size, sizes[k]);
+		T_ERR(u.e.err, -ENOENT);
+		for (size_t i = sizes[k]; i < sizeof(u); i++)
+			if (u.b[i] != 0xa5) {
+				T_FAILF("byte %zu written past struct_size %zu",
+					i, sizes[k]);
+				break;
+			}
+	}
+	for (uint32_t n = 0; n < 8; n++) {
+		t_ctx("nvio_error_t struct_size %u", n);
+		memset(&u, 0xa5, sizeof(u));
+		u.e.struct_size = n;
+		T_ERR(nvio_last_error(h, &u.e), -EINVAL);
+		for (size_t i = 4; i < sizeof(u); i++)
+			if (u.b[i] != 0xa5) {
+				T_FAILF("byte %zu written", i);
+				break;
+			}
+	}
+	t_ctx("nvio_error_t NULL");
+	T_ERR(nvio_last_error(h, NULL), -EINVAL);
+	nvio_handle_destroy(h);
+}
+
 static void test_names(void)
 {
 	static const char *const enames[] = { "auto", "io_uring", "libaio",
@@ -460,6 +640,8 @@ int main(void)
 	test_auto_order();
 	test_invalid();
 	test_env();
+	test_struct_size();
+	test_error_struct_size();
 	test_names();
 	test_version();
 	test_strerror();

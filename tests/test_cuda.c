@@ -212,31 +212,26 @@ static void failing_copy(nvio_handle_t *h, unsigned char *dev, const char *path)
  */
 static void test_gds(unsigned char *dev, const char *path)
 {
-	for (int i = 0; i < T_N_ENGINES; i++)
-		for (int j = 0; j < T_N_DIRECTS; j++) {
-			int e = t_engine_list[i], d = t_direct_list[j];
-			nvio_config_t c;
-			nvio_handle_t *h = NULL;
+	T_FOR_EACH_COMBO(e, d) {
+		nvio_config_t c;
+		nvio_handle_t *h = NULL;
 
-			if (!t_combo_ok(e, d))
-				continue;
-			t_ctx("%s/%s GDS handle", t_engine_str(e), t_direct_str(d));
-			t_config(&c, e, d, 0, 0);
-			c.flags = NVIO_HANDLE_GDS;
-			if (!T_OK(nvio_handle_create(&h, &c)))
-				continue;
-			T_EQ_INT(nvio_get_gds(h), 1);
-			rw_cases(h, dev, path, 0, VIA_CUFILE);
-			rw_cases(h, dev, path, 1, VIA_CUFILE);
-			stub_refuse_files(1);
-			rw_cases(h, dev, path, 0, VIA_BOUNCE);
-			rw_cases(h, dev, path, 1, VIA_BOUNCE);
-			stub_refuse_files(0);
-			t_ctx("%s/%s GDS handles released", t_engine_str(e),
-			      t_direct_str(d));
-			T_EQ_INT(stub_handles(), 0);
-			nvio_handle_destroy(h);
-		}
+		t_ctx("%s GDS handle", t_combo());
+		t_config(&c, e, d, 0, 0);
+		c.flags = NVIO_HANDLE_GDS;
+		if (!T_OK(nvio_handle_create(&h, &c)))
+			continue;
+		T_EQ_INT(nvio_get_gds(h), 1);
+		rw_cases(h, dev, path, 0, VIA_CUFILE);
+		rw_cases(h, dev, path, 1, VIA_CUFILE);
+		stub_refuse_files(1);
+		rw_cases(h, dev, path, 0, VIA_BOUNCE);
+		rw_cases(h, dev, path, 1, VIA_BOUNCE);
+		stub_refuse_files(0);
+		t_ctx("%s GDS handles released", t_combo());
+		T_EQ_INT(stub_handles(), 0);
+		nvio_handle_destroy(h);
+	}
 }
 
 int main(void)
@@ -281,31 +276,27 @@ int main(void)
 		T_FAILF("stub_cuda_alloc");
 		return t_done();
 	}
-	for (int i = 0; i < T_N_ENGINES; i++)
-		for (int j = 0; j < T_N_DIRECTS; j++)
-			for (uint32_t par = 1; par <= 2; par++) {
-				int e = t_engine_list[i], d = t_direct_list[j];
-				/* bounce buffers of a page: pieces must fit */
-				uint64_t bs = par == 1 ? 1u << 20 : 4096;
+	T_FOR_EACH_COMBO(e, d) {
+		for (uint32_t par = 1; par <= 2; par++) {
+			/* bounce buffers of a page: pieces must fit */
+			uint64_t bs = par == 1 ? 1u << 20 : 4096;
 
-				if (!t_combo_ok(e, d))
-					continue;
-				t_ctx("%s/%s par %u block %llu", t_engine_str(e),
-				      t_direct_str(d), par, (unsigned long long)bs);
-				if (t_handle(&h, e, d, par, bs) != 0)
-					continue;
-				rw_cases(h, dev, path, 0, VIA_BOUNCE);
-				rw_cases(h, dev, path, 1, VIA_BOUNCE);
-				failing_copy(h, dev, path);
-				/* one context reference per worker, not per
-				 * copy; all let go, the bounce pool unpinned */
-				t_ctx("%s/%s par %u contexts", t_engine_str(e),
-				      t_direct_str(d), par);
-				T_TRUE(stub_ctx_refs() <= (long)par);
-				nvio_handle_destroy(h);
-				T_EQ_INT(stub_ctx_refs(), 0);
-				T_EQ_INT(stub_host_registered(), 0);
-			}
+			t_ctx("%s par %u block %llu", t_combo(), par,
+			      (unsigned long long)bs);
+			if (t_handle(&h, e, d, par, bs) != 0)
+				continue;
+			rw_cases(h, dev, path, 0, VIA_BOUNCE);
+			rw_cases(h, dev, path, 1, VIA_BOUNCE);
+			failing_copy(h, dev, path);
+			/* one context reference per worker, not per copy;
+			 * all let go, the bounce pool unpinned */
+			t_ctx("%s par %u contexts", t_combo(), par);
+			T_TRUE(stub_ctx_refs() <= (long)par);
+			nvio_handle_destroy(h);
+			T_EQ_INT(stub_ctx_refs(), 0);
+			T_EQ_INT(stub_host_registered(), 0);
+		}
+	}
 	test_gds(dev, path);
 	/* Host memory is still host memory with the driver loaded. */
 	t_ctx("host buffer with the driver loaded");

@@ -122,10 +122,8 @@ static void cycles(void)
 int main(void)
 {
 	t_init("destroy");
-	for (int i = 0; i < T_N_ENGINES; i++)
-		for (int j = 0; j < T_N_DIRECTS; j++)
-			if (t_combo_ok(t_engine_list[i], t_direct_list[j]))
-				in_flight(t_engine_list[i], t_direct_list[j]);
+	T_FOR_EACH_COMBO(e, d)
+		in_flight(e, d);
 	cycles();
 	return t_done();
 }

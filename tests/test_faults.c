@@ -657,38 +657,31 @@ int main(void)
 	buf = buf_base = t_alloc(OPSZ + 2 * OFF + 1);
 	file = t_alloc(OPSZ + 2 * OFF);
 	chk = t_alloc(OPSZ + 2 * OFF);
-	for (int i = 0; i < T_N_ENGINES; i++)
-		for (int j = 0; j < T_N_DIRECTS; j++) {
-			int e = t_engine_list[i], d = t_direct_list[j];
-			nvio_handle_t *h;
-			char combo[64];
+	T_FOR_EACH_COMBO(e, d) {
+		nvio_handle_t *h;
+		char combo[64];
 
-			if (!t_combo_ok(e, d))
-				continue;
-			snprintf(combo, sizeof(combo), "%s/%s", t_engine_str(e),
-				 t_direct_str(d));
-			t_ctx("%s create", combo);
-			if (t_handle(&h, e, d, 1, BS))
-				continue;
-			faults(h, e, combo);
-			/* the same through the staging buffers */
-			buf = buf_base + 1;
-			snprintf(combo, sizeof(combo), "%s/%s staged",
-				 t_engine_str(e), t_direct_str(d));
-			faults(h, e, combo);
-			buf = buf_base;
-			snprintf(combo, sizeof(combo), "%s/%s", t_engine_str(e),
-				 t_direct_str(d));
-			write_file_faults(h, e, combo);
-			open_faults(h, combo);
-			enospc_at_submit(h, combo);
-			wait_record(h, combo);
-			nvio__sys_reset();
-			nvio_handle_destroy(h);
-			stop_after_failure(e, d);
-			reset_drains(e, d);
-			replaced_between_opens(e, d);
-		}
+		snprintf(combo, sizeof(combo), "%s", t_combo());
+		t_ctx("%s create", combo);
+		if (t_handle(&h, e, d, 1, BS))
+			continue;
+		faults(h, e, combo);
+		/* the same through the staging buffers */
+		buf = buf_base + 1;
+		snprintf(combo, sizeof(combo), "%s staged", t_combo());
+		faults(h, e, combo);
+		buf = buf_base;
+		snprintf(combo, sizeof(combo), "%s", t_combo());
+		write_file_faults(h, e, combo);
+		open_faults(h, combo);
+		enospc_at_submit(h, combo);
+		wait_record(h, combo);
+		nvio__sys_reset();
+		nvio_handle_destroy(h);
+		stop_after_failure(e, d);
+		reset_drains(e, d);
+		replaced_between_opens(e, d);
+	}
 	free(buf_base);
 	free(file);
 	free(chk);

@@ -113,52 +113,49 @@ int main(void)
 
 	t_init("fd");
 	t_path(path, "f");
-	for (int i = 0; i < T_N_ENGINES; i++)
-		for (int j = 0; j < T_N_DIRECTS; j++) {
-			int e = t_engine_list[i], d = t_direct_list[j];
-			nvio_handle_t *h;
-			char what[96];
-			int rw, ro, dio;
+	T_FOR_EACH_COMBO(e, d) {
+		nvio_handle_t *h;
+		char what[96];
+		int rw, ro, dio;
 
-			if (!t_combo_ok(e, d))
-				continue;
-			t_ctx("%s/%s create", t_engine_str(e), t_direct_str(d));
-			if (t_handle(&h, e, d, 2, 65536))
-				continue;
-			if (t_write_file(path, "x", 1))
-				break;
-			rw = open(path, O_RDWR | O_CLOEXEC);
-			ro = open(path, O_RDONLY | O_CLOEXEC);
-			snprintf(what, sizeof(what), "%s/%s O_RDWR + O_RDONLY",
-				 t_engine_str(e), t_direct_str(d));
-			if (rw >= 0 && ro >= 0)
-				ranges(h, path, rw, ro, what);
-			snprintf(what, sizeof(what), "%s/%s O_RDWR both",
-				 t_engine_str(e), t_direct_str(d));
-			if (rw >= 0)
-				ranges(h, path, rw, rw, what);
-			close(rw);
-			close(ro);
-
-			/* The caller opened with O_DIRECT itself. */
-			dio = open(path, O_RDWR | O_DIRECT | O_CLOEXEC);
-			snprintf(what, sizeof(what), "%s/%s caller O_DIRECT",
-				 t_engine_str(e), t_direct_str(d));
-			if (dio >= 0)
-				ranges(h, path, dio, dio, what);
-			else
-				t_note("caller O_DIRECT open: %s",
-				       strerror(errno));
-			close(dio);
-
-			/* Read-only O_DIRECT descriptor for reads. */
-			dio = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
-			snprintf(what, sizeof(what), "%s/%s caller O_DIRECT ro",
-				 t_engine_str(e), t_direct_str(d));
-			if (dio >= 0)
-				ranges(h, path, -1, dio, what);
-			close(dio);
+		t_ctx("%s create", t_combo());
+		if (t_handle(&h, e, d, 2, 65536))
+			continue;
+		if (!T_OK(t_write_file(path, "x", 1))) {
 			nvio_handle_destroy(h);
+			continue;
 		}
+		rw = open(path, O_RDWR | O_CLOEXEC);
+		ro = open(path, O_RDONLY | O_CLOEXEC);
+		snprintf(what, sizeof(what), "%s O_RDWR + O_RDONLY",
+			 t_combo());
+		if (rw >= 0 && ro >= 0)
+			ranges(h, path, rw, ro, what);
+		snprintf(what, sizeof(what), "%s O_RDWR both",
+			 t_combo());
+		if (rw >= 0)
+			ranges(h, path, rw, rw, what);
+		close(rw);
+		close(ro);
+
+		/* The caller opened with O_DIRECT itself. */
+		dio = open(path, O_RDWR | O_DIRECT | O_CLOEXEC);
+		snprintf(what, sizeof(what), "%s caller O_DIRECT",
+			 t_combo());
+		if (dio >= 0)
+			ranges(h, path, dio, dio, what);
+		else
+			t_note("caller O_DIRECT open: %s", strerror(errno));
+		close(dio);
+
+		/* Read-only O_DIRECT descriptor for reads. */
+		dio = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+		snprintf(what, sizeof(what), "%s caller O_DIRECT ro",
+			 t_combo());
+		if (dio >= 0)
+			ranges(h, path, -1, dio, what);
+		close(dio);
+		nvio_handle_destroy(h);
+	}
 	return t_done();
 }

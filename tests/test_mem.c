@@ -261,30 +261,25 @@ static void test_as_buffer(void)
 		T_FAILF("nvio_mem_alloc failed");
 		return;
 	}
-	for (int i = 0; i < T_N_ENGINES; i++)
-		for (int j = 0; j < T_N_DIRECTS; j++) {
-			int e = t_engine_list[i], d = t_direct_list[j];
-			nvio_handle_t *h;
+	T_FOR_EACH_COMBO(e, d) {
+		nvio_handle_t *h;
 
-			if (!t_combo_ok(e, d))
-				continue;
-			t_ctx("%s/%s nvio memory as buffer", t_engine_str(e),
-			      t_direct_str(d));
-			if (t_handle(&h, e, d, 2, 1u << 20))
-				continue;
-			t_fill_random(p, n, (uint64_t)(i * 2 + j));
-			T_OK(nvio_pwrite(h, p, n, path, 4096, 0));
-			T_EQ_INT(t_check_file_random(path, 4096, n,
-						     (uint64_t)(i * 2 + j), 0), 0);
-			memset(q, 0, n);
-			T_OK(nvio_pread(h, q, n, path, 4096, 0));
-			T_MEM_EQ(q, p, n);
-			/* unaligned piece of it */
-			memset(q, 0, n);
-			T_OK(nvio_pread(h, q + 1, n - 4097, path, 4097, 0));
-			T_MEM_EQ(q + 1, p + 1, n - 4097);
-			nvio_handle_destroy(h);
-		}
+		t_ctx("%s nvio memory as buffer", t_combo());
+		if (t_handle(&h, e, d, 2, 1u << 20))
+			continue;
+		t_fill_random(p, n, (uint64_t)t_combo_i);
+		T_OK(nvio_pwrite(h, p, n, path, 4096, 0));
+		T_EQ_INT(t_check_file_random(path, 4096, n,
+					     (uint64_t)t_combo_i, 0), 0);
+		memset(q, 0, n);
+		T_OK(nvio_pread(h, q, n, path, 4096, 0));
+		T_MEM_EQ(q, p, n);
+		/* unaligned piece of it */
+		memset(q, 0, n);
+		T_OK(nvio_pread(h, q + 1, n - 4097, path, 4097, 0));
+		T_MEM_EQ(q + 1, p + 1, n - 4097);
+		nvio_handle_destroy(h);
+	}
 	nvio_mem_free(p);
 	nvio_mem_free(q);
 	unlink(path);

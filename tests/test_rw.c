@@ -790,54 +790,46 @@ int main(void)
 {
 	static const uint32_t pars[] = { 1, 3 };
 	static const uint64_t blocks[] = { 4096, MiB };
-	int cfg_index = 0;
+	int cfg_index = 0, last_engine = -1;
 
 	t_init("rw");
 	area = t_alloc(GUARD + 4096 + MAXSZ + GUARD);
 	want = t_alloc(FILE_MAX);
 	got = t_alloc(FILE_MAX + 1);
 
-	for (int i = 0; i < T_N_ENGINES; i++) {
-		int e = t_engine_list[i];
+	T_FOR_EACH_COMBO(e, d) {
+		/* the offset rotation restarts with each engine */
+		if (e != last_engine)
+			cfg_index = 0;
+		last_engine = e;
+		for (int p = 0; p < 2; p++)
+			for (int b = 0; b < 2; b++, cfg_index++) {
+				nvio_handle_t *h;
+				char combo[96];
 
-		cfg_index = 0;
-		for (int j = 0; j < T_N_DIRECTS; j++) {
-			int d = t_direct_list[j];
-
-			if (!t_combo_ok(e, d))
-				continue;
-			for (int p = 0; p < 2; p++)
-				for (int b = 0; b < 2; b++, cfg_index++) {
-					nvio_handle_t *h;
-					char combo[96];
-
-					snprintf(combo, sizeof(combo),
-						 "%s/%s par %u bs %llu",
-						 t_engine_str(e),
-						 t_direct_str(d), pars[p],
-						 (unsigned long long)blocks[b]);
-					t_ctx("%s create", combo);
-					if (t_handle(&h, e, d, pars[p],
-						     blocks[b]))
-						continue;
-					g_fail_before = t_failures();
-					matrix(h, combo, cfg_index);
-					if (p == 1 && b == 0) {
-						test_grow(h, combo);
-						test_whole(h, combo);
-					}
-					t_ctx("%s end", combo);
-					T_EQ_U64(nvio_pending(h), 0);
-					nvio_handle_destroy(h);
+				snprintf(combo, sizeof(combo), "%s par %u bs %llu",
+					 t_combo(), pars[p],
+					 (unsigned long long)blocks[b]);
+				t_ctx("%s create", combo);
+				if (t_handle(&h, e, d, pars[p], blocks[b]))
+					continue;
+				g_fail_before = t_failures();
+				matrix(h, combo, cfg_index);
+				if (p == 1 && b == 0) {
+					test_grow(h, combo);
+					test_whole(h, combo);
 				}
-			test_odd_block(e, d);
-			test_modes(e, d);
-			test_staged_pipeline(e, d);
-			test_batch_depth(e, d);
-			test_coarse_align(e, d);
-			test_names(e, d);
-			test_stage_alignments(e, d);
-		}
+				t_ctx("%s end", combo);
+				T_EQ_U64(nvio_pending(h), 0);
+				nvio_handle_destroy(h);
+			}
+		test_odd_block(e, d);
+		test_modes(e, d);
+		test_staged_pipeline(e, d);
+		test_batch_depth(e, d);
+		test_coarse_align(e, d);
+		test_names(e, d);
+		test_stage_alignments(e, d);
 	}
 	/* Direct AUTO: whatever it picks, the bytes are the same. */
 	for (int i = 0; i < T_N_ENGINES; i++)

@@ -137,22 +137,15 @@ int main(void)
 	real = nvio__sys;
 	b = t_alloc(3 * N + 8);
 	c = t_alloc(3 * N + 8);
-	for (int i = 0; i < T_N_ENGINES; i++)
-		for (int j = 0; j < T_N_DIRECTS; j++) {
-			int e = t_engine_list[i], d = t_direct_list[j];
-			nvio_handle_t *h;
-			char combo[64];
+	T_FOR_EACH_COMBO(e, d) {
+		nvio_handle_t *h;
 
-			if (!t_combo_ok(e, d))
-				continue;
-			snprintf(combo, sizeof(combo), "%s/%s", t_engine_str(e),
-				 t_direct_str(d));
-			t_ctx("%s create", combo);
-			if (t_handle(&h, e, d, 2, 256u << 10))
-				continue;
-			cases(h, combo, b, c);
-			nvio_handle_destroy(h);
-		}
+		t_ctx("%s create", t_combo());
+		if (t_handle(&h, e, d, 2, 256u << 10))
+			continue;
+		cases(h, t_combo(), b, c);
+		nvio_handle_destroy(h);
+	}
 	free(b);
 	free(c);
 	return t_done();
