@@ -176,6 +176,7 @@ int nvio__file_fsync_dir(const char *path);
 struct nvio__op {
 	struct nvio_handle *h;
 	struct nvio_file *file;
+	int own_file;		/* a private file: the op frees it */
 	uint64_t seq;
 	uint64_t user_data;
 	unsigned flags;		/* NVIO_ASYNC | NVIO_VALIDATE | NVIO_FSYNC */
@@ -302,8 +303,9 @@ struct nvio__opspec {
 	unsigned char *buf;
 	uint64_t nbytes;
 	int64_t offset;
-	const nvio_iovec_t *iov;
+	const nvio_iovec_t *iov;	/* with vec: the buffers */
 	uint32_t iovcnt;
+	int vec;
 	uint64_t user_data;
 	int sink;
 	struct nvio__group *group;

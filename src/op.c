@@ -146,7 +146,7 @@ void nvio__op_task_done(struct nvio__op *op)
 
 void nvio__op_free(struct nvio__op *op)
 {
-	if (op->file->private)
+	if (op->own_file)	/* nobody else has it: no use after a close */
 		nvio__file_free(op->file);
 	if (op->segs != &op->seg1)
 		free(op->segs);

@@ -92,7 +92,7 @@ static int check_spec(const struct nvio__opspec *sp, const char **what)
 	*what = "file (not open for reading)";
 	if (!sp->is_write && !(f->flags & NVIO_FILE_READ))
 		return -EBADF;
-	if (sp->iov)
+	if (sp->vec)
 		return check_iov(sp, what);
 	*what = "buffer (NULL)";
 	if (!sp->buf && sp->nbytes > 0)
@@ -110,7 +110,7 @@ static uint32_t count_extents(const struct nvio__opspec *sp)
 	uint32_t n = 0;
 	uint64_t end = UINT64_MAX;
 
-	if (!sp->iov || sp->offset != NVIO_OFFSET_PER_IOV)
+	if (!sp->vec || sp->offset != NVIO_OFFSET_PER_IOV)
 		return 1;
 	for (uint32_t i = 0; i < sp->iovcnt; i++) {
 		if (!sp->iov[i].len)
@@ -128,7 +128,7 @@ static void lay_out(struct nvio__op *op, const struct nvio__opspec *sp)
 	uint64_t pos = 0, end = UINT64_MAX;
 	uint32_t e = 0;
 
-	if (!sp->iov) {
+	if (!sp->vec) {
 		op->seg1 = (struct nvio__seg){ sp->buf, sp->nbytes, 0 };
 		op->nsegs = 1;
 		op->ext1.plan.off = (uint64_t)sp->offset;
@@ -162,7 +162,7 @@ static void lay_out(struct nvio__op *op, const struct nvio__opspec *sp)
 
 static struct nvio__op *op_new(struct nvio_handle *h, const struct nvio__opspec *sp)
 {
-	uint32_t nseg = sp->iov ? sp->iovcnt : 1, next = count_extents(sp);
+	uint32_t nseg = sp->vec ? sp->iovcnt : 1, next = count_extents(sp);
 	size_t size = sizeof(struct nvio__op) + h->nworkers * sizeof(struct nvio__task);
 	struct nvio__op *op;
 
@@ -171,7 +171,7 @@ static struct nvio__op *op_new(struct nvio_handle *h, const struct nvio__opspec 
 		return NULL;
 	op->segs = &op->seg1;
 	op->ext = &op->ext1;
-	if (sp->iov) {
+	if (sp->vec) {
 		op->segs = calloc(nseg, sizeof(*op->segs));
 		op->ext = next > 1 ? calloc(next, sizeof(*op->ext)) : &op->ext1;
 		if (!op->segs || !op->ext) {
@@ -183,6 +183,7 @@ static struct nvio__op *op_new(struct nvio_handle *h, const struct nvio__opspec 
 	}
 	op->h = h;
 	op->file = sp->file;
+	op->own_file = sp->file->private;
 	op->seq = atomic_fetch_add(&h->seq, 1) + 1;
 	op->user_data = sp->user_data;
 	op->flags = sp->flags;
@@ -608,7 +609,8 @@ static int file_v(nvio_file_t *f, const nvio_iovec_t *iov, uint32_t iovcnt,
 		  int64_t offset, unsigned flags, int is_write)
 {
 	struct nvio__opspec sp = { .file = f, .flags = flags, .is_write = is_write,
-				   .iov = iov, .iovcnt = iovcnt, .offset = offset };
+				   .iov = iov, .iovcnt = iovcnt, .vec = 1,
+				   .offset = offset };
 
 	if (!f)
 		return -EINVAL;
@@ -640,6 +642,7 @@ int nvio_submit(nvio_handle_t *h, const nvio_op_t *ops, unsigned n)
 			.file = o->file, .is_write = o->opcode == NVIO_OP_WRITE,
 			.flags = o->flags & ~NVIO_ASYNC, .buf = o->buf, .nbytes = o->nbytes,
 			.offset = o->offset, .iov = o->iov, .iovcnt = o->iovcnt,
+			.vec = o->iov || o->iovcnt,
 			.user_data = o->user_data, .sink = NVIO__SINK_QUEUE,
 		};
 		const char *what = NULL;

@@ -283,8 +283,6 @@ int nvio_reap(nvio_handle_t *h, nvio_completion_t *out, unsigned max,
 		until = deadline_in(timeout_ns);
 	pthread_mutex_lock(&h->lock);
 	while (h->cq_count < min && timeout_ns != 0) {
-		if (h->tagged == 0)
-			break;	/* nothing in flight: nothing can arrive */
 		if (timeout_ns < 0)
 			pthread_cond_wait(&h->cond, &h->lock);
 		else if (pthread_cond_timedwait(&h->cond, &h->lock, &until) == ETIMEDOUT)

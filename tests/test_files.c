@@ -17,7 +17,7 @@
 #include "sys.h"
 
 #define BS (64u << 10)
-#define MAXF (3u << 20)
+#define MAXF (4u << 20)	/* test_close_waits writes 32 x 100003 bytes */
 
 static unsigned char *want, *got, *buf;
 static uint64_t seed = 5000;
