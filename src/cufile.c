@@ -44,7 +44,15 @@ static struct {
 	ssize_t (*Write)(CUfileHandle_t, const void *, size_t, off_t, off_t);
 } cf;
 
-static pthread_once_t cf_once = PTHREAD_ONCE_INIT;
+/*
+ * cf is filled under cf_lock. A search that found no library is tried
+ * again at the next call (a probe before the caller set the path, or
+ * before a pip install, must not hide it); once a library is loaded the
+ * outcome is final.
+ */
+static pthread_mutex_t cf_lock = PTHREAD_MUTEX_INITIALIZER;
+static char *cf_path;		/* nvio_cufile_set_library's, or NULL */
+static char cf_loaded_from[1024];
 
 /* Registered device buffers, to pass cuFile their base and offset. */
 struct reg { uintptr_t base; size_t len; };
@@ -95,32 +103,41 @@ static int cf_errno(int e)
 	return -EIO;
 }
 
+/* The path set through the API, then $NVIO_CUFILE_LIB, then the
+ * system's: the first that loads. */
 static void *cf_open_lib(void)
 {
 	const char *env = getenv("NVIO_CUFILE_LIB");
-	void *lib = NULL;
+	const char *tries[] = { cf_path, env && *env ? env : NULL,
+				"libcufile.so.0", "libcufile.so" };
 
-	if (env && *env)
-		lib = dlopen(env, RTLD_NOW | RTLD_LOCAL);
-	if (!lib)
-		lib = dlopen("libcufile.so.0", RTLD_NOW | RTLD_LOCAL);
-	if (!lib)
-		lib = dlopen("libcufile.so", RTLD_NOW | RTLD_LOCAL);
-	return lib;
+	for (size_t i = 0; i < sizeof(tries) / sizeof(tries[0]); i++) {
+		void *lib = tries[i] ? dlopen(tries[i], RTLD_NOW | RTLD_LOCAL) : NULL;
+
+		if (lib) {
+			snprintf(cf_loaded_from, sizeof(cf_loaded_from), "%s", tries[i]);
+			return lib;
+		}
+	}
+	return NULL;
 }
 
+/* cf_lock held. */
 static void cf_load(void)
 {
-	void *lib = cf_open_lib();
+	void *lib;
 	CUfileError_t e;
 
-	cf.loaded = 1;
+	if (cf.loaded)
+		return;
+	lib = cf_open_lib();
 	if (!lib) {
 		snprintf(cf.why, sizeof(cf.why), "libcufile.so.0 not found: install "
 			 "nvidia-gds (apt) or pip install nvidia-cufile-cu12, or set "
-			 "NVIO_CUFILE_LIB");
+			 "NVIO_CUFILE_LIB or nvio_cufile_set_library()");
 		return;
 	}
+	cf.loaded = 1;
 	cf.DriverOpen = (CUfileError_t (*)(void))dlsym(lib, "cuFileDriverOpen");
 	cf.HandleRegister = (CUfileError_t (*)(CUfileHandle_t *, CUfileDescr_t *))
 		dlsym(lib, "cuFileHandleRegister");
@@ -159,16 +176,46 @@ static void cf_load(void)
 
 int nvio__cufile_usable(void)
 {
-	pthread_once(&cf_once, cf_load);
-	return cf.usable;
+	int usable;
+
+	pthread_mutex_lock(&cf_lock);
+	cf_load();
+	usable = cf.usable;
+	pthread_mutex_unlock(&cf_lock);
+	return usable;
+}
+
+int nvio_cufile_set_library(const char *path)
+{
+	char *copy = path ? strdup(path) : NULL;
+	int r = 0;
+
+	if (path && !copy)
+		return -ENOMEM;
+	pthread_mutex_lock(&cf_lock);
+	if (cf.loaded && (!path || strcmp(path, cf_loaded_from)))
+		r = -EBUSY;	/* loaded from elsewhere: a second copy would not help */
+	if (!r) {
+		free(cf_path);
+		cf_path = copy;
+		copy = NULL;
+	}
+	pthread_mutex_unlock(&cf_lock);
+	free(copy);
+	return r;
 }
 
 int nvio_gds_mode(char *why, size_t why_len)
 {
-	nvio__cufile_usable();
+	int mode;
+
+	pthread_mutex_lock(&cf_lock);
+	cf_load();
 	if (why && why_len)
 		snprintf(why, why_len, "%s", cf.why);
-	return cf.usable ? cf.mode : NVIO_CUFILE_NONE;
+	mode = cf.usable ? cf.mode : NVIO_CUFILE_NONE;
+	pthread_mutex_unlock(&cf_lock);
+	return mode;
 }
 
 void nvio__cufile_probe(nvio_probe_t *out)

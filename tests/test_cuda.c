@@ -248,7 +248,20 @@ int main(void)
 		char cf[PATH_MAX + 32];
 
 		snprintf(cf, sizeof(cf), "%s/libcufile.so.0", stub_dir);
-		setenv("NVIO_CUFILE_LIB", cf, 1);	/* before nvio looks */
+		/* A look before the path is known must not hide cuFile for
+		 * the rest of the process (where the system has none). */
+		t_ctx("cuFile path set after a probe");
+		unsetenv("NVIO_CUFILE_LIB");
+		if (nvio_gds_mode(NULL, 0) == NVIO_CUFILE_NONE) {
+			T_OK(nvio_cufile_set_library(cf));
+			T_TRUE(nvio_gds_mode(NULL, 0) != NVIO_CUFILE_NONE);
+			T_ERR(nvio_cufile_set_library("/nonexistent/libcufile.so.0"),
+			      -EBUSY);
+			T_OK(nvio_cufile_set_library(cf));	/* the same: fine */
+		} else {
+			t_note("a system cuFile is loaded: set_library not checked");
+		}
+		setenv("NVIO_CUFILE_LIB", cf, 1);
 		if (load_cufile_stub(cf) < 0)
 			return t_done();
 	}
