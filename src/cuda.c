@@ -120,8 +120,8 @@ static int cu_present(void)
 		 * Asked again when the process may have loaded CUDA since,
 		 * that is when the loader added objects. The probe is not
 		 * free: for a library not loaded, dlopen searches the path
-		 * (ld.so.cache, four failed opens), and a 4 KiB page-cache
-		 * read by fd took 30 us with a probe per op, 2.5 without.
+		 * (ld.so.cache, four failed opens), which would dominate a
+		 * small cached read (bench/results/measured-constants.md).
 		 */
 		unsigned long long adds = loader_adds();
 		void *lib;

@@ -191,11 +191,10 @@ static void handle_free(struct nvio_handle *h)
  * Bounce buffers per worker. All but one (sliding) or half (batches) of
  * the pool is in flight while the worker copies through the rest
  * (workers.c), so by default it holds a block for every slot: a full
- * queue, or two batches of one, at most 128 MiB. On our virtio disk a
- * write needs about 64 MiB in flight to run at full speed; a fixed
- * 16 MiB pool cut misaligned-buffer writes to a third, and batches of
- * half a queue cost 14% at queue depth 32. Buffers are made on first
- * use, so aligned transfers never pay for the pool.
+ * queue, or two batches of one, at most 128 MiB: a device is kept busy
+ * by what is in flight, and a small pool starves it (measured in
+ * bench/results/measured-constants.md). Buffers are made on first use,
+ * so aligned transfers never pay for the pool.
  */
 static int workers_alloc(struct nvio_handle *h)
 {

@@ -30,9 +30,9 @@ static size_t nregions, cap_regions;
 /*
  * Aligned memory for I/O. Buffers of 2 MiB or more are aligned to 2 MiB
  * and asked to be backed by transparent huge pages (before their first
- * touch): a device takes a bounded number of memory segments per request
- * (254 on virtio-blk), so scattered 4 KiB pages cut an 8 MiB request
- * into ~2 MiB ones, and halved read bandwidth on our test VM.
+ * touch): a device takes a bounded number of memory segments per request,
+ * so scattered 4 KiB pages cut large requests into small ones
+ * (bench/results/measured-constants.md).
  */
 int nvio__mem_alloc_aligned(void **out, size_t n, size_t align)
 {

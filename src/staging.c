@@ -89,9 +89,8 @@ void nvio__stage_want_cuda(struct nvio__stage_pool *p)
  * destination line is first read for ownership, then evicted. Below it
  * the data may still be used from cache, and memcpy is as fast.
  *
- * Where the CPU has AVX2 the copy moves 32 bytes per store, which cut
- * the CPU time of staged transfers by about 15% on our EPYC VM
- * (bench/README.md, "What limits the RAM disk").
+ * Where the CPU has AVX2 the copy moves 32 bytes per store, which
+ * saves CPU time on staged transfers (bench/results/measured-constants.md).
  */
 #define STREAM_COPY_BYTES (64u << 10)
 

@@ -19,7 +19,7 @@
  * while the device works. Sliding, all of the staging pool but one buffer
  * may be in flight and the worker copies into or out of that one
  * meanwhile (copies outrun devices; a deep queue is what keeps a device
- * busy: half the pool in flight cost 5-10% against aligned buffers). In
+ * busy). In
  * batches, half the pool is one batch and the next is copied into the
  * other half while it runs. A staged
  * write is submitted as soon as it is copied. After a reap, the requests
