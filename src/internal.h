@@ -248,14 +248,14 @@ struct nvio_handle {
 /*
  * track.c: where ended ops are reported, and errors.
  * nvio__track_begin registers an accepted op with its sink before any
- * piece runs; nvio__track_end reports it exactly once (and frees it,
- * unless its submitter waits for it). nvio__group_wait waits until a
+ * piece runs; nvio__track_end reports it exactly once and says whether
+ * the caller frees it (1) or its sync submitter does (0). nvio__group_wait waits until a
  * group has nothing in flight.
  */
 void nvio__track_init(struct nvio_handle *h);
 void nvio__track_fini(struct nvio_handle *h);
 void nvio__track_begin(struct nvio__op *op);
-void nvio__track_end(struct nvio__op *op);
+int nvio__track_end(struct nvio__op *op);
 void nvio__track_wait_sync(struct nvio__op *op);
 void nvio__group_wait(struct nvio_handle *h, struct nvio__group *g);
 /* Waits until the handle has no op in flight on file f (f NULL: none). */

@@ -141,7 +141,8 @@ void nvio__op_task_done(struct nvio__op *op)
 	if (atomic_fetch_sub(&op->tasks_left, 1) != 1)
 		return;
 	epilogue(op);
-	nvio__track_end(op);
+	if (nvio__track_end(op))
+		nvio__op_free(op);
 }
 
 void nvio__op_free(struct nvio__op *op)

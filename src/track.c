@@ -136,9 +136,10 @@ static void efd_drain(struct nvio_handle *h)
 /*
  * Reports an ended op. A completion that finds no memory for the queue
  * is not dropped: the op waits here until there is room (the ring only
- * grows while completions are not reaped, so room comes back).
+ * grows while completions are not reaped, so room comes back). Returns
+ * 1 if the caller must free the op now (nobody waits for it).
  */
-void nvio__track_end(struct nvio__op *op)
+int nvio__track_end(struct nvio__op *op)
 {
 	struct nvio_handle *h = op->h;
 	int err = atomic_load(&op->err);
@@ -154,7 +155,8 @@ void nvio__track_end(struct nvio__op *op)
 		g->done++;
 		if (err && !g->err) {
 			g->err = err;
-			nvio__op_record(op, &g->rec);
+			nvio__error_fill(&g->rec, err, op, op->fail_what,
+					 op->fail_off, op->fail_len);
 		}
 	} else if (sink == NVIO__SINK_QUEUE) {
 		while (cq_reserve(h) < 0)
@@ -168,8 +170,7 @@ void nvio__track_end(struct nvio__op *op)
 	}
 	pthread_cond_broadcast(&h->cond);
 	pthread_mutex_unlock(&h->lock);
-	if (sink != NVIO__SINK_SYNC)
-		nvio__op_free(op);
+	return sink != NVIO__SINK_SYNC;
 }
 
 void nvio__track_wait_sync(struct nvio__op *op)
