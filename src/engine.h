@@ -21,6 +21,8 @@ struct nvio__io {
 	size_t len;
 	uint64_t off;
 	ssize_t res;	/* set at completion: bytes moved or -errno */
+	void *fh;	/* cuFile handle: the cuFile engine moves it; buf is
+			 * then device memory. NULL for every other engine. */
 	_Alignas(16) unsigned char priv[64];	/* engine scratch (iocb) */
 };
 
@@ -52,6 +54,11 @@ struct nvio__engine_ops {
 extern const struct nvio__engine_ops nvio__engine_uring;
 extern const struct nvio__engine_ops nvio__engine_aio;
 extern const struct nvio__engine_ops nvio__engine_psync;
+/* cuFile rides on a base engine (engine_cufile.c): made with wrap, which
+ * takes over bctx (fini frees both). */
+extern const struct nvio__engine_ops nvio__engine_cufile;
+int nvio__cufile_engine_wrap(void **ctx, unsigned depth,
+			     const struct nvio__engine_ops *base, void *bctx);
 
 /* io_uring setup flags tried before plain setup (engine_uring.c). */
 extern unsigned nvio__uring_flags;

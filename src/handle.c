@@ -112,7 +112,7 @@ static int engines_init(struct nvio_handle *h, int id)
 	for (unsigned i = 0; i < h->nworkers; i++) {
 		int r;
 
-		h->workers[i].eng = eng;
+		h->workers[i].eng = h->workers[i].base = eng;
 		r = eng->init(&h->workers[i].ectx, h->cfg.queue_depth);
 		if (r < 0) {
 			engines_fini(h, i);
@@ -169,6 +169,26 @@ static void gds_note(struct nvio_handle *h)
 		 mode == NVIO_CUFILE_DIRECT ? "cuFile, GPUDirect" :
 		 mode == NVIO_CUFILE_COMPAT ? "cuFile, compatibility mode" :
 		 "bounce buffers", why);
+}
+
+/*
+ * A GDS handle whose cuFile is usable puts the cuFile engine over each
+ * worker's engine, before the workers start.
+ */
+static int gds_engines(struct nvio_handle *h)
+{
+	gds_note(h);
+	for (unsigned i = 0; h->gds && i < h->nworkers; i++) {
+		struct nvio__worker *w = &h->workers[i];
+		void *c;
+		int r = nvio__cufile_engine_wrap(&c, h->cfg.queue_depth, w->base, w->ectx);
+
+		if (r < 0)
+			return r;
+		w->ectx = c;
+		w->eng = &nvio__engine_cufile;
+	}
+	return 0;
 }
 
 static void handle_free(struct nvio_handle *h)
@@ -262,10 +282,10 @@ int nvio_handle_create(nvio_handle_t **out, const nvio_config_t *cfg)
 	r = workers_alloc(h);
 	if (!r)
 		r = choose_engine(h, from_env);
+	if (!r && (h->cfg.flags & NVIO_HANDLE_GDS))
+		r = gds_engines(h);
 	if (!r)
 		r = nvio__workers_start(h);
-	if (!r && (h->cfg.flags & NVIO_HANDLE_GDS))
-		gds_note(h);
 	if (r) {
 		nvio__workers_stop(h);
 		handle_free(h);

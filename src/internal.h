@@ -213,7 +213,8 @@ struct nvio__worker {
 	unsigned id;
 	pthread_t thread;
 	int started;
-	const struct nvio__engine_ops *eng;
+	const struct nvio__engine_ops *eng;	/* what the worker calls */
+	const struct nvio__engine_ops *base;	/* eng, or under cuFile's */
 	void *ectx;
 	struct nvio__stage_pool stage;
 	pthread_mutex_t lock;	/* guards queue, tail and stop */

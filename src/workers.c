@@ -245,17 +245,32 @@ static unsigned submittable(const struct wstate *s)
 
 /*
  * A fresh engine context after a reset: the same engine, else psync,
- * which needs only memory. 0, or -ENOMEM when even that is refused (the
- * worker then fails its requests until memory is back).
+ * which needs only memory (under cuFile's on a GDS handle). 0, or
+ * -ENOMEM when even that is refused (the worker then fails its requests
+ * until memory is back).
  */
 static int engine_ready(struct wstate *s)
 {
 	struct nvio__worker *w = s->w;
+	void *b = NULL;
+	int r;
 
-	if (w->ectx || w->eng->init(&w->ectx, s->depth) == 0)
+	if (w->ectx)
 		return 0;
-	w->eng = &nvio__engine_psync;
-	return w->eng->init(&w->ectx, s->depth);
+	if (w->base->init(&b, s->depth) != 0) {
+		w->base = &nvio__engine_psync;
+		if ((r = w->base->init(&b, s->depth)) < 0)
+			return r;
+	}
+	if (w->eng != &nvio__engine_cufile) {
+		w->eng = w->base;
+		w->ectx = b;
+		return 0;
+	}
+	r = nvio__cufile_engine_wrap(&w->ectx, s->depth, w->base, b);
+	if (r < 0)
+		w->base->fini(b);
+	return r;
 }
 
 /*
@@ -340,9 +355,9 @@ static void submit_copied(struct wstate *s)
 }
 
 /*
- * Pieces that skip the engine, moved right here: GDS pieces through
- * cuFile, and pieces of files that are not regular files or block
- * devices (AIO refuses them), through pread/pwrite, a buffer at a time.
+ * Pieces of files that are not regular files or block devices (AIO
+ * refuses them, and a pipe has no offsets to queue against) move right
+ * here, through pread/pwrite, a buffer at a time.
  */
 static void move_here(struct nvio__op *op, const struct nvio__piece *pc)
 {
@@ -356,9 +371,7 @@ static void move_here(struct nvio__op *op, const struct nvio__piece *pc)
 
 		if (k > left)
 			k = left;
-		if (op->cufh)
-			err = nvio__cufile_rw(op->cufh, op->is_write, mem, off, k, &what);
-		else if (op->is_write)
+		if (op->is_write)
 			err = nvio__pwrite_full(op->file->fd, mem, (size_t)k, off);
 		else
 			err = nvio__pread_full(op->file->fd, mem, (size_t)k, off);
@@ -380,6 +393,8 @@ static int needs_stage(const struct nvio__op *op, const struct nvio__piece *pc,
 		       unsigned char **mem)
 {
 	*mem = nvio__op_mem(op, pc->pos, pc->len);
+	if (op->cufh)
+		return 0;	/* cuFile reaches GPU memory itself */
 	return op->mem != NVIO__MEM_HOST || !*mem ||
 	       (pc->body && op->direct && (uintptr_t)*mem % op->mem_align);
 }
@@ -403,7 +418,7 @@ static void fill(struct wstate *s)
 			return;
 		op = t->op;
 		nvio__op_piece(op, t->next_piece, &pc);
-		if (op->cufh || op->file->plain) {
+		if (op->file->plain) {
 			take_piece(s, t);
 			move_here(op, &pc);
 			task_pieces_done(t, 1);
@@ -427,6 +442,7 @@ static void fill(struct wstate *s)
 		sl->io.len = (size_t)pc.len;
 		sl->io.off = pc.off;
 		sl->io.res = 0;
+		sl->io.fh = op->cufh;
 		if (staged && !stage) {
 			piece_end(s, sl, err);	/* no staging memory at all */
 			continue;
