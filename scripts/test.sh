@@ -36,11 +36,11 @@ stage() {
 	fi
 }
 
-stage c-gcc make -j2 CC=gcc check
+stage c-gcc make -j2 CC=gcc WERROR=1 check
 if [ "${NVIO_TEST_FAST:-0}" != 1 ]; then
-	stage c-clang make -j2 CC=clang BUILD=build-clang check
-	stage c-asan env NVIO_TEST_QUICK=1 make -j2 CC=clang SAN=address check
-	stage c-tsan env NVIO_TEST_QUICK=1 make -j2 CC=clang SAN=thread check
+	stage c-clang make -j2 CC=clang BUILD=build-clang WERROR=1 check
+	stage c-asan env NVIO_TEST_QUICK=1 make -j2 CC=clang SAN=address WERROR=1 check
+	stage c-tsan env NVIO_TEST_QUICK=1 make -j2 CC=clang SAN=thread WERROR=1 check
 	stage man sh tests/man_check.sh
 fi
 
