@@ -144,11 +144,25 @@ check "make uninstall leaves no file behind" uninstall_clean
 
 # --- Python: sdist -> wheel -> venv ---------------------------------------
 
-# Straight through setuptools' PEP 517 hook: no network, no 'build' package.
-check "sdist builds" "$PY" -c '
+# From a copy of the files git would commit: setuptools adds whatever a
+# stale python/nvio.egg-info/SOURCES.txt lists, which would hide a file
+# missing from MANIFEST.in. Straight through setuptools' PEP 517 hook: no
+# network, no 'build' package.
+clean_sdist() {
+	mkdir -p "$tmp/src" || return 1
+	if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+		git ls-files -co --exclude-standard | while read -r f; do
+			[ -e "$f" ] && echo "$f"
+		done | tar cf - -T - | tar xf - -C "$tmp/src"
+	else
+		tar cf - --exclude='*.egg-info' --exclude='./build*' . | tar xf - -C "$tmp/src"
+	fi || return 1
+	(cd "$tmp/src" && "$PY" -c '
 import sys
 from setuptools import build_meta
-print(build_meta.build_sdist(sys.argv[1]))' "$tmp/dist"
+print(build_meta.build_sdist(sys.argv[1]))' "$tmp/dist")
+}
+check "sdist builds" clean_sdist
 sdist=$(ls "$tmp"/dist/nvio-*.tar.gz 2>/dev/null | head -n 1)
 
 sdist_complete() {
