@@ -7,8 +7,8 @@
  *   consumer DIR    writes 1 MiB + 1 byte to DIR/consumer.bin, reads it
  *                   back, compares, removes it; exits 0 on success.
  *
- * It also checks that the library it runs against has the version of the
- * header it was compiled with.
+ * It also checks that the library it runs against is the header's major
+ * version and no older than the header (a newer minor must run it).
  */
 #include <nvio.h>
 
@@ -37,7 +37,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: consumer DIR\n");
 		return 2;
 	}
-	if (nvio_version() != NVIO_VERSION_NUM) {
+	if (nvio_version() >> 16 != NVIO_VERSION_MAJOR || nvio_version() < NVIO_VERSION_NUM) {
 		fprintf(stderr, "consumer: header %#x, library %#x (%s)\n",
 			NVIO_VERSION_NUM, nvio_version(), nvio_version_string());
 		return 1;
