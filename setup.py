@@ -1,8 +1,14 @@
 """Build of the nvio Python package.
 
 The extension nvio._nvio compiles libnvio's sources (src/*.c) together with
-python/nvio/_ext/*.c; it includes no PyTorch, NumPy or CUDA header, so one
-abi3 wheel (limited API 3.11) serves every Python >= 3.11 and every torch.
+the binding (python/nvio/_ext/*.c); it
+includes no PyTorch, NumPy or CUDA header, so one abi3 wheel (limited API
+3.11) serves every Python >= 3.11 and every torch.
+
+The wheel also carries the nvio command (tools/*.c with src/*.c, as
+nvio/_bin/nvio, run by the `nvio` console script) and the manual pages
+(nvio/_man/man{1,3,7}, shown by `nvio man`). Everything the build reads
+is listed in MANIFEST.in, so an sdist builds with any allowed setuptools.
 
 liburing and libaio are used when their headers are found, linked from their
 static archives when those link into a shared object (so the wheel needs no
@@ -18,6 +24,7 @@ import tempfile
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LIMITED = 0x030B0000
@@ -102,34 +109,82 @@ class BuildExt(build_ext):
                  ("io_setup", "io_submit", "io_getevents", "io_destroy", "io_cancel"))]
         os.makedirs(self.build_temp, exist_ok=True)
         vscript = _version_script(os.path.join(self.build_temp, "nvio_python.map"))
+        # The engines found, as (macro, extra_objects, libraries): the
+        # extension and the tool link the same ones.
+        engines = []
+        for macro, lib, header, syms in deps:
+            if os.environ.get("NVIO_NO_" + macro) == "1":
+                continue
+            got = _dep(lib, header, syms, vscript)
+            if got is None:
+                print("nvio: building without %s (no usable %s)" % (lib, header))
+                continue
+            engines.append(("NVIO_HAVE_" + macro, got.get("extra_objects", []),
+                            got.get("libraries", [])))
+            print("nvio: %s engine linked %s" % (lib, "statically" if
+                  got.get("extra_objects") else "dynamically"))
         for ext in self.extensions:
             ext.extra_link_args = (ext.extra_link_args or []) + [
                 "-Wl,--version-script=" + vscript]
-            for macro, lib, header, syms in deps:
-                if os.environ.get("NVIO_NO_" + macro) == "1":
-                    continue
-                got = _dep(lib, header, syms, vscript)
-                if got is None:
-                    print("nvio: building without %s (no usable %s)" % (lib, header))
-                    continue
-                ext.define_macros.append(("NVIO_HAVE_" + macro, "1"))
-                ext.extra_objects = (ext.extra_objects or []) + got.get("extra_objects", [])
-                ext.libraries = (ext.libraries or []) + got.get("libraries", [])
-                print("nvio: %s engine linked %s" % (lib, "statically" if
-                      got.get("extra_objects") else "dynamically"))
+            for macro, objects, libraries in engines:
+                ext.define_macros.append((macro, "1"))
+                ext.extra_objects = (ext.extra_objects or []) + objects
+                ext.libraries = (ext.libraries or []) + libraries
             ext.libraries = (ext.libraries or []) + ["dl"]
         super().build_extensions()
+        self.build_tool(engines)
+
+    def tool_dir(self):
+        if self.inplace:
+            return os.path.join(self.get_finalized_command("build_py")
+                                .get_package_dir("nvio"), "_bin")
+        return os.path.join(self.build_lib, "nvio", "_bin")
+
+    def build_tool(self, engines):
+        """Links tools/*.c with libnvio's sources into nvio/_bin/nvio."""
+        macros = [(m, "1") for m, _, _ in engines]
+        objects = self.compiler.compile(
+            LIB_SOURCES + TOOL_SOURCES, output_dir=os.path.join(self.build_temp, "tool"),
+            macros=macros, include_dirs=["include"], extra_postargs=C_FLAGS)
+        for _, extra, _ in engines:
+            objects += extra
+        libraries = [lib for _, _, libs in engines for lib in libs] + ["dl", "m"]
+        self.mkpath(self.tool_dir())
+        self.compiler.link_executable(objects, "nvio", output_dir=self.tool_dir(),
+                                      libraries=libraries, extra_postargs=["-pthread"])
+
+    def get_outputs(self):
+        return super().get_outputs() + [os.path.join(self.tool_dir(), "nvio")]
 
 
-sources = sorted(glob.glob("src/*.c")) + sorted(glob.glob("python/nvio/_ext/*.c"))
+class BuildPy(build_py):
+    """Copies the manual pages into the package as nvio/_man/manN/."""
+
+    def run(self):
+        super().run()
+        for page in MAN_PAGES:
+            section = "man" + page.rsplit(".", 1)[1]
+            dest = os.path.join(self.build_lib, "nvio", "_man", section,
+                                os.path.basename(page))
+            self.mkpath(os.path.dirname(dest))
+            self.copy_file(page, dest)
+
+
+LIB_SOURCES = sorted(glob.glob("src/*.c"))
+# The binding, split by concern.
+BINDING_SOURCES = sorted(glob.glob("python/nvio/_ext/*.c"))
+TOOL_SOURCES = sorted(glob.glob("tools/*.c"))
+MAN_PAGES = sorted(glob.glob("man/*.1") + glob.glob("man/man1/*.1") +
+                   glob.glob("man/man3/*.3") + glob.glob("man/man7/*.7"))
+C_FLAGS = ["-std=c11", "-D_GNU_SOURCE", "-pthread", "-fvisibility=hidden",
+           "-O2", "-Wall", "-Wno-unused-parameter"]
 
 ext = Extension(
     "nvio._nvio",
-    sources=sources,
+    sources=LIB_SOURCES + BINDING_SOURCES,
     include_dirs=["include"],
     define_macros=[("Py_LIMITED_API", hex(LIMITED))],
-    extra_compile_args=["-std=c11", "-D_GNU_SOURCE", "-pthread", "-fvisibility=hidden",
-                        "-O2", "-Wall", "-Wno-unused-parameter"],
+    extra_compile_args=C_FLAGS,
     extra_link_args=["-pthread"],
     py_limited_api=True,
     # Any header change rebuilds everything (setuptools only tracks .c files).
@@ -140,7 +195,7 @@ ext = Extension(
 setup(
     version=version(),
     ext_modules=[ext],
-    cmdclass={"build_ext": BuildExt},
+    cmdclass={"build_ext": BuildExt, "build_py": BuildPy},
     options={"bdist_wheel": {"py_limited_api": "cp311"},
              # Apart from the Makefile's build/.
              "build": {"build_base": "python/build"}},

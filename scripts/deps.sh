@@ -1,7 +1,8 @@
 #!/bin/sh
 # Installs what nvio needs to build and test on Debian/Ubuntu:
 # a C compiler (gcc and clang), liburing, libaio, fio, groff for the man
-# page checks, and the Python test requirements (torch is pinned to the
+# page checks, pkg-config and venv for the packaging checks, and the Python
+# test requirements with auditwheel (torch is pinned to the
 # CPU build: an unpinned torch pulls gigabytes of CUDA packages).
 # Safe to run again: it only installs what is missing.
 set -eu
@@ -11,7 +12,7 @@ as_root() {
 		echo "deps.sh: need root (or sudo) to run: $*" >&2; exit 1; fi
 }
 
-pkgs="build-essential clang liburing-dev libaio-dev fio groff man-db python3-dev python3-pip"
+pkgs="build-essential clang liburing-dev libaio-dev fio groff man-db pkg-config python3-dev python3-pip python3-venv"
 missing=""
 for p in $pkgs; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
@@ -25,6 +26,9 @@ fi
 PY=${PYTHON:-python3}
 if ! $PY -c "import pytest, numpy" 2>/dev/null; then
 	$PY -m pip install -q pytest numpy
+fi
+if ! $PY -m auditwheel --version >/dev/null 2>&1; then
+	$PY -m pip install -q auditwheel || echo "deps.sh: auditwheel not installed; its wheel check will skip" >&2
 fi
 if [ "${NVIO_NO_TORCH:-0}" != 1 ] && ! $PY -c "import torch" 2>/dev/null; then
 	$PY -m pip install -q "torch==2.13.0" || echo "deps.sh: torch not installed; torch tests will skip" >&2

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Runs every test nvio has and ends with one line counting them:
 #   C tests built with gcc and with clang (-Werror), plain, under
-#   ASan+UBSan and under TSan; the man page check; the Python tests.
+#   ASan+UBSan and under TSan; the man page check; packaging (make install,
+#   pkg-config, exported symbols, sdist -> wheel -> venv); the Python tests.
 # Installs its own prerequisites first (scripts/deps.sh).
 # NVIO_TEST_FAST=1 runs only the plain gcc build and the Python tests.
 set -u
@@ -36,12 +37,13 @@ stage() {
 	fi
 }
 
-stage c-gcc make -j2 CC=gcc check
+stage c-gcc make -j2 CC=gcc WERROR=1 check
 if [ "${NVIO_TEST_FAST:-0}" != 1 ]; then
-	stage c-clang make -j2 CC=clang BUILD=build-clang check
-	stage c-asan env NVIO_TEST_QUICK=1 make -j2 CC=clang SAN=address check
-	stage c-tsan env NVIO_TEST_QUICK=1 make -j2 CC=clang SAN=thread check
+	stage c-clang make -j2 CC=clang BUILD=build-clang WERROR=1 check
+	stage c-asan env NVIO_TEST_QUICK=1 make -j2 CC=clang SAN=address WERROR=1 check
+	stage c-tsan env NVIO_TEST_QUICK=1 make -j2 CC=clang SAN=thread WERROR=1 check
 	stage man sh tests/man_check.sh
+	stage packaging env CC=gcc WERROR=1 sh tests/packaging_check.sh
 fi
 
 # pytest's own summary is "N passed, M skipped in Ts"; restate it in ours.

@@ -393,6 +393,11 @@ int nvio__error_publish(struct nvio_handle *h, const nvio_error_t *e)
 	return e->err;
 }
 
+/* 0.2 layout of nvio_error_t; the 0.1 one is in compat.c. */
+#ifdef NVIO_SYMVER
+__asm__(".symver nvio_last_error, nvio_last_error@@@NVIO_0.2");
+#endif
+
 int nvio_last_error(const nvio_handle_t *h, nvio_error_t *out)
 {
 	nvio_error_t e;
