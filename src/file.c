@@ -269,6 +269,9 @@ int nvio__file_make(struct nvio_handle *h, const char *path, int fd,
 	int r;
 
 	*out = NULL;
+	*what = "handle (inherited through fork)";
+	if (nvio__forked(h))
+		return -ECHILD;
 	*what = "flags";
 	if (check_flags(flags, !path))
 		return -EINVAL;
@@ -594,6 +597,14 @@ int nvio_file_close(nvio_file_t *f)
 
 	if (!f)
 		return 0;
+	if (nvio__forked(f->h)) {
+		/* the parent's ops and temporary are not ours to wait for or
+		 * remove: close this process's copies of the descriptors */
+		f->committed = 1;
+		nvio__file_close_fds(f);
+		nvio__file_free(f);
+		return -ECHILD;
+	}
 	nvio__track_quiesce(f->h, f);
 	r = nvio__file_close_fds(f);
 	nvio__file_free(f);
@@ -616,6 +627,8 @@ int nvio_file_commit(nvio_file_t *f)
 
 	if (!f)
 		return -EINVAL;
+	if (nvio__forked(f->h))
+		return -ECHILD;
 	if ((f->flags & NVIO_FILE_ATOMIC) && !f->committed) {
 		nvio__track_quiesce(f->h, f);
 		what = "commit (an op on the file failed)";

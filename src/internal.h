@@ -226,6 +226,7 @@ struct nvio__worker {
 
 struct nvio_handle {
 	nvio_config_t cfg;	/* engine resolved */
+	unsigned fork_gen;	/* nvio__fork_gen when it was made */
 	int gds;		/* CUDA buffers go through cuFile */
 	char engine_note[256];
 	struct nvio__worker *workers;
@@ -245,6 +246,15 @@ struct nvio_handle {
 	int efd;		/* nvio_completion_fd, -1 until asked */
 	nvio_error_t last;	/* the last failure any call returned */
 };
+
+/*
+ * handle.c: a handle belongs to the process that made it. Its worker
+ * threads do not exist in a forked child, and its locks and counts are
+ * frozen copies: every call made there on an inherited handle fails with
+ * -ECHILD (nvio_strerror says why), and closing it frees nothing of the
+ * parent's (no wait, no join, no unlink), so a child's exit never hangs.
+ */
+int nvio__forked(const struct nvio_handle *h);
 
 /*
  * track.c: where ended ops are reported, and errors.

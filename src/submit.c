@@ -559,8 +559,8 @@ static int refuse(struct nvio_handle *h, const struct nvio__opspec *sp,
 int nvio__submit(struct nvio_handle *h, const struct nvio__opspec *sp)
 {
 	struct nvio__op *op = NULL;
-	const char *what;
-	int r = check_spec(sp, &what);
+	const char *what = "handle (inherited through fork)";
+	int r = nvio__forked(h) ? -ECHILD : check_spec(sp, &what);
 
 	if (!r) {
 		op = op_new(h, sp);
@@ -720,6 +720,8 @@ static int one_call(struct nvio_handle *h, const struct call *c, int by_path)
 
 	if (!h || (c->flags & ~KNOWN_FLAGS))
 		r = -EINVAL;
+	else if (nvio__forked(h))
+		r = -ECHILD, what = "handle (inherited through fork)";
 	else if (by_path && !c->path)
 		r = -EINVAL, what = "path (NULL)";
 	else if (!c->buf && c->nbytes > 0)

@@ -213,6 +213,8 @@ int nvio_wait(nvio_handle_t *h)
 
 	if (!h)
 		return -EINVAL;
+	if (nvio__forked(h))
+		return -ECHILD;
 	/* Waits take turns: when this one flips the generation, the other
 	 * one holds nothing (the previous wait reported it all). */
 	pthread_mutex_lock(&h->wait_lock);
@@ -280,6 +282,8 @@ int nvio_reap(nvio_handle_t *h, nvio_completion_t *out, unsigned max,
 
 	if (!h || min > max || (max > 0 && !out))
 		return -EINVAL;
+	if (nvio__forked(h))
+		return -ECHILD;
 	if (timeout_ns > 0)
 		until = deadline_in(timeout_ns);
 	pthread_mutex_lock(&h->lock);
