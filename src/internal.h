@@ -153,6 +153,7 @@ struct nvio_file {
 	unsigned tmp_mode;
 	int committed;
 	int private;		/* made for one by-path/fd op, closed with it */
+	int created;		/* its open created it */
 };
 
 /* file.c */
@@ -165,6 +166,8 @@ int nvio__file_dfd(struct nvio_file *f);
 void *nvio__file_cufh(struct nvio_file *f);
 /* Allocates [off, off + len) past the end of the file (see file.c). */
 int nvio__file_grow(struct nvio_file *f, uint64_t off, uint64_t len);
+/* A failed write that grew the file from `from` to `to` is undone. */
+void nvio__file_shrink_back(struct nvio_file *f, uint64_t to, uint64_t from);
 /* Records that the file now reaches at least end. */
 void nvio__file_note_end(struct nvio_file *f, uint64_t end);
 /* Puts an ATOMIC file in place of its path, fsyncing if durable. */
@@ -193,6 +196,8 @@ struct nvio__op {
 	uint32_t next;
 	struct nvio__extent ext1;
 	uint64_t npieces;	/* of all extents */
+	uint64_t grew_from;	/* writes that grew the file: its size before */
+	uint64_t grew_to;	/* ... and after (0: did not grow it) */
 	int direct;		/* body pieces go through the file's dfd */
 	int dfd;		/* that descriptor, or -1 */
 	uint32_t mem_align;	/* for direct pieces */

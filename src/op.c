@@ -123,8 +123,11 @@ static void epilogue(struct nvio__op *op)
 		err = -errno;
 		nvio__op_fail(op, err, "fsync", op->ext[0].plan.off, op->nbytes);
 	}
-	if (op->is_write && err)
+	if (op->is_write && err) {
 		atomic_store(&f->failed, 1);
+		if (op->grew_to)	/* no file grown with zeros, no space held */
+			nvio__file_shrink_back(f, op->grew_to, op->grew_from);
+	}
 	if (!f->private)
 		return;
 	if (!err && (f->flags & NVIO_FILE_ATOMIC)) {

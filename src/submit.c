@@ -420,8 +420,15 @@ static int check_range(struct nvio__op *op, const char **what)
 	for (uint32_t e = 0; e < op->next; e++) {
 		struct nvio__plan *p = &op->ext[e].plan;
 
-		if ((r = nvio__file_grow(f, p->off, p->len)) < 0)
+		if ((r = nvio__file_grow(f, p->off, p->len)) < 0) {
+			nvio__file_shrink_back(f, end, size);
+			atomic_store(&f->failed, 1);
 			return r;
+		}
+	}
+	if (op->nbytes && end > size && size != UINT64_MAX) {
+		op->grew_from = size;
+		op->grew_to = end;
 	}
 	if (op->nbytes)
 		nvio__file_note_end(f, end);
