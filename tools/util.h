@@ -22,6 +22,10 @@
 /* "nvio bench", set by the dispatcher; prefixes every message. */
 extern const char *tool_prog;
 
+/* Flushes and closes stdout; on any write error says so on stderr and
+ * ends the process with EXIT_RUNTIME. Give it to atexit() first thing. */
+void stdout_check_at_exit(void);
+
 /* One line "<prog>: <message>" on stderr. */
 void msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* msg(), then exit(EXIT_USAGE). Only before any temporary file exists. */

@@ -428,3 +428,32 @@ def test_signal_removes_temporary_files(sig, work, env):
     assert p.returncode == -sig
     assert "interrupted" in err
     assert_empty(work)
+
+
+# ---- hostile and unlucky conditions (issue 16) ----
+
+def run_to(args, env, stdout, timeout=120):
+    return subprocess.run([str(NVIO)] + [str(a) for a in args], env=env,
+                          stdout=stdout, stderr=subprocess.PIPE, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("args", [
+    ["report", "--json"], ["report"], ["--version"], ["--help"],
+    ["bench", "--help"], ["tune", "--help"],
+    ["bench", "--size", "1M", "--loops", "1", "--warmup", "0", "-q"],
+    ["bench", "--size", "1M", "--loops", "1", "--warmup", "0", "-q",
+     "--json"],
+    ["tune", "--size", "1M", "--time-budget", "1", "--repeat", "1",
+     "--write-only", "--no-save", "-q"],
+], ids=lambda a: " ".join(a[:2]))
+def test_write_error_on_stdout_fails(args, work, env):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    if args[0] in ("bench", "tune") and "--help" not in args:
+        args = args + ["--dir", work]
+    with open("/dev/full", "w") as full:
+        p = run_to(args, env, full)
+    assert p.returncode == 1, p.stderr
+    assert "writing standard output: No space left on device" in p.stderr
+    assert_empty(work)
