@@ -182,7 +182,7 @@ static int gather(struct report *r)
 
 static void text_engines(const struct report *r)
 {
-	char cfg[256];
+	char cfg[512];
 
 	printf("Engines (kernel %s):\n", r->kernel);
 	for (int e = NVIO_ENGINE_URING; e < NVIO_ENGINE_COUNT_; e++) {
@@ -200,7 +200,7 @@ static void text_engines(const struct report *r)
 	}
 	if (r->def_err)
 		printf("  default handle: cannot be created: %s\n",
-		       nvio_strerror(r->def_err));
+		       handle_error_text(&r->def, r->def_err, cfg, sizeof(cfg)));
 	else
 		printf("  default handle: %s\n    %s\n",
 		       config_text(&r->def, cfg, sizeof(cfg)), r->def_note);
@@ -325,7 +325,11 @@ static void json_engines(struct json *j, const struct report *r)
 	}
 	json_close(j, '}');
 	if (r->def_err) {
+		char why[512];
+
 		json_null(j, "default_handle");
+		json_str(j, "default_handle_error",
+			 handle_error_text(&r->def, r->def_err, why, sizeof(why)));
 	} else {
 		config_json(j, "default_handle", &r->def);
 		json_str(j, "engine_note", r->def_note);

@@ -134,6 +134,17 @@ int handle_opt(struct handle_opts *o, int c, const char *arg);
 /* Help text lines for the handle options. */
 extern const char handle_opts_help[];
 
+/*
+ * Why nvio_handle_create(cfg) failed with err, as one line that names the
+ * engine and, when NVIO_ENGINE or NVIO_DIRECT supplied the setting that
+ * failed, the variable and how to drop it.
+ */
+const char *handle_error_text(const nvio_config_t *cfg, int err, char *buf,
+			      size_t len);
+/* "NVIO_DIRECT=on in the environment chose ..." when the variable is the
+ * likely source of a handle's direct mode `direct_in_force`, else NULL. */
+const char *env_direct_hint(int direct_in_force);
+
 /* Directory argument checks shared by the subcommands. */
 /* 0, or prints "<prog>: --dir D: <why>" and returns the usage/runtime code. */
 int check_dir(const char *dir, int need_write);

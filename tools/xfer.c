@@ -125,6 +125,8 @@ static void print_op_error(nvio_handle_t *h, int err, int is_write,
 		msg("%s %s: %s", is_write ? "write" : "read", path,
 		    nvio_strerror(err));
 	}
+	if (env_direct_hint(nvio_get_direct(h)))
+		msg("%s", env_direct_hint(nvio_get_direct(h)));
 }
 
 static int submit_all(nvio_handle_t *h, const struct xfer *x, int is_write)
@@ -224,16 +226,20 @@ void cold_prepare(enum cold c)
 nvio_handle_t *handle_open(const nvio_config_t *cfg, const char *what)
 {
 	nvio_handle_t *h = NULL;
+	nvio_config_t def;
+	char why[512];
 	int r;
 
+	if (!cfg) {
+		nvio_config_init(&def);
+		cfg = &def;
+	}
 	signals_block(1);
 	r = nvio_handle_create(&h, cfg);
 	signals_block(0);
 	if (r) {
-		const char *e = nvio_engine_name(cfg->engine);
-
-		msg("%s handle (engine %s): %s", what, e ? e : "?",
-		    nvio_strerror(r));
+		msg("%s handle: %s", what,
+		    handle_error_text(cfg, r, why, sizeof(why)));
 		return NULL;
 	}
 	return h;
