@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -457,3 +458,110 @@ def test_write_error_on_stdout_fails(args, work, env):
     assert p.returncode == 1, p.stderr
     assert "writing standard output: No space left on device" in p.stderr
     assert_empty(work)
+
+
+def tune_args(work, *extra):
+    return ["tune", "--dir", work, "--size", "4M", "--time-budget", "2",
+            "--repeat", "1", "-q"] + list(extra)
+
+
+def test_tune_budget_ends_before_any_step(work, env):
+    """The budget runs out after the untimed defaults: partial results, no
+    crash (it divided by a block size of 0), no test file left."""
+    p = run(["tune", "--dir", work, "--size", "16M", "--time-budget",
+             "0.001", "--repeat", "1", "-q", "--json"], env)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["budget_reached"] is True
+    for op in ("write", "read"):
+        assert r[op]["tuned"] is False and r[op]["default_gbps"] > 0
+        assert "time-budget" in r[op]["stopped"]
+    assert r["deepspeed"] is None and r["saved"] is None
+    p = run(["tune", "--dir", work, "--size", "16M", "--time-budget",
+             "0.001", "--repeat", "1", "-q"], env)
+    assert p.returncode == 0, p.stderr
+    assert "not tuned: --time-budget ran out" in p.stdout
+    assert "stopped by --time-budget" in p.stdout
+    assert_empty(work)
+
+
+@pytest.mark.parametrize("cmd", ["tune", "bench"])
+def test_bad_engine_in_environment_is_named(cmd, work, env):
+    env["NVIO_ENGINE"] = "foo"
+    p = run([cmd, "--dir", work, "--size", "4M", "-q"], env)
+    assert p.returncode == 1, p.stderr
+    assert "NVIO_ENGINE=foo" in p.stderr and "unset NVIO_ENGINE" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert_empty(work)
+
+
+def seccomp_block_io_uring():
+    """preexec_fn: io_uring_setup fails with EPERM, as under docker's
+    default seccomp profile."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    # ld [nr]; jeq 425 (io_uring_setup) ? errno(EPERM) : allow
+    insns = [(0x20, 0, 0, 0), (0x15, 0, 1, 425),
+             (0x06, 0, 0, 0x00050000 | 1), (0x06, 0, 0, 0x7fff0000)]
+    buf = b"".join(struct.pack("HBBI", *i) for i in insns)
+    filt = ctypes.create_string_buffer(buf)
+    prog = struct.pack("HxxxxxxP", len(insns), ctypes.addressof(filt))
+    prog_buf = ctypes.create_string_buffer(prog)
+    if libc.prctl(38, 1, 0, 0, 0) or libc.prctl(22, 2, prog_buf, 0, 0):
+        os._exit(99)
+
+
+def run_seccomp(args, env):
+    if not sys.platform.startswith("linux"):
+        pytest.skip("seccomp is Linux only")
+    p = subprocess.run([str(NVIO)] + [str(a) for a in args], env=env,
+                       capture_output=True, text=True, timeout=120,
+                       preexec_fn=seccomp_block_io_uring)
+    if p.returncode == 99:
+        pytest.skip("cannot install a seccomp filter here")
+    return p
+
+
+def test_io_uring_forced_but_blocked_by_seccomp(work, env):
+    env["NVIO_ENGINE"] = "io_uring"
+    p = run_seccomp(tune_args(work), env)
+    assert p.returncode == 1, p.stderr
+    assert "set by NVIO_ENGINE" in p.stderr, p.stderr
+    assert "unset NVIO_ENGINE" in p.stderr
+    assert_empty(work)
+
+
+def test_tune_prints_results_before_a_saving_error(work, env, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    env["NVIO_TUNED_FILE"] = str(blocker / "tuned.conf")  # parent a file
+    p = run(tune_args(work, "--write-only", "--json"), env)
+    assert p.returncode == 1
+    r = json.loads(p.stdout)
+    assert r["write"]["gbps"] > 0 and r["saved"] is None
+    assert r["save_error"]
+    assert "not saved" in p.stderr and str(blocker) in p.stderr
+    assert "--no-save" in p.stderr
+    p = run(tune_args(work, "--write-only"), env)
+    assert p.returncode == 1 and "write best" in p.stdout
+    assert_empty(work)
+
+
+def test_tuned_entry_saves_auto_not_the_engine_auto_picked(work, env):
+    r = run_json(tune_args(work, "--write-only"), env)
+    auto = run_json(["report", work], env)["default_handle"]["engine"]
+    line = [l for l in Path(r["saved"]).read_text().splitlines()
+            if l.startswith("write ")][0]
+    won = r["write"]["nvio"]["engine"]
+    want = "auto" if won == auto else won
+    assert line.endswith(" engine=%s" % want), (line, auto)
+
+
+def test_corrupt_tuned_file_is_named(work, env):
+    Path(env["NVIO_TUNED_FILE"]).parent.mkdir()
+    Path(env["NVIO_TUNED_FILE"]).write_text(
+        "read %s engine=bogus\n" % os.path.realpath(work))
+    p = run(["bench", "--dir", work, "--read"] + SMALL, env)
+    assert p.returncode == 0, p.stderr
+    assert env["NVIO_TUNED_FILE"] in p.stderr
+    assert "NVIO_NO_TUNED=1" in p.stderr
