@@ -5,11 +5,13 @@
 #include "util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/random.h>
 #include <sys/wait.h>
 
 /* ---- progress ---- */
@@ -57,11 +59,15 @@ static volatile sig_atomic_t temp_count;
 static volatile sig_atomic_t got_signal;
 static volatile sig_atomic_t child_pid;
 
+/* Newest first, so a directory comes after the files made in it. */
 static void unlink_all(void)
 {
-	for (int i = 0; i < temp_count; i++)
-		if (temp_paths[i])
-			unlink(temp_paths[i]);
+	int saved = errno;
+
+	for (int i = temp_count - 1; i >= 0; i--)
+		if (temp_paths[i] && unlink(temp_paths[i]) && errno == EISDIR)
+			rmdir(temp_paths[i]);
+	errno = saved;
 }
 
 static void reraise(int sig)
@@ -83,8 +89,18 @@ static void on_signal(int sig)
 	got_signal = sig;
 }
 
+/* A crash (a bug, or an abort in a library) still removes the files. */
+static void on_fatal(int sig)
+{
+	unlink_all();
+	if (child_pid > 0)
+		kill((pid_t)child_pid, SIGTERM);
+	reraise(sig);
+}
+
 void cleanup_install(void)
 {
+	static const int fatal[] = { SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT };
 	struct sigaction sa;
 
 	memset(&sa, 0, sizeof(sa));
@@ -94,6 +110,68 @@ void cleanup_install(void)
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGHUP, &sa, NULL);
+	sa.sa_handler = on_fatal;
+	sa.sa_flags = SA_RESETHAND;
+	for (size_t i = 0; i < sizeof(fatal) / sizeof(fatal[0]); i++)
+		sigaction(fatal[i], &sa, NULL);
+}
+
+/* 16 hex digits nobody can guess: the suffix of every name we create. */
+static void random_suffix(char *buf, size_t len)
+{
+	uint64_t r = 0;
+
+	if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != sizeof(r))
+		r = (uint64_t)getpid() << 32 ^ (uint64_t)(now_s() * 1e9);
+	snprintf(buf, len, "%016llx", (unsigned long long)r);
+}
+
+int temp_file(const char *dir, const char *tag, char **name)
+{
+	char path[4200], rnd[24];
+	int fd = -1, tries;
+
+	*name = NULL;
+	/* no name at all: nothing to plant, nothing left even after SIGKILL */
+	fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+	if (fd >= 0)
+		return fd;
+	for (tries = 0; tries < 16; tries++) {
+		random_suffix(rnd, sizeof(rnd));
+		snprintf(path, sizeof(path), "%s/.nvio-%s-%s.tmp", dir, tag, rnd);
+		/* signals wait until the name is registered for removal */
+		signals_block(1);
+		fd = open(path, O_CREAT | O_EXCL | O_NOFOLLOW | O_RDWR |
+			  O_CLOEXEC, 0600);
+		if (fd >= 0 && cleanup_add(path)) {
+			unlink(path);
+			close(fd);
+			fd = -ENOMEM;
+		}
+		signals_block(0);
+		if (fd >= 0 || errno != EEXIST)
+			break;
+	}
+	if (fd == -1)
+		return -errno;
+	if (fd < 0)
+		return fd;
+	*name = strdup(path);
+	return fd;
+}
+
+int temp_dir(const char *parent, const char *tag, char *out, size_t len)
+{
+	int r = 0;
+
+	snprintf(out, len, "%s/nvio-%s-XXXXXX", parent, tag);
+	signals_block(1);
+	if (!mkdtemp(out))	/* 0700, a name nobody else can have made */
+		r = -errno;
+	else if (cleanup_add(out))
+		r = -ENOMEM;
+	signals_block(0);
+	return r;
 }
 
 int cleanup_add(const char *path)

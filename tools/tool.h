@@ -23,7 +23,9 @@ enum mem_kind { MEM_LOCKED, MEM_PAGEABLE };
  */
 struct xfer {
 	int ndirs;
-	char *path[MAX_DIRS];
+	int fd[MAX_DIRS];	/* the test files, open read-write */
+	char *name[MAX_DIRS];	/* a file's name, NULL when unnamed */
+	char *path[MAX_DIRS];	/* for messages: the name or "<dir>/(...)" */
 	uint64_t off[MAX_DIRS];
 	uint64_t len[MAX_DIRS];
 	unsigned char *buf;	/* the transfer's first byte */
@@ -34,9 +36,10 @@ struct xfer {
 };
 
 /*
- * Allocates and fills the buffer and names (and registers for cleanup)
- * one file per directory: <dir>/.nvio-<tag>-<pid>-<i>.tmp. Prints why and
- * returns EXIT_RUNTIME on failure, 0 on success.
+ * Allocates and fills the buffer and creates one test file per directory
+ * with temp_file() (unnamed where possible; never a file someone else
+ * made). Every transfer goes through those descriptors, never by name.
+ * Prints why and returns EXIT_RUNTIME on failure, 0 on success.
  */
 int xfer_setup(struct xfer *x, char *const *dirs, int ndirs, uint64_t size,
 	       enum mem_kind mem, const char *tag);

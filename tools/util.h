@@ -93,6 +93,18 @@ void progress_done(void);
  * A child process registered with cleanup_child() gets the signal too.
  */
 void cleanup_install(void);
+/*
+ * A new test file in dir, open read-write (0600, close-on-exec): unnamed
+ * (O_TMPFILE) where the file system allows, else
+ * <dir>/.nvio-<tag>-<16 random hex digits>.tmp created with
+ * O_EXCL|O_NOFOLLOW, registered for cleanup, its name in *name (malloc'd;
+ * NULL for an unnamed file). Never opens a file someone else created.
+ * Returns the descriptor or -errno.
+ */
+int temp_file(const char *dir, const char *tag, char **name);
+/* A new private (0700) directory <parent>/nvio-<tag>-XXXXXX, registered
+ * for cleanup (its files are removed before it); 0 or -errno. */
+int temp_dir(const char *parent, const char *tag, char *out, size_t len);
 int cleanup_add(const char *path);	/* 0 or -ENOMEM */
 void cleanup_remove_all(void);
 void cleanup_child(int pid);		/* 0 when none */

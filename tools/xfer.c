@@ -78,18 +78,27 @@ static void split_ranges(struct xfer *x)
 int xfer_setup(struct xfer *x, char *const *dirs, int ndirs, uint64_t size,
 	       enum mem_kind mem, const char *tag)
 {
-	char path[4096];
+	char path[4200];
 
 	memset(x, 0, sizeof(*x));
 	x->ndirs = ndirs;
 	x->size = size;
 	x->mem = mem;
 	split_ranges(x);
+	for (int i = 0; i < ndirs; i++)
+		x->fd[i] = -1;
 	for (int i = 0; i < ndirs; i++) {
-		snprintf(path, sizeof(path), "%s/.nvio-%s-%d-%d.tmp", dirs[i],
-			 tag, (int)getpid(), i);
-		x->path[i] = strdup(path);
-		if (!x->path[i] || cleanup_add(path)) {
+		int fd = temp_file(dirs[i], tag, &x->name[i]);
+
+		if (fd < 0) {
+			msg("--dir %s: cannot create the test file: %s", dirs[i],
+			    strerror(-fd));
+			return EXIT_RUNTIME;
+		}
+		x->fd[i] = fd;
+		snprintf(path, sizeof(path), "%s/(unnamed test file)", dirs[i]);
+		x->path[i] = x->name[i] ? strdup(x->name[i]) : strdup(path);
+		if (!x->path[i]) {
 			msg("out of memory");
 			return EXIT_RUNTIME;
 		}
@@ -105,10 +114,14 @@ void xfer_teardown(struct xfer *x)
 		nvio_mem_free(x->alloc);
 	x->alloc = NULL;
 	for (int i = 0; i < x->ndirs; i++) {
-		if (x->path[i])
-			unlink(x->path[i]);
+		if (x->name[i])
+			unlink(x->name[i]);
+		if (x->fd[i] >= 0)
+			close(x->fd[i]);
+		x->fd[i] = -1;
+		free(x->name[i]);
 		free(x->path[i]);
-		x->path[i] = NULL;
+		x->name[i] = x->path[i] = NULL;
 	}
 }
 
@@ -120,7 +133,7 @@ static void print_op_error(nvio_handle_t *h, int err, int is_write,
 
 	if (nvio_last_error(h, &e) == err && err) {
 		nvio_format_error(&e, line, sizeof(line));
-		msg("%s", line);
+		msg("%s (the test file %s)", line, path);
 	} else {
 		msg("%s %s: %s", is_write ? "write" : "read", path,
 		    nvio_strerror(err));
@@ -135,11 +148,11 @@ static int submit_all(nvio_handle_t *h, const struct xfer *x, int is_write)
 		int r;
 
 		if (is_write)
-			r = nvio_pwrite(h, x->buf + x->off[i], x->len[i],
-					x->path[i], 0, NVIO_ASYNC | NVIO_FSYNC);
+			r = nvio_pwrite_fd(h, x->buf + x->off[i], x->len[i],
+					   x->fd[i], 0, NVIO_ASYNC | NVIO_FSYNC);
 		else
-			r = nvio_pread(h, x->buf + x->off[i], x->len[i],
-				       x->path[i], 0, NVIO_ASYNC);
+			r = nvio_pread_fd(h, x->buf + x->off[i], x->len[i],
+					  x->fd[i], 0, NVIO_ASYNC);
 		if (r < 0) {
 			nvio_wait(h);	/* the ones accepted before it */
 			print_op_error(h, r, is_write, x->path[i]);

@@ -413,6 +413,22 @@ def test_no_space_when_dirs_share_a_file_system(tmpfs, env):
     assert_empty(d / "y")
 
 
+def files_open_in(pid, d):
+    """The files (unnamed ones included) process pid has open in d."""
+    out = []
+    try:
+        for fd in os.listdir("/proc/%d/fd" % pid):
+            try:
+                t = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+            except OSError:
+                continue
+            if t.startswith(str(d) + "/"):
+                out.append(t)
+    except OSError:
+        pass
+    return out
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_removes_temporary_files(sig, work, env):
     p = subprocess.Popen([str(NVIO), "bench", "--dir", str(work), "--size",
@@ -420,9 +436,9 @@ def test_signal_removes_temporary_files(sig, work, env):
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          text=True)
     deadline = time.time() + 30
-    while not os.listdir(work) and time.time() < deadline:
+    while not files_open_in(p.pid, work) and time.time() < deadline:
         time.sleep(0.05)
-    assert os.listdir(work), "bench never created its file"
+    assert files_open_in(p.pid, work), "bench never created its file"
     time.sleep(0.3)
     p.send_signal(sig)
     _, err = p.communicate(timeout=60)
@@ -565,3 +581,50 @@ def test_corrupt_tuned_file_is_named(work, env):
     assert p.returncode == 0, p.stderr
     assert env["NVIO_TUNED_FILE"] in p.stderr
     assert "NVIO_NO_TUNED=1" in p.stderr
+
+
+PLANT_CASES = [
+    ("bench", ["bench", "--size", "4M", "--loops", "1", "--warmup", "0",
+               "-q"], ["bench"]),
+    ("tune", ["tune", "--size", "4M", "--time-budget", "1", "--repeat", "1",
+              "--no-save", "-q"], ["tune"]),
+    ("fio", ["bench", "--size", "4M", "--loops", "1", "--warmup", "0", "-q",
+             "--compare", "fio"], ["bench"]),
+]
+
+
+@pytest.mark.parametrize("name,args,tags", PLANT_CASES,
+                         ids=[c[0] for c in PLANT_CASES])
+def test_planted_symlinks_are_not_followed(name, args, tags, tmp_path, env):
+    """Another user plants symlinks in the shared directory at every name
+    the tool has used (they held its pid): the file they point at must
+    stay untouched. The tool is started through a shell that waits, so
+    its pid is known before it runs."""
+    if name == "fio" and not shutil.which("fio"):
+        pytest.skip("fio not installed")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    env["TMPDIR"] = str(shared)
+    p = subprocess.Popen(["sh", "-c", 'read go; exec "$@"', "sh", str(NVIO)]
+                         + args + ["--dir", str(shared)], env=env,
+                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    planted = []
+    for tag in tags:
+        for i in range(4):
+            planted.append(shared / (".nvio-%s-%d-%d.tmp" % (tag, p.pid, i)))
+    for kind in ("lat", "clat", "slat"):
+        for job in range(1, 9):
+            planted.append(shared / ("nvio-fio-%d_%s.%d.log" %
+                                     (p.pid, kind, job)))
+    for link in planted:
+        link.symlink_to(victim)
+    _, err = p.communicate("go\n", timeout=300)
+    assert p.returncode == 0, err
+    assert victim.read_bytes() == b"precious"
+    for link in planted:
+        assert link.is_symlink()
+        link.unlink()
+    assert_empty(shared)
