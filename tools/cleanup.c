@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 /* ---- progress ---- */
@@ -126,16 +127,14 @@ static void random_suffix(char *buf, size_t len)
 	snprintf(buf, len, "%016llx", (unsigned long long)r);
 }
 
-int temp_file(const char *dir, const char *tag, char **name)
+/* <dir>/.nvio-<tag>-<random>.tmp, created O_EXCL|O_NOFOLLOW and
+ * registered for removal; the descriptor and *name, or -errno. */
+static int temp_named(const char *dir, const char *tag, char **name)
 {
 	char path[4200], rnd[24];
 	int fd = -1, tries;
 
 	*name = NULL;
-	/* no name at all: nothing to plant, nothing left even after SIGKILL */
-	fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-	if (fd >= 0)
-		return fd;
 	for (tries = 0; tries < 16; tries++) {
 		random_suffix(rnd, sizeof(rnd));
 		snprintf(path, sizeof(path), "%s/.nvio-%s-%s.tmp", dir, tag, rnd);
@@ -158,6 +157,98 @@ int temp_file(const char *dir, const char *tag, char **name)
 		return fd;
 	*name = strdup(path);
 	return fd;
+}
+
+int temp_file(const char *dir, const char *tag, char **name)
+{
+	/* no name at all: nothing to plant, nothing left even after SIGKILL */
+	int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+
+	*name = NULL;
+	return fd >= 0 ? fd : temp_named(dir, tag, name);
+}
+
+int out_open(struct out_file *o, const char *path)
+{
+	char dir[4096], *slash;
+	struct stat st;
+	mode_t mask;
+	int fd;
+
+	memset(o, 0, sizeof(*o));
+	o->path = path;
+	/* a device or pipe (/dev/null, /dev/stdout) is written in place */
+	if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+		o->f = fopen(path, "w");
+		return o->f ? 0 : -errno;
+	}
+	/* a link to a file: replace the file it names, not the link */
+	if (!realpath(path, dir))
+		snprintf(dir, sizeof(dir), "%s", path);
+	slash = strrchr(dir, '/');
+	if (!slash)
+		snprintf(dir, sizeof(dir), ".");
+	else if (slash == dir)
+		dir[1] = '\0';
+	else
+		*slash = '\0';
+	if (!realpath(path, o->final))
+		snprintf(o->final, sizeof(o->final), "%s", path);
+	fd = temp_named(dir, "out", &o->tmp);
+	if (fd >= 0 && !o->tmp) {
+		close(fd);
+		return -ENOMEM;
+	}
+	if (fd < 0)
+		return fd;
+	mask = umask(0);
+	umask(mask);
+	fchmod(fd, 0666 & ~mask);	/* what fopen(path, "w") would give */
+	o->f = fdopen(fd, "w");
+	if (!o->f) {
+		int e = -errno;
+
+		close(fd);
+		out_abort(o);
+		return e;
+	}
+	return 0;
+}
+
+int out_commit(struct out_file *o)
+{
+	int r = 0;
+
+	if (fflush(o->f) || ferror(o->f))
+		r = -(errno ? errno : EIO);
+	if (fclose(o->f) && !r)
+		r = -errno;
+	o->f = NULL;
+	if (!r && o->tmp && rename(o->tmp, o->final))
+		r = -errno;
+	if (r) {
+		out_abort(o);
+		return r;
+	}
+	if (o->tmp)
+		cleanup_forget(o->tmp);	/* the name is the user's file now */
+	free(o->tmp);
+	o->tmp = NULL;
+	return r;
+}
+
+void out_abort(struct out_file *o)
+{
+	if (o->f)
+		fclose(o->f);
+	o->f = NULL;
+	/* only the temporary is ours to remove: the user's file stays */
+	if (o->tmp) {
+		unlink(o->tmp);
+		cleanup_forget(o->tmp);
+	}
+	free(o->tmp);
+	o->tmp = NULL;
 }
 
 int temp_dir(const char *parent, const char *tag, char *out, size_t len)
@@ -186,6 +277,17 @@ int cleanup_add(const char *path)
 	temp_paths[temp_count] = p;
 	temp_count = temp_count + 1;
 	return 0;
+}
+
+void cleanup_forget(const char *path)
+{
+	signals_block(1);
+	for (int i = 0; i < temp_count; i++)
+		if (temp_paths[i] && !strcmp(temp_paths[i], path)) {
+			free(temp_paths[i]);
+			temp_paths[i] = NULL;
+		}
+	signals_block(0);
 }
 
 void cleanup_remove_all(void)

@@ -687,14 +687,15 @@ static void mark_winners(struct tuner *t)
 int cmd_tune(int argc, char **argv)
 {
 	static struct tuner t;
-	FILE *plot = NULL;
-	int e, save_err = 0;
+	struct out_file plot = { 0 };
+	int e, r, save_err = 0;
 
 	tune_parse(&t.o, argc, argv);
 	progress_init(t.o.quiet);
 	cleanup_install();
-	if (t.o.plot && !(plot = fopen(t.o.plot, "w"))) {
-		msg("--plot %s: %s", t.o.plot, strerror(errno));
+	/* opened first, so a plot that cannot be written stops us early */
+	if (t.o.plot && (r = out_open(&plot, t.o.plot))) {
+		msg("--plot %s: %s", t.o.plot, strerror(-r));
 		return EXIT_RUNTIME;
 	}
 	t.t0 = now_s();
@@ -703,20 +704,20 @@ int cmd_tune(int argc, char **argv)
 		e = tune_all(&t);
 	progress_done();
 	xfer_teardown(&t.x);
-	cleanup_remove_all();
 	if (!e)
 		save_err = tune_save(&t);
 	mark_winners(&t);
-	if (!e && plot && svg_write(plot, t.o.dir, t.pts, t.npts)) {
-		msg("--plot %s: %s", t.o.plot, strerror(EIO));
-		e = EXIT_RUNTIME;
+	if (!e && plot.f) {
+		r = svg_write(plot.f, t.o.dir, t.pts, t.npts);
+		if (!r)
+			r = out_commit(&plot);
+		if (r) {
+			msg("--plot %s: %s", t.o.plot, strerror(-r));
+			e = EXIT_RUNTIME;
+		}
 	}
-	if (plot && fclose(plot) && !e) {
-		msg("--plot %s: %s", t.o.plot, strerror(errno));
-		e = EXIT_RUNTIME;
-	}
-	if (e && plot)
-		unlink(t.o.plot);
+	out_abort(&plot);	/* nothing left to do once committed */
+	cleanup_remove_all();
 	if (!e && t.o.json)
 		tune_json(&t, now_s() - t.t0, save_err);
 	else if (!e)

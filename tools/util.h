@@ -102,11 +102,29 @@ void cleanup_install(void);
  * Returns the descriptor or -errno.
  */
 int temp_file(const char *dir, const char *tag, char **name);
+/*
+ * An output file the user named (--plot): written to a temporary in its
+ * directory and renamed over it by out_commit, so a failure leaves the
+ * user's file as it was; a device or pipe is written in place and never
+ * removed. out_open and out_commit return 0 or -errno; out_abort drops
+ * the temporary. Write to o->f.
+ */
+struct out_file {
+	const char *path;	/* as given */
+	char final[4096];	/* what the rename replaces */
+	char *tmp;		/* our temporary, NULL when written in place */
+	FILE *f;
+};
+int out_open(struct out_file *o, const char *path);
+int out_commit(struct out_file *o);
+void out_abort(struct out_file *o);
+
 /* A new private (0700) directory <parent>/nvio-<tag>-XXXXXX, registered
  * for cleanup (its files are removed before it); 0 or -errno. */
 int temp_dir(const char *parent, const char *tag, char *out, size_t len);
 int cleanup_add(const char *path);	/* 0 or -ENOMEM */
 void cleanup_remove_all(void);
+void cleanup_forget(const char *path);	/* no longer ours to remove */
 void cleanup_child(int pid);		/* 0 when none */
 int cleanup_interrupted(void);
 void cleanup_check(void);

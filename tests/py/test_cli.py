@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -628,3 +629,40 @@ def test_planted_symlinks_are_not_followed(name, args, tags, tmp_path, env):
         assert link.is_symlink()
         link.unlink()
     assert_empty(shared)
+
+
+def test_plot_file_untouched_when_tune_fails(work, env, tmp_path):
+    svg = tmp_path / "mine.svg"
+    svg.write_text("the user's own file")
+    p = run(["tune", "--dir", tmp_path / "missing", "--plot", svg], env)
+    assert p.returncode == 2
+    assert svg.read_text() == "the user's own file"
+    env["NVIO_ENGINE"] = "foo"  # fails after the plot was opened
+    p = run(tune_args(work, "--plot", svg), env)
+    assert p.returncode == 1
+    assert svg.read_text() == "the user's own file"
+    assert sorted(os.listdir(tmp_path)) == ["conf", "mine.svg", "work"] or \
+        sorted(os.listdir(tmp_path)) == ["mine.svg", "work"]
+    assert_empty(work)
+
+
+def test_plot_replaces_file_only_on_success(work, env, tmp_path):
+    svg = tmp_path / "mine.svg"
+    svg.write_text("old")
+    r = run_json(tune_args(work, "--write-only", "--no-save", "--plot", svg),
+                 env)
+    assert r["write"]["tuned"]
+    assert ET.parse(svg).getroot().tag.endswith("svg")
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".nvio")]
+
+
+def test_plot_to_a_device_keeps_the_device(env, tmp_path):
+    """--plot /dev/null must not unlink it: checked on a null device of
+    our own, so a regression cannot remove the system's."""
+    if not is_root():
+        pytest.skip("mknod needs root")
+    null = tmp_path / "null"
+    os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    p = run(["tune", "--dir", tmp_path / "missing", "--plot", null], env)
+    assert p.returncode == 2
+    assert stat.S_ISCHR(os.stat(null).st_mode)
