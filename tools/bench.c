@@ -442,7 +442,9 @@ static void text_header(const struct bench *b)
 		printf("  dir %s: %s on %s, O_DIRECT %s\n", b->o.dirs[i],
 		       b->probes[i].fs_type, *b->probes[i].device ?
 		       b->probes[i].device : "-",
-		       b->probes[i].direct_ok == 1 ? "yes" : "no");
+		       probe_in_memory(&b->probes[i]) ?
+		       "does not bypass the page cache here (files live in "
+		       "memory)" : b->probes[i].direct_ok == 1 ? "yes" : "no");
 	printf("  memory: %s\n", mem_text(&b->x));
 	if (b->s[0].h)
 		printf("  cold reads: %s\n", cold_text(b->cold));

@@ -11,6 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/statvfs.h>
 
 #define STRIPE_ALIGN 4096u	/* range boundaries stay O_DIRECT friendly */
 #define PAGEABLE_SKEW 64u	/* pageable buffers start 64 bytes into a page */
@@ -187,12 +189,20 @@ static int drop_caches_allowed(void)
 	return access("/proc/sys/vm/drop_caches", W_OK) == 0;
 }
 
+int probe_in_memory(const nvio_probe_t *p)
+{
+	return !strcmp(p->fs_type, "tmpfs") || !strcmp(p->fs_type, "ramfs");
+}
+
 enum cold cold_choose(int direct_policy, const nvio_probe_t *probes, int n)
 {
 	int direct = direct_policy != NVIO_DIRECT_OFF;
 
-	for (int i = 0; i < n; i++)
+	for (int i = 0; i < n; i++) {
+		if (probe_in_memory(&probes[i]))
+			return COLD_MEMFS;	/* nothing colder to read from */
 		direct = direct && probes[i].direct_ok == 1;
+	}
 	if (direct)
 		return COLD_DIRECT;
 	return drop_caches_allowed() ? COLD_DROP : COLD_NONE;
@@ -212,6 +222,10 @@ const char *cold_text(enum cold c)
 	case COLD_DROP:
 		return "page cache dropped before each read "
 		       "(/proc/sys/vm/drop_caches)";
+	case COLD_MEMFS:
+		return "none: tmpfs and ramfs keep files in the page cache, and "
+		       "O_DIRECT does not bypass it there: reads measure memory "
+		       "copies, not a device";
 	default:
 		return "WARNING: reads may come from the page cache (no O_DIRECT "
 		       "here and drop_caches needs root)";
@@ -318,6 +332,46 @@ int probe_dirs(char *const *dirs, int ndirs, nvio_probe_t *probes)
 	return 0;
 }
 
+/* statfs's total size; 0 means the file system reports none (ramfs). */
+static uint64_t fs_total(const char *dir)
+{
+	struct statfs s;
+
+	return statfs(dir, &s) ? 1 : (uint64_t)s.f_blocks * (uint64_t)s.f_bsize;
+}
+
+const char *direct_untested_why(const char *dir, const nvio_probe_t *p,
+				char *buf, size_t len)
+{
+	struct statvfs v;
+	struct statfs s;
+	int err = p->direct_err < 0 ? -p->direct_err : p->direct_err;
+
+	if (p->direct_ok == 1)
+		return NULL;
+	if (!statfs(dir, &s) && (s.f_type == 0x9fa0 || s.f_type == 0x62656572)) {
+		snprintf(buf, len, "not tested: %s is on %s, a virtual file "
+			 "system that holds no data files; use a directory on "
+			 "the NVMe device", dir, s.f_type == 0x9fa0 ? "procfs"
+								    : "sysfs");
+		return buf;
+	}
+	if (err == EROFS || (!statvfs(dir, &v) && (v.f_flag & ST_RDONLY))) {
+		snprintf(buf, len, "not tested: the file system of %s is mounted "
+			 "read-only, so the probe could not create its test "
+			 "file; use a writable directory (or remount it rw)", dir);
+		return buf;
+	}
+	if (err == EACCES || err == EPERM || access(dir, W_OK | X_OK)) {
+		snprintf(buf, len, "not tested: %s is not writable by this user "
+			 "(%s), so the probe could not create its test file; use "
+			 "a directory you can write", dir, strerror(err ? err
+								: EACCES));
+		return buf;
+	}
+	return NULL;
+}
+
 static int check_space(char *const *dirs, int ndirs,
 		       const nvio_probe_t *probes, const uint64_t *len)
 {
@@ -333,6 +387,14 @@ static int check_space(char *const *dirs, int ndirs,
 		for (int k = 0; k < ndirs; k++)
 			if (!stat(dirs[k], &sj) && sj.st_dev == si.st_dev)
 				need += len[k];
+		if (!probes[i].fs_free_bytes && !fs_total(dirs[i])) {
+			/* ramfs: no size, no free count, no limit but memory */
+			msg("warning: --dir %s: %s reports no size or free "
+			    "space (it grows until memory runs out): %s not "
+			    "checked", dirs[i], probes[i].fs_type,
+			    fmt_bytes(need, a, sizeof(a)));
+			continue;
+		}
 		if (need > probes[i].fs_free_bytes) {
 			msg("--dir %s: needs %s but only %s is free: %s",
 			    dirs[i], fmt_bytes(need, a, sizeof(a)),

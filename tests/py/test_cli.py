@@ -72,10 +72,10 @@ def tmpfs(tmp_path):
         pytest.skip("mounting a tmpfs needs root")
     mounted = []
 
-    def make(name, opts):
+    def make(name, opts, fstype="tmpfs"):
         d = tmp_path / name
         d.mkdir()
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs",
+        r = subprocess.run(["mount", "-t", fstype, "-o", opts, fstype,
                             str(d)], capture_output=True)
         if r.returncode:
             pytest.skip("mount -t tmpfs failed: %s" % r.stderr.decode())
@@ -666,3 +666,78 @@ def test_plot_to_a_device_keeps_the_device(env, tmp_path):
     p = run(["tune", "--dir", tmp_path / "missing", "--plot", null], env)
     assert p.returncode == 2
     assert stat.S_ISCHR(os.stat(null).st_mode)
+
+
+def test_report_on_tmpfs_says_page_cache_only(tmpfs, env):
+    d = tmpfs("mem", "size=8m")
+    p = run(["report", d], env)
+    assert p.returncode == 0, p.stderr
+    assert "aligned to 0 bytes" not in p.stdout
+    assert "page cache only" in p.stdout
+    assert run_json(["report", d], env)["direct"]["bypasses_page_cache"] \
+        is False
+
+
+def test_report_read_only_blames_the_mount_not_o_direct(tmpfs, env):
+    d = tmpfs("ro2", "ro,size=4m")
+    out = run(["report", d], env).stdout
+    line = [l for l in out.splitlines() if l.startswith("  O_DIRECT ")][0]
+    assert "read-only" in line and "could not create its test file" in line
+    assert "refuses O_DIRECT" not in out
+
+
+def test_report_not_writable_dir(tmp_path, env):
+    if not is_root():
+        pytest.skip("needs root to run as another user")
+    import tempfile
+    top = tempfile.mkdtemp(dir="/tmp")  # pytest's tmp_path is root-only
+    try:
+        os.chmod(top, 0o755)
+        d = Path(top) / "locked"
+        d.mkdir(mode=0o555)
+        env["HOME"] = top
+        p = subprocess.run([str(NVIO), "report", str(d)], env=env,
+                           capture_output=True, text=True, timeout=60,
+                           preexec_fn=lambda: os.setuid(65534))
+    finally:
+        shutil.rmtree(top)
+    assert p.returncode == 0, p.stderr
+    line = [l for l in p.stdout.splitlines() if l.startswith("  O_DIRECT ")][0]
+    assert "not writable" in line and "could not create" in line
+    assert "refuses O_DIRECT" not in p.stdout
+
+
+def test_report_on_proc(env):
+    p = run(["report", "/proc"], env)
+    assert p.returncode == 0, p.stderr
+    assert "procfs" in p.stdout and "refuses O_DIRECT" not in p.stdout
+
+
+def test_report_io_uring_blocked_names_sysctl_and_seccomp(work, env):
+    p = run_seccomp(["report", work], env)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    i = [n for n, l in enumerate(lines) if l.strip().startswith("io_uring")][0]
+    assert " NO: " in lines[i]
+    assert lines[i].rstrip().endswith("NVIO_ENGINE=libaio")  # not cut
+    fix = lines[i + 1]
+    assert "kernel.io_uring_disabled" in fix and "seccomp profile" in fix
+
+
+def test_bench_on_ramfs_warns_instead_of_refusing(tmpfs, env):
+    d = tmpfs("ram", "", "ramfs")
+    p = run(["bench", "--dir", d] + SMALL, env)
+    assert p.returncode == 0, p.stderr
+    assert "ramfs reports no size or free space" in p.stderr
+    assert "O_DIRECT bypasses the page cache" not in p.stdout
+    assert "does not bypass" in p.stdout
+    assert_empty(d)
+
+
+def test_bench_on_tmpfs_does_not_claim_a_bypass(tmpfs, env):
+    d = tmpfs("mem2", "size=32m")
+    p = run(["bench", "--dir", d] + SMALL, env)
+    assert p.returncode == 0, p.stderr
+    assert "O_DIRECT bypasses the page cache" not in p.stdout
+    assert "does not bypass" in p.stdout
+    assert_empty(d)
