@@ -11,22 +11,17 @@
 #include "internal.h"
 
 /* Forks since the library was loaded, counted in the child (atfork). */
-static atomic_uint fork_gen;
+atomic_uint nvio__fork_gen;
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
 static void count_fork(void)
 {
-	atomic_fetch_add(&fork_gen, 1);
+	atomic_fetch_add(&nvio__fork_gen, 1);
 }
 
 static void watch_forks(void)
 {
 	pthread_atfork(NULL, NULL, count_fork);
-}
-
-int nvio__forked(const struct nvio_handle *h)
-{
-	return h->fork_gen != atomic_load(&fork_gen);
 }
 
 /* Handle ids start at 1: a thread's record with id 0 names no handle. */
@@ -296,7 +291,7 @@ int nvio_handle_create(nvio_handle_t **out, const nvio_config_t *cfg)
 		return r;
 	}
 	pthread_once(&atfork_once, watch_forks);
-	h->fork_gen = atomic_load(&fork_gen);
+	h->fork_gen = atomic_load(&nvio__fork_gen);
 	nvio__track_init(h);
 	h->id = atomic_fetch_add(&next_handle_id, 1);
 	h->nworkers = h->cfg.intra_op_parallelism;

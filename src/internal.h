@@ -180,6 +180,7 @@ struct nvio__op {
 	struct nvio_handle *h;
 	struct nvio_file *file;
 	int own_file;		/* a private file: the op frees it */
+	int on_heap;		/* else on its sync submitter's stack */
 	uint64_t seq;
 	uint64_t user_data;
 	unsigned flags;		/* NVIO_ASYNC | NVIO_VALIDATE | NVIO_FSYNC */
@@ -259,7 +260,12 @@ struct nvio_handle {
  * -ECHILD (nvio_strerror says why), and closing it frees nothing of the
  * parent's (no wait, no join, no unlink), so a child's exit never hangs.
  */
-int nvio__forked(const struct nvio_handle *h);
+extern atomic_uint nvio__fork_gen;
+static inline int nvio__forked(const struct nvio_handle *h)
+{
+	return h->fork_gen != atomic_load_explicit(&nvio__fork_gen,
+						   memory_order_relaxed);
+}
 
 /*
  * track.c: where ended ops are reported, and errors.
@@ -330,6 +336,9 @@ int nvio__submit(struct nvio_handle *h, const struct nvio__opspec *sp);
 
 /* op.c: the end of an op (validate, fsync, commit, report). */
 void nvio__op_task_done(struct nvio__op *op);
+/* The end of a sync op run in its caller's thread, which nobody else
+ * waits for or counts: the epilogue only, no report. */
+void nvio__op_finish_inline(struct nvio__op *op);
 /* Records the op's first failure; `what` must be a string literal. */
 void nvio__op_fail(struct nvio__op *op, int err, const char *what,
 		   uint64_t off, uint64_t len);

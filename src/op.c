@@ -139,6 +139,11 @@ static void epilogue(struct nvio__op *op)
 	}
 }
 
+void nvio__op_finish_inline(struct nvio__op *op)
+{
+	epilogue(op);
+}
+
 void nvio__op_task_done(struct nvio__op *op)
 {
 	if (atomic_fetch_sub(&op->tasks_left, 1) != 1)
@@ -156,5 +161,6 @@ void nvio__op_free(struct nvio__op *op)
 		free(op->segs);
 	if (op->ext != &op->ext1)
 		free(op->ext);
-	free(op);
+	if (op->on_heap)
+		free(op);
 }
