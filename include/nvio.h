@@ -99,7 +99,9 @@ typedef struct nvio_config {
 	int32_t direct;		/* nvio_direct_t, default AUTO */
 	uint64_t staging_bytes;	/* bounce memory per worker; 0 (default):
 				 * block_size * queue_depth (twice that in
-				 * batch mode), at most 128 MiB */
+				 * batch mode), at most 128 MiB; granted from
+				 * the process-wide budget while it lasts
+				 * (nvio_staging_set_limit) */
 	uint64_t reserved[6];	/* must be 0 */
 } nvio_config_t;
 
@@ -620,6 +622,22 @@ NVIO_API int nvio_stream_seek(nvio_stream_t *s, int64_t offset);
 NVIO_API int64_t nvio_stream_tell(const nvio_stream_t *s);
 NVIO_API int nvio_stream_flush(nvio_stream_t *s);
 NVIO_API int nvio_stream_close(nvio_stream_t *s, unsigned flags);
+
+/*
+ * Staging memory. Bounce buffers (for buffers O_DIRECT cannot take, GPU
+ * memory, gathered vector pieces) come from one process-wide budget, so
+ * memory does not multiply with handles: a worker's pool, made on its
+ * first staged piece, gets what it asks for (staging_bytes) while the
+ * budget lasts and two buffers at least after; it is given back when its
+ * handle is destroyed. The limit is set here (0: back to the default),
+ * else by $NVIO_STAGING_LIMIT (bytes, K/M/G suffix allowed), else
+ * NVIO_DEFAULT_STAGING_LIMIT; it applies to pools made after the call.
+ * nvio_staging_limit returns the limit in force and stores in *in_use
+ * (if not NULL) the bytes pools hold now.
+ */
+#define NVIO_DEFAULT_STAGING_LIMIT (512ull << 20)
+NVIO_API int nvio_staging_set_limit(uint64_t bytes);
+NVIO_API uint64_t nvio_staging_limit(uint64_t *in_use);
 
 /*
  * cuFile's library. Where the process has not loaded cuFile yet, sets the

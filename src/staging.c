@@ -5,6 +5,13 @@
  * buffers: one large allocation gets huge pages (locked.c), so every
  * bounce buffer is physically contiguous in 2 MiB runs, which a device
  * with few segments per request needs (see nvio__mem_alloc_aligned).
+ *
+ * All pools of the process draw from one budget (nvio_staging_set_limit,
+ * $NVIO_STAGING_LIMIT, default NVIO_DEFAULT_STAGING_LIMIT), so staging
+ * memory does not multiply with handles and workers: a pool made when
+ * the budget is spent gets fewer buffers, two at least (one copied while
+ * the other is in flight). A pool gives its bytes back when its handle
+ * is destroyed.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -15,6 +22,63 @@
 #endif
 
 #include "internal.h"
+
+static _Atomic uint64_t stage_limit;	/* 0: not set yet */
+static _Atomic uint64_t stage_used;
+
+/* The limit in force: set through the API, else $NVIO_STAGING_LIMIT
+ * (bytes, with an optional K/M/G suffix), else the default. */
+static uint64_t limit_now(void)
+{
+	uint64_t l = atomic_load(&stage_limit);
+	const char *env;
+	char *end;
+
+	if (l)
+		return l;
+	l = NVIO_DEFAULT_STAGING_LIMIT;
+	env = getenv("NVIO_STAGING_LIMIT");
+	if (env && *env) {
+		unsigned long long v = strtoull(env, &end, 10);
+		int shift = *end == 'K' || *end == 'k' ? 10 : *end == 'M' || *end == 'm' ? 20 :
+			    *end == 'G' || *end == 'g' ? 30 : 0;
+
+		if (v && (shift || !*end) && v <= (UINT64_MAX >> shift))
+			l = (uint64_t)v << shift;
+	}
+	return l;
+}
+
+int nvio_staging_set_limit(uint64_t bytes)
+{
+	atomic_store(&stage_limit, bytes);	/* 0: back to the default */
+	return 0;
+}
+
+uint64_t nvio_staging_limit(uint64_t *in_use)
+{
+	if (in_use)
+		*in_use = atomic_load(&stage_used);
+	return limit_now();
+}
+
+/*
+ * Takes up to want bytes of the budget in whole buffers of size, two
+ * buffers at least whatever is left. Returns the buffers granted.
+ */
+static unsigned budget_take(size_t size, unsigned want)
+{
+	uint64_t used = atomic_load(&stage_used), limit = limit_now(), n;
+
+	do {
+		uint64_t left = used < limit ? limit - used : 0;
+
+		n = left / size < want ? left / size : want;
+		if (n < 2)
+			n = 2;
+	} while (!atomic_compare_exchange_weak(&stage_used, &used, used + n * size));
+	return (unsigned)n;
+}
 
 int nvio__stage_init(struct nvio__stage_pool *p, unsigned count, size_t size)
 {
@@ -31,6 +95,8 @@ void nvio__stage_fini(struct nvio__stage_pool *p)
 {
 	if (p->region && p->host_registered)
 		nvio__cuda_host_unregister(p->region);
+	if (p->region)
+		atomic_fetch_sub(&stage_used, (uint64_t)p->count * p->size);
 	free(p->region);
 	free(p->free);
 	p->region = NULL;
@@ -40,9 +106,12 @@ void nvio__stage_fini(struct nvio__stage_pool *p)
 
 static int stage_make(struct nvio__stage_pool *p)
 {
-	int r = nvio__mem_alloc_aligned(&p->region, p->size * p->count, NVIO__PAGE);
+	int r;
 
+	p->count = budget_take(p->size, p->count);
+	r = nvio__mem_alloc_aligned(&p->region, p->size * p->count, NVIO__PAGE);
 	if (r < 0) {
+		atomic_fetch_sub(&stage_used, (uint64_t)p->count * p->size);
 		p->region = NULL;
 		return r;
 	}

@@ -12,7 +12,8 @@
 
 struct nvio__stage_pool {
 	size_t size;		/* bytes per buffer */
-	unsigned count;		/* buffers */
+	unsigned count;		/* buffers: wanted, then what the process-wide
+				 * budget granted at first use (2 at least) */
 	unsigned nfree;
 	void **free;		/* stack of free buffers */
 	void *region;		/* all of them, made on first use */

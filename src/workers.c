@@ -66,7 +66,6 @@ struct wstate {
 	struct slot **copyq;	/* staged reads done, not yet copied out */
 	unsigned ncopy;
 	unsigned staged_inflight;	/* staged requests the engine holds */
-	unsigned stage_cap;	/* at most this many in flight */
 	struct nvio__task *cur;	/* task whose pieces are being issued */
 	struct nvio__cuda_ctx cuda;	/* for staged device copies */
 };
@@ -226,6 +225,21 @@ static struct nvio__task *current_task(struct wstate *s)
 }
 
 /*
+ * Staged requests allowed in flight. Sliding: all bounce buffers but the
+ * one being copied; batches: half, the next batch is copied into the
+ * rest. The pool's size is known once it is made (the process-wide
+ * budget may grant fewer buffers than asked for).
+ */
+static unsigned stage_cap(const struct wstate *s)
+{
+	unsigned n = s->w->stage.count;
+
+	if (s->overlap)
+		return n > 1 ? n - 1 : 1;
+	return n / 2 ? n / 2 : 1;
+}
+
+/*
  * How many ready requests, from the front, may go now: up to depth in
  * flight, staged ones only while fewer than stage_cap of them are.
  */
@@ -236,7 +250,7 @@ static unsigned submittable(const struct wstate *s)
 	for (n = 0; n < s->nready && s->inflight + n < s->depth; n++) {
 		if (!SLOT_OF(s->ready[n])->stage)
 			continue;
-		if (staged == s->stage_cap)
+		if (staged == stage_cap(s))
 			break;
 		staged++;
 	}
@@ -348,7 +362,7 @@ static void submit_copied(struct wstate *s)
 	if (!s->overlap) {
 		for (unsigned i = 0; i < s->nready; i++)
 			staged += SLOT_OF(s->ready[i])->stage != NULL;
-		if (s->inflight > 0 || staged < s->stage_cap)
+		if (s->inflight > 0 || staged < stage_cap(s))
 			return;
 	}
 	submit_ready(s);
@@ -607,12 +621,6 @@ static struct wstate *wstate_new(struct nvio__worker *w, const nvio_config_t *c)
 	s->ready = calloc(n, sizeof(*s->ready));	/* each slot at most once */
 	s->done = calloc(d, sizeof(*s->done));
 	s->copyq = calloc(d, sizeof(*s->copyq));
-	/* sliding: all bounce buffers but the one being copied are in
-	 * flight; batches: half, the next batch is copied into the rest */
-	if (s->overlap)
-		s->stage_cap = w->stage.count > 1 ? w->stage.count - 1 : 1;
-	else
-		s->stage_cap = w->stage.count / 2 ? w->stage.count / 2 : 1;
 	if (!s->slots || !s->free || !s->ready || !s->done || !s->copyq) {
 		wstate_free(s);
 		return NULL;
