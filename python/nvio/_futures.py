@@ -46,6 +46,10 @@ class NvioFuture(concurrent.futures.Future):
     def __init__(self, user_data=None):
         super().__init__()
         self.user_data = user_data
+        # The op runs from submit on: like an executor's running future it
+        # cannot be cancelled (cancel() returns False), and the reaper never
+        # meets a cancelled future it would have to resolve.
+        self.set_running_or_notify_cancel()
 
     def __await__(self):
         return asyncio.wrap_future(self).__await__()
@@ -118,7 +122,9 @@ class Completions:
                 self._idle.notify_all()
             i += n
             if err is not None:
-                if refused == "raise" or not isinstance(err, Exception):
+                # Only an NvioError is op i's refusal; a TypeError or
+                # ValueError may be about any op of the batch: raise it.
+                if refused == "raise" or not isinstance(err, _nvio.NvioError):
                     err.futures = futs[:i]
                     raise err
                 futs[i].set_exception(err)
@@ -134,6 +140,13 @@ class Completions:
             self._thread.start()
 
     def _run(self):
+        try:
+            self._loop()
+        except BaseException as e:     # never leave futures unresolved
+            self._fail_pending("nvio: the reaper stopped: %r" % (e,))
+            raise
+
+    def _loop(self):
         while True:
             with self._lock:
                 # Idle: sleep without holding the handle (it may be collected).
@@ -188,8 +201,14 @@ class Completions:
             return self._idle.wait_for(lambda: not self._pending, timeout)
 
     def close(self):
-        """Resolve every pending future, then stop the reaper (idempotent)."""
-        self.drain()
+        """Resolve every pending future, then stop the reaper (idempotent).
+
+        Called from a future's callback (on the reaper thread) it cannot
+        wait for the reaper: the futures still pending then fail when the
+        handle closes.
+        """
+        if threading.current_thread() is not self._thread:
+            self.drain()
         with self._lock:
             self._stop = True
             self._work.notify_all()

@@ -98,8 +98,9 @@ class NvioFile(io.BufferedIOBase):
 
     def read(self, size=-1):
         self._need("rb")
-        if size is None or size < 0:
-            size = max(0, self._size - self._stream.tell())
+        left = max(0, self._size - self._stream.tell())
+        if size is None or size < 0 or size > left:
+            size = left
         return self._stream.read(size)
 
     read1 = read

@@ -166,3 +166,17 @@ def test_one_reaper_per_handle_stops_at_close(engine, tmp_path):
     assert len(_reapers()) == before
     with pytest.raises(ValueError):
         h.submit_async([(nvio.OP_WRITE, f, b"z", 0)])
+
+
+def test_futures_cannot_be_cancelled_and_bad_ops_raise(handle, tmp_path):
+    p = tmp_path / "c.bin"
+    with handle.open(p, RW) as f:
+        fut = f.pwrite_async(b"x" * 100000, 0)
+        assert not fut.cancel()                 # running: the bytes are moving
+        assert fut.result(10) == 100000
+        ok = (nvio.OP_WRITE, f, b"y", 0)
+        with pytest.raises(TypeError):           # a malformed op: no future fails for it
+            handle.submit_async([ok, (nvio.OP_WRITE, f, object(), 1)], refused="future")
+        with pytest.raises(TypeError):
+            handle.submit_async([(1, 2)])
+    assert read_file(p)[:1] == b"x"

@@ -1171,13 +1171,36 @@ static PyObject *stream_raise(ext_stream *self, int64_t rc, const char *op, uint
 			    0, n, op, self->writer);
 }
 
+/*
+ * A stream copies between the caller's memory and its staging buffers
+ * with memcpy, which device memory does not take: host memory only.
+ */
+static int stream_borrow(ext_stream *self, PyObject *obj, int writable, ext_buf *b)
+{
+	if (borrow(file_state(self->file), obj, writable, 0, b) < 0)
+		return -1;
+	if (b->keep == obj) {	/* a tensor: is it on the host? */
+		PyObject *c = PyObject_GetAttrString(obj, "is_cuda");
+		int cuda = c ? c == Py_True : 0;
+		Py_XDECREF(c);
+		PyErr_Clear();
+		if (cuda) {
+			ext_buf_release(b);
+			PyErr_SetString(PyExc_TypeError, "nvio: streams take host memory; "
+					"use File.pread/pwrite for CUDA tensors");
+			return -1;
+		}
+	}
+	return 0;
+}
+
 static PyObject *st_write(PyObject *s, PyObject *arg)
 {
 	ext_stream *self = (ext_stream *)s;
 	if (stream_check(self, 1) < 0)
 		return NULL;
 	ext_buf b;
-	if (borrow(file_state(self->file), arg, 0, 0, &b) < 0)
+	if (stream_borrow(self, arg, 0, &b) < 0)
 		return NULL;
 	if (stream_check(self, 1) < 0) {
 		ext_buf_release(&b);
@@ -1225,7 +1248,7 @@ static PyObject *st_readinto(PyObject *s, PyObject *arg)
 		return NULL;
 	ext_state *st = file_state(self->file);
 	ext_buf b;
-	if (borrow(st, arg, 1, 0, &b) < 0)
+	if (stream_borrow(self, arg, 1, &b) < 0)
 		return NULL;
 	int64_t r = -1;
 	if (stream_check(self, 0) == 0)
@@ -1244,13 +1267,13 @@ static PyObject *st_read(PyObject *s, PyObject *args)
 		return NULL;
 	if (stream_check(self, 0) < 0)
 		return NULL;
-	if (n < 0) {
-		nvio_file_info_t fi;
-		if (get_info(self->file, &fi) < 0)
-			return NULL;
-		int64_t pos = nvio_stream_tell(self->s);
-		n = fi.size > (uint64_t)pos ? (long long)(fi.size - (uint64_t)pos) : 0;
-	}
+	nvio_file_info_t fi;	/* never allocate past the end of the file */
+	if (get_info(self->file, &fi) < 0)
+		return NULL;
+	int64_t pos = nvio_stream_tell(self->s);
+	long long left = fi.size > (uint64_t)pos ? (long long)(fi.size - (uint64_t)pos) : 0;
+	if (n < 0 || n > left)
+		n = left;
 	char *buf = PyMem_Malloc(n ? (size_t)n : 1);
 	if (!buf)
 		return PyErr_NoMemory();
