@@ -265,3 +265,39 @@ def test_completion_fd(handle, tmp_path):
             got = handle.reap(4, 0, 0)
         assert got == [("e", 4096)]
     assert bytes(b) == pattern(4096, 10)
+
+
+class _DLPackOnly:
+    """A producer with nothing but DLPack (no buffer protocol, no tensor methods)."""
+
+    def __init__(self, arr):
+        self._a = arr
+
+    def __dlpack__(self, stream=None):
+        return self._a.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+def test_vector_of_mixed_buffer_kinds(handle, np, torch, tmp_path):
+    p = tmp_path / "mix.bin"
+    blob = pattern(50000, 11)
+    cuts = [0, 1, 4097, 10000, 23456, 40000, 50000]
+    chunks = [blob[a:b] for a, b in zip(cuts, cuts[1:])]
+    locked = nvio.LockedBuffer(len(chunks[5]))
+    memoryview(locked)[:] = chunks[5]
+    srcs = [chunks[0], bytearray(chunks[1]), memoryview(chunks[2]),
+            _DLPackOnly(np.frombuffer(chunks[3], np.uint8).copy()),
+            torch.frombuffer(bytearray(chunks[4]), dtype=torch.uint8), locked]
+    with handle.open(p, RW) as f:
+        assert f.pwritev(srcs, 0) == len(blob)
+        assert read_file(p) == blob
+        outs = [bytearray(len(c)) for c in chunks[:3]] + \
+               [_DLPackOnly(np.zeros(len(chunks[3]), np.uint8)),
+                torch.zeros(len(chunks[4]), dtype=torch.uint8),
+                nvio.LockedBuffer(len(chunks[5]))]
+        assert f.preadv(outs, 0) == len(blob)
+    got = b"".join([bytes(outs[0]), bytes(outs[1]), bytes(outs[2]), outs[3]._a.tobytes(),
+                    bytes(outs[4].numpy()), bytes(memoryview(outs[5]))])
+    assert got == blob

@@ -705,7 +705,9 @@ static PyMethodDef handle_methods[] = {
 	  "wait($self)\n--\n\n"
 	  "Block until every queued op has ended. Returns the number of ops completed\n"
 	  "since the previous wait (0 if none). If any failed, raises NvioError for\n"
-	  "the first failure; every op has ended either way and its buffer is released.\n" },
+	  "the first failure; every op has ended either way and its buffer is released.\n"
+	  "Tagged ops (submit(), futures, *_async) are not waited for nor reported:\n"
+	  "reap() or their futures report them.\n" },
 	{ "uses_gds", h_uses_gds, METH_NOARGS,
 	  "uses_gds($self)\n--\n\nTrue if CUDA tensors on this handle go through cuFile." },
 	{ "pending", h_pending, METH_NOARGS,
