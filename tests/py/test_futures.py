@@ -180,3 +180,27 @@ def test_futures_cannot_be_cancelled_and_bad_ops_raise(handle, tmp_path):
         with pytest.raises(TypeError):
             handle.submit_async([(1, 2)])
     assert read_file(p)[:1] == b"x"
+
+
+def test_threads_share_one_handle(handle, tmp_path):
+    p = tmp_path / "t.bin"
+    n, sz = 8, 3001
+    with handle.open(p, RW) as f:
+        results = [None] * n
+
+        def worker(k):
+            futs = [f.pwrite_async(pattern(sz, k * 100 + i), (k * 50 + i) * sz)
+                    for i in range(50)]
+            results[k] = [fu.result(30) for fu in futs]
+
+        ts = [threading.Thread(target=worker, args=(k,)) for k in range(n)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    assert results == [[sz] * 50] * n
+    data = read_file(p)
+    for k in range(n):
+        for i in range(50):
+            o = (k * 50 + i) * sz
+            assert data[o:o + sz] == pattern(sz, k * 100 + i)
