@@ -186,6 +186,32 @@ static int open_flags(unsigned flags)
 }
 
 /*
+ * Opens by path, noting whether this open created the file, so that a
+ * one-buffer call that fails can remove the file it made (and nothing
+ * else: an existing file is opened without O_CREAT).
+ */
+static int open_path(struct nvio_file *f, const char *path, unsigned flags)
+{
+	int fl = open_flags(flags), fd = -ENOENT;
+
+	if (!(fl & O_CREAT) || (fl & O_EXCL)) {
+		fd = nvio__open(path, fl, 0666);
+		f->created = fd >= 0 && (fl & O_EXCL);
+		return fd;
+	}
+	for (int i = 0; i < 10 && fd == -ENOENT; i++) {
+		fd = nvio__open(path, fl | O_EXCL, 0666);
+		if (fd >= 0) {
+			f->created = 1;
+			break;
+		}
+		if (fd == -EEXIST)	/* there: open it as it is */
+			fd = nvio__open(path, fl & ~O_CREAT, 0666);
+	}
+	return fd;
+}
+
+/*
  * Adopts the caller's descriptor. One opened with O_APPEND would ignore
  * offsets and one with O_DIRECT forbids unaligned pieces: the buffered
  * side then gets a plain descriptor of our own for the same file.
@@ -269,6 +295,9 @@ int nvio__file_make(struct nvio_handle *h, const char *path, int fd,
 	int r;
 
 	*out = NULL;
+	*what = "handle (inherited through fork)";
+	if (nvio__forked(h))
+		return -ECHILD;
 	*what = "flags";
 	if (check_flags(flags, !path))
 		return -EINVAL;
@@ -295,7 +324,7 @@ int nvio__file_make(struct nvio_handle *h, const char *path, int fd,
 		r = adopt_fd(f, fd, what);
 	} else if (!r) {
 		r = flags & NVIO_FILE_ATOMIC ? open_temp(f, what) :
-		    nvio__open(path, open_flags(flags), 0666);
+		    open_path(f, path, flags);
 		f->fd = r;
 		f->own_fd = r >= 0;
 		r = r < 0 ? r : 0;
@@ -354,12 +383,27 @@ int nvio__file_close_fds(struct nvio_file *f)
 	return err;
 }
 
+/*
+ * A one-buffer call's private file that the call created and then failed
+ * to write is removed, if its name still leads to it.
+ */
+static void remove_created(struct nvio_file *f)
+{
+	struct stat st;
+
+	if (f->private && f->created && atomic_load(&f->failed) && f->by_path &&
+	    stat(f->path, &st) == 0 && st.st_dev == f->st.st_dev &&
+	    st.st_ino == f->st.st_ino)
+		nvio__sys.unlink(f->path);
+}
+
 /* Frees a file; an uncommitted atomic file is abandoned. */
 void nvio__file_free(struct nvio_file *f)
 {
 	if (!f)
 		return;
 	nvio__file_close_fds(f);
+	remove_created(f);
 	if (f->tmp_path && !f->committed)
 		nvio__sys.unlink(f->tmp_path);
 	pthread_mutex_destroy(&f->lock);
@@ -438,7 +482,8 @@ void nvio__file_note_end(struct nvio_file *f, uint64_t end)
  */
 int nvio__file_grow(struct nvio_file *f, uint64_t off, uint64_t len)
 {
-	uint64_t end = off + len, start = atomic_load(&f->size);
+	uint64_t end = off + len, size = atomic_load(&f->size), start = size;
+	int err;
 
 	if (!S_ISREG(f->st.st_mode) || end <= start)
 		return 0;
@@ -446,8 +491,32 @@ int nvio__file_grow(struct nvio_file *f, uint64_t off, uint64_t len)
 		start = off;
 	if (nvio__sys.fallocate(f->fd, 0, (off_t)start, (off_t)(end - start)) == 0)
 		return 0;
+	err = errno;
 	/* Not supported here: the writes will extend the file themselves. */
-	return errno == ENOSPC || errno == EFBIG || errno == EDQUOT ? -errno : 0;
+	if (err != ENOSPC && err != EFBIG && err != EDQUOT)
+		return 0;
+	/* A full disk may have taken part of it: give that back. */
+	nvio__file_shrink_back(f, end, size);
+	return -err;
+}
+
+/*
+ * A write that grew the file from `from` to `to` failed: the file goes
+ * back to its old size, freeing what was allocated, unless some other
+ * write has taken it further meanwhile.
+ */
+void nvio__file_shrink_back(struct nvio_file *f, uint64_t to, uint64_t from)
+{
+	struct stat st;
+
+	if (!S_ISREG(f->st.st_mode) || nvio__sys.fstat(f->fd, &st) < 0 ||
+	    (uint64_t)st.st_size > to)
+		return;
+	if (nvio__sys.ftruncate(f->fd, (off_t)from) == 0) {
+		uint64_t cur = to;
+
+		atomic_compare_exchange_strong(&f->size, &cur, from);
+	}
 }
 
 int nvio__file_fsync_dir(const char *path)
@@ -594,6 +663,14 @@ int nvio_file_close(nvio_file_t *f)
 
 	if (!f)
 		return 0;
+	if (nvio__forked(f->h)) {
+		/* the parent's ops and temporary are not ours to wait for or
+		 * remove: close this process's copies of the descriptors */
+		f->committed = 1;
+		nvio__file_close_fds(f);
+		nvio__file_free(f);
+		return -ECHILD;
+	}
 	nvio__track_quiesce(f->h, f);
 	r = nvio__file_close_fds(f);
 	nvio__file_free(f);
@@ -616,6 +693,8 @@ int nvio_file_commit(nvio_file_t *f)
 
 	if (!f)
 		return -EINVAL;
+	if (nvio__forked(f->h))
+		return -ECHILD;
 	if ((f->flags & NVIO_FILE_ATOMIC) && !f->committed) {
 		nvio__track_quiesce(f->h, f);
 		what = "commit (an op on the file failed)";

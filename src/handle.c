@@ -10,6 +10,20 @@
 
 #include "internal.h"
 
+/* Forks since the library was loaded, counted in the child (atfork). */
+atomic_uint nvio__fork_gen;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void count_fork(void)
+{
+	atomic_fetch_add(&nvio__fork_gen, 1);
+}
+
+static void watch_forks(void)
+{
+	pthread_atfork(NULL, NULL, count_fork);
+}
+
 /* Handle ids start at 1: a thread's record with id 0 names no handle. */
 static atomic_uint_fast64_t next_handle_id = 1;
 
@@ -276,6 +290,8 @@ int nvio_handle_create(nvio_handle_t **out, const nvio_config_t *cfg)
 		free(h);
 		return r;
 	}
+	pthread_once(&atfork_once, watch_forks);
+	h->fork_gen = atomic_load(&nvio__fork_gen);
 	nvio__track_init(h);
 	h->id = atomic_fetch_add(&next_handle_id, 1);
 	h->nworkers = h->cfg.intra_op_parallelism;
@@ -297,8 +313,8 @@ int nvio_handle_create(nvio_handle_t **out, const nvio_config_t *cfg)
 
 void nvio_handle_destroy(nvio_handle_t *h)
 {
-	if (!h)
-		return;
+	if (!h || nvio__forked(h))
+		return;	/* the parent's: its threads are not here to join */
 	/* every async op, of any sink, ends before the workers stop (a
 	 * thread still submitting is the caller's error) */
 	nvio__track_quiesce(h, NULL);

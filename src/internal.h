@@ -153,6 +153,7 @@ struct nvio_file {
 	unsigned tmp_mode;
 	int committed;
 	int private;		/* made for one by-path/fd op, closed with it */
+	int created;		/* its open created it */
 };
 
 /* file.c */
@@ -165,6 +166,8 @@ int nvio__file_dfd(struct nvio_file *f);
 void *nvio__file_cufh(struct nvio_file *f);
 /* Allocates [off, off + len) past the end of the file (see file.c). */
 int nvio__file_grow(struct nvio_file *f, uint64_t off, uint64_t len);
+/* A failed write that grew the file from `from` to `to` is undone. */
+void nvio__file_shrink_back(struct nvio_file *f, uint64_t to, uint64_t from);
 /* Records that the file now reaches at least end. */
 void nvio__file_note_end(struct nvio_file *f, uint64_t end);
 /* Puts an ATOMIC file in place of its path, fsyncing if durable. */
@@ -177,6 +180,7 @@ struct nvio__op {
 	struct nvio_handle *h;
 	struct nvio_file *file;
 	int own_file;		/* a private file: the op frees it */
+	int on_heap;		/* else on its sync submitter's stack */
 	uint64_t seq;
 	uint64_t user_data;
 	unsigned flags;		/* NVIO_ASYNC | NVIO_VALIDATE | NVIO_FSYNC */
@@ -193,6 +197,8 @@ struct nvio__op {
 	uint32_t next;
 	struct nvio__extent ext1;
 	uint64_t npieces;	/* of all extents */
+	uint64_t grew_from;	/* writes that grew the file: its size before */
+	uint64_t grew_to;	/* ... and after (0: did not grow it) */
 	int direct;		/* body pieces go through the file's dfd */
 	int dfd;		/* that descriptor, or -1 */
 	uint32_t mem_align;	/* for direct pieces */
@@ -226,6 +232,7 @@ struct nvio__worker {
 
 struct nvio_handle {
 	nvio_config_t cfg;	/* engine resolved */
+	unsigned fork_gen;	/* nvio__fork_gen when it was made */
 	int gds;		/* CUDA buffers go through cuFile */
 	char engine_note[256];
 	struct nvio__worker *workers;
@@ -245,6 +252,20 @@ struct nvio_handle {
 	int efd;		/* nvio_completion_fd, -1 until asked */
 	nvio_error_t last;	/* the last failure any call returned */
 };
+
+/*
+ * handle.c: a handle belongs to the process that made it. Its worker
+ * threads do not exist in a forked child, and its locks and counts are
+ * frozen copies: every call made there on an inherited handle fails with
+ * -ECHILD (nvio_strerror says why), and closing it frees nothing of the
+ * parent's (no wait, no join, no unlink), so a child's exit never hangs.
+ */
+extern atomic_uint nvio__fork_gen;
+static inline int nvio__forked(const struct nvio_handle *h)
+{
+	return h->fork_gen != atomic_load_explicit(&nvio__fork_gen,
+						   memory_order_relaxed);
+}
 
 /*
  * track.c: where ended ops are reported, and errors.
@@ -315,6 +336,9 @@ int nvio__submit(struct nvio_handle *h, const struct nvio__opspec *sp);
 
 /* op.c: the end of an op (validate, fsync, commit, report). */
 void nvio__op_task_done(struct nvio__op *op);
+/* The end of a sync op run in its caller's thread, which nobody else
+ * waits for or counts: the epilogue only, no report. */
+void nvio__op_finish_inline(struct nvio__op *op);
 /* Records the op's first failure; `what` must be a string literal. */
 void nvio__op_fail(struct nvio__op *op, int err, const char *what,
 		   uint64_t off, uint64_t len);

@@ -34,6 +34,9 @@ const char *nvio_strerror(int err)
 		return "File is larger than the buffer";
 	case -EBADMSG:
 		return "Validation failed: file and buffer differ";
+	case -ECHILD:
+		return "Handle made by the parent of this forked process: "
+		       "make a new handle in this process";
 	}
 	if (err < 0 && err > -4096) {
 		/* strerror() may share a buffer; these texts are constant. */

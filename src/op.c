@@ -123,8 +123,11 @@ static void epilogue(struct nvio__op *op)
 		err = -errno;
 		nvio__op_fail(op, err, "fsync", op->ext[0].plan.off, op->nbytes);
 	}
-	if (op->is_write && err)
+	if (op->is_write && err) {
 		atomic_store(&f->failed, 1);
+		if (op->grew_to)	/* no file grown with zeros, no space held */
+			nvio__file_shrink_back(f, op->grew_to, op->grew_from);
+	}
 	if (!f->private)
 		return;
 	if (!err && (f->flags & NVIO_FILE_ATOMIC)) {
@@ -134,6 +137,11 @@ static void epilogue(struct nvio__op *op)
 	} else if ((err = nvio__file_close_fds(f)) < 0 && op->is_write) {
 		nvio__op_fail(op, err, "close", op->ext[0].plan.off, op->nbytes);
 	}
+}
+
+void nvio__op_finish_inline(struct nvio__op *op)
+{
+	epilogue(op);
 }
 
 void nvio__op_task_done(struct nvio__op *op)
@@ -153,5 +161,6 @@ void nvio__op_free(struct nvio__op *op)
 		free(op->segs);
 	if (op->ext != &op->ext1)
 		free(op->ext);
-	free(op);
+	if (op->on_heap)
+		free(op);
 }

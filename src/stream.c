@@ -221,6 +221,8 @@ int64_t nvio_stream_write(nvio_stream_t *s, const void *buf, uint64_t nbytes)
 
 	if (!s || !s->writer || (!buf && nbytes) || nbytes > INT64_MAX)
 		return -EINVAL;
+	if (nvio__forked(s->h))
+		return -ECHILD;
 	if (s->err)
 		return nvio__error_publish(s->h, &s->rec);
 	while (left > 0) {
@@ -272,6 +274,8 @@ int nvio_stream_flush(nvio_stream_t *s)
 {
 	if (!s || !s->writer)
 		return -EINVAL;
+	if (nvio__forked(s->h))
+		return -ECHILD;
 	if (s->err)
 		return nvio__error_publish(s->h, &s->rec);
 	return writer_flush(s);
@@ -367,6 +371,8 @@ int64_t nvio_stream_read(nvio_stream_t *s, void *buf, uint64_t nbytes)
 
 	if (!s || s->writer || (!buf && nbytes) || nbytes > INT64_MAX)
 		return -EINVAL;
+	if (nvio__forked(s->h))
+		return -ECHILD;
 	if (s->err)
 		return nvio__error_publish(s->h, &s->rec);
 	while (got < nbytes && s->pos < s->end) {
@@ -417,6 +423,10 @@ int nvio_stream_close(nvio_stream_t *s, unsigned flags)
 
 	if (!s)
 		return 0;
+	if (nvio__forked(s->h)) {	/* the parent's flushes never end here */
+		free(s);	/* its buffers are the parent's memory, copied */
+		return -ECHILD;
+	}
 	if (flags & ~(NVIO_FSYNC | NVIO_STREAM_COMMIT))
 		r = -EINVAL;
 	else if (s->writer)

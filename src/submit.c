@@ -160,24 +160,36 @@ static void lay_out(struct nvio__op *op, const struct nvio__opspec *sp)
 	op->nbytes = pos;
 }
 
-static struct nvio__op *op_new(struct nvio_handle *h, const struct nvio__opspec *sp)
+/* Bytes of an op with its tasks. */
+static size_t op_size(const struct nvio_handle *h)
+{
+	return sizeof(struct nvio__op) + h->nworkers * sizeof(struct nvio__task);
+}
+
+/*
+ * A new op in `room` (a sync op lives on its caller's stack: it never
+ * outlives the call), else on the heap.
+ */
+static struct nvio__op *op_new(struct nvio_handle *h, const struct nvio__opspec *sp,
+			       void *room)
 {
 	uint32_t nseg = sp->vec ? sp->iovcnt : 1, next = count_extents(sp);
-	size_t size = sizeof(struct nvio__op) + h->nworkers * sizeof(struct nvio__task);
-	struct nvio__op *op;
+	struct nvio__op *op = room;
 
-	op = calloc(1, size);
-	if (!op)
+	if (op)
+		memset(op, 0, op_size(h));
+	else if (!(op = calloc(1, op_size(h))))
 		return NULL;
+	op->on_heap = room == NULL;
 	op->segs = &op->seg1;
 	op->ext = &op->ext1;
 	if (sp->vec) {
 		op->segs = calloc(nseg, sizeof(*op->segs));
 		op->ext = next > 1 ? calloc(next, sizeof(*op->ext)) : &op->ext1;
 		if (!op->segs || !op->ext) {
-			if (op->segs)
-				free(op->segs);
-			free(op);
+			free(op->segs);
+			if (op->on_heap)
+				free(op);
 			return NULL;
 		}
 	}
@@ -420,8 +432,15 @@ static int check_range(struct nvio__op *op, const char **what)
 	for (uint32_t e = 0; e < op->next; e++) {
 		struct nvio__plan *p = &op->ext[e].plan;
 
-		if ((r = nvio__file_grow(f, p->off, p->len)) < 0)
+		if ((r = nvio__file_grow(f, p->off, p->len)) < 0) {
+			nvio__file_shrink_back(f, end, size);
+			atomic_store(&f->failed, 1);
 			return r;
+		}
+	}
+	if (op->nbytes && end > size && size != UINT64_MAX) {
+		op->grew_from = size;
+		op->grew_to = end;
 	}
 	if (op->nbytes)
 		nvio__file_note_end(f, end);
@@ -449,7 +468,8 @@ static int op_error(const struct nvio__op *op)
 /*
  * A sync op of one piece that needs no bounce buffer runs in the caller's
  * thread, through the same completion checks as in a worker: handing it
- * to a worker and back costs two thread wake-ups.
+ * to a worker and back costs two thread wake-ups, and tracking it two
+ * lock round trips.
  */
 static unsigned char *inline_mem(const struct nvio__op *op, struct nvio__piece *pc)
 {
@@ -486,8 +506,7 @@ static int run_inline(struct nvio__op *op, struct nvio__piece *pc, unsigned char
 		err = (size_t)r < io.len ? nvio__finish_short(op, &io, (size_t)r) : 0;
 	if (err)
 		nvio__op_fail(op, err, op->is_write ? "pwrite" : "pread", pc->off, pc->len);
-	atomic_store(&op->tasks_left, 1);
-	nvio__op_task_done(op);		/* epilogue, report: op->done is set */
+	nvio__op_finish_inline(op);
 	err = op_error(op);
 	nvio__op_free(op);
 	return err;
@@ -506,9 +525,12 @@ static int run_op(struct nvio_handle *h, struct nvio__op *op)
 	unsigned char *mem;
 	int err;
 
-	nvio__track_begin(op);
+	/* Run here, it ends before the call returns: nothing to track (a
+	 * file closed or committed meanwhile by another thread is that
+	 * caller's race, as with close(2) under a read(2)). */
 	if ((mem = inline_mem(op, &pc)) != NULL)
 		return run_inline(op, &pc, mem);
+	nvio__track_begin(op);
 	for (unsigned w = 0; w < h->nworkers; w++) {
 		struct nvio__task *t = &op->tasks[w];
 
@@ -558,12 +580,15 @@ static int refuse(struct nvio_handle *h, const struct nvio__opspec *sp,
 
 int nvio__submit(struct nvio_handle *h, const struct nvio__opspec *sp)
 {
+	/* room for a sync op and its tasks, aligned as malloc's would be */
+	max_align_t room[sp->sink == NVIO__SINK_SYNC ?
+			 (op_size(h) + sizeof(max_align_t) - 1) / sizeof(max_align_t) : 1];
 	struct nvio__op *op = NULL;
-	const char *what;
-	int r = check_spec(sp, &what);
+	const char *what = "handle (inherited through fork)";
+	int r = nvio__forked(h) ? -ECHILD : check_spec(sp, &what);
 
 	if (!r) {
-		op = op_new(h, sp);
+		op = op_new(h, sp, sp->sink == NVIO__SINK_SYNC ? room : NULL);
 		what = "memory";
 		r = op ? 0 : -ENOMEM;
 	}
@@ -720,6 +745,8 @@ static int one_call(struct nvio_handle *h, const struct call *c, int by_path)
 
 	if (!h || (c->flags & ~KNOWN_FLAGS))
 		r = -EINVAL;
+	else if (nvio__forked(h))
+		r = -ECHILD, what = "handle (inherited through fork)";
 	else if (by_path && !c->path)
 		r = -EINVAL, what = "path (NULL)";
 	else if (!c->buf && c->nbytes > 0)

@@ -213,6 +213,8 @@ int nvio_wait(nvio_handle_t *h)
 
 	if (!h)
 		return -EINVAL;
+	if (nvio__forked(h))
+		return -ECHILD;
 	/* Waits take turns: when this one flips the generation, the other
 	 * one holds nothing (the previous wait reported it all). */
 	pthread_mutex_lock(&h->wait_lock);
@@ -280,6 +282,8 @@ int nvio_reap(nvio_handle_t *h, nvio_completion_t *out, unsigned max,
 
 	if (!h || min > max || (max > 0 && !out))
 		return -EINVAL;
+	if (nvio__forked(h))
+		return -ECHILD;
 	if (timeout_ns > 0)
 		until = deadline_in(timeout_ns);
 	pthread_mutex_lock(&h->lock);
@@ -387,6 +391,8 @@ int nvio__error_publish(struct nvio_handle *h, const nvio_error_t *e)
 {
 	thread_last.e = *e;
 	thread_last.handle_id = h->id;
+	if (nvio__forked(h))
+		return e->err;	/* its lock may have been held at the fork */
 	pthread_mutex_lock(&h->lock);
 	h->last = *e;
 	pthread_mutex_unlock(&h->lock);
@@ -406,6 +412,8 @@ int nvio_last_error(const nvio_handle_t *h, nvio_error_t *out)
 		return -EINVAL;
 	if (thread_last.handle_id == h->id) {
 		e = thread_last.e;
+	} else if (nvio__forked(h)) {
+		memset(&e, 0, sizeof(e));	/* its lock may be held: no look */
 	} else {
 		pthread_mutex_lock((pthread_mutex_t *)&h->lock);
 		e = h->last;

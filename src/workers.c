@@ -566,6 +566,10 @@ static void *worker_main(void *arg)
 		nvio__stage_cuda_done(&s->w->stage);
 		nvio__cuda_ctx_close(&s->cuda);
 	}
+	/* Each worker tears its own context down, so a handle's workers do
+	 * it at once (io_destroy alone takes tens of ms per AIO context). */
+	s->w->eng->fini(s->w->ectx);
+	s->w->ectx = NULL;
 	return NULL;
 }
 

@@ -208,6 +208,21 @@ static void series_free(struct series *s)
 	memset(s, 0, sizeof(*s));
 }
 
+static const char *tuned_file(void)
+{
+	static char path[4096];
+
+	tuned_file_path(path, sizeof(path));
+	return path;
+}
+
+/* After an error under a tuned entry: where it came from, how to skip it. */
+static void tuned_hint(const struct bench *b, const char *what)
+{
+	msg("%s came from the tuned entry for %s in %s: NVIO_NO_TUNED=1 or "
+	    "--no-tuned ignores it", what, b->o.dirs[0], tuned_file());
+}
+
 /* The handle of one direction: the command line, else the tuned entry. */
 static int series_open(struct bench *b, int is_write)
 {
@@ -220,13 +235,18 @@ static int series_open(struct bench *b, int is_write)
 		int r = nvio_config_load_tuned(&cfg, b->o.dirs[0], is_write);
 
 		if (r < 0)
-			msg("warning: tuned entry for %s not used: %s",
-			    b->o.dirs[0], nvio_strerror(r));
+			msg("warning: tuned entry for %s not used: %s: %s "
+			    "(fix or remove that file; NVIO_NO_TUNED=1 or "
+			    "--no-tuned ignores it)", b->o.dirs[0],
+			    tuned_file(), nvio_strerror(r));
 		s->tuned = r == 1;
 	}
 	s->h = handle_open(&cfg, is_write ? "write" : "read");
-	if (!s->h)
+	if (!s->h) {
+		if (s->tuned)
+			tuned_hint(b, "this configuration");
 		return EXIT_RUNTIME;
+	}
 	nvio_handle_config(s->h, &s->cfg);
 	note = nvio_get_engine_note(s->h);
 	snprintf(s->note, sizeof(s->note), "%s", note ? note : "");
@@ -316,6 +336,8 @@ static int run_one(struct bench *b, struct series *s, int round, int rec)
 		 rec < 0 ? " (warmup)" : "", s->is_write ? "write" : "read");
 	if (xfer_run(s->h, &b->x, s->is_write, &smp)) {
 		cleanup_check();
+		if (s->tuned)
+			tuned_hint(b, "the handle's configuration");
 		return EXIT_RUNTIME;
 	}
 	cleanup_check();
@@ -420,7 +442,9 @@ static void text_header(const struct bench *b)
 		printf("  dir %s: %s on %s, O_DIRECT %s\n", b->o.dirs[i],
 		       b->probes[i].fs_type, *b->probes[i].device ?
 		       b->probes[i].device : "-",
-		       b->probes[i].direct_ok == 1 ? "yes" : "no");
+		       probe_in_memory(&b->probes[i]) ?
+		       "does not bypass the page cache here (files live in "
+		       "memory)" : b->probes[i].direct_ok == 1 ? "yes" : "no");
 	printf("  memory: %s\n", mem_text(&b->x));
 	if (b->s[0].h)
 		printf("  cold reads: %s\n", cold_text(b->cold));

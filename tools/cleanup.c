@@ -5,11 +5,14 @@
 #include "util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 /* ---- progress ---- */
@@ -57,11 +60,15 @@ static volatile sig_atomic_t temp_count;
 static volatile sig_atomic_t got_signal;
 static volatile sig_atomic_t child_pid;
 
+/* Newest first, so a directory comes after the files made in it. */
 static void unlink_all(void)
 {
-	for (int i = 0; i < temp_count; i++)
-		if (temp_paths[i])
-			unlink(temp_paths[i]);
+	int saved = errno;
+
+	for (int i = temp_count - 1; i >= 0; i--)
+		if (temp_paths[i] && unlink(temp_paths[i]) && errno == EISDIR)
+			rmdir(temp_paths[i]);
+	errno = saved;
 }
 
 static void reraise(int sig)
@@ -83,8 +90,18 @@ static void on_signal(int sig)
 	got_signal = sig;
 }
 
+/* A crash (a bug, or an abort in a library) still removes the files. */
+static void on_fatal(int sig)
+{
+	unlink_all();
+	if (child_pid > 0)
+		kill((pid_t)child_pid, SIGTERM);
+	reraise(sig);
+}
+
 void cleanup_install(void)
 {
+	static const int fatal[] = { SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT };
 	struct sigaction sa;
 
 	memset(&sa, 0, sizeof(sa));
@@ -94,6 +111,158 @@ void cleanup_install(void)
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGHUP, &sa, NULL);
+	sa.sa_handler = on_fatal;
+	sa.sa_flags = SA_RESETHAND;
+	for (size_t i = 0; i < sizeof(fatal) / sizeof(fatal[0]); i++)
+		sigaction(fatal[i], &sa, NULL);
+}
+
+/* 16 hex digits nobody can guess: the suffix of every name we create. */
+static void random_suffix(char *buf, size_t len)
+{
+	uint64_t r = 0;
+
+	if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != sizeof(r))
+		r = (uint64_t)getpid() << 32 ^ (uint64_t)(now_s() * 1e9);
+	snprintf(buf, len, "%016llx", (unsigned long long)r);
+}
+
+/* <dir>/.nvio-<tag>-<random>.tmp, created O_EXCL|O_NOFOLLOW and
+ * registered for removal; the descriptor and *name, or -errno. */
+static int temp_named(const char *dir, const char *tag, char **name)
+{
+	char path[4200], rnd[24];
+	int fd = -1, tries;
+
+	*name = NULL;
+	for (tries = 0; tries < 16; tries++) {
+		random_suffix(rnd, sizeof(rnd));
+		snprintf(path, sizeof(path), "%s/.nvio-%s-%s.tmp", dir, tag, rnd);
+		/* signals wait until the name is registered for removal */
+		signals_block(1);
+		fd = open(path, O_CREAT | O_EXCL | O_NOFOLLOW | O_RDWR |
+			  O_CLOEXEC, 0600);
+		if (fd >= 0 && cleanup_add(path)) {
+			unlink(path);
+			close(fd);
+			fd = -ENOMEM;
+		}
+		signals_block(0);
+		if (fd >= 0 || errno != EEXIST)
+			break;
+	}
+	if (fd == -1)
+		return -errno;
+	if (fd < 0)
+		return fd;
+	*name = strdup(path);
+	return fd;
+}
+
+int temp_file(const char *dir, const char *tag, char **name)
+{
+	/* no name at all: nothing to plant, nothing left even after SIGKILL */
+	int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+
+	*name = NULL;
+	return fd >= 0 ? fd : temp_named(dir, tag, name);
+}
+
+int out_open(struct out_file *o, const char *path)
+{
+	char dir[4096], *slash;
+	struct stat st;
+	mode_t mask;
+	int fd;
+
+	memset(o, 0, sizeof(*o));
+	o->path = path;
+	/* a device or pipe (/dev/null, /dev/stdout) is written in place */
+	if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+		o->f = fopen(path, "w");
+		return o->f ? 0 : -errno;
+	}
+	/* a link to a file: replace the file it names, not the link */
+	if (!realpath(path, dir))
+		snprintf(dir, sizeof(dir), "%s", path);
+	slash = strrchr(dir, '/');
+	if (!slash)
+		snprintf(dir, sizeof(dir), ".");
+	else if (slash == dir)
+		dir[1] = '\0';
+	else
+		*slash = '\0';
+	if (!realpath(path, o->final))
+		snprintf(o->final, sizeof(o->final), "%s", path);
+	fd = temp_named(dir, "out", &o->tmp);
+	if (fd >= 0 && !o->tmp) {
+		close(fd);
+		return -ENOMEM;
+	}
+	if (fd < 0)
+		return fd;
+	mask = umask(0);
+	umask(mask);
+	fchmod(fd, 0666 & ~mask);	/* what fopen(path, "w") would give */
+	o->f = fdopen(fd, "w");
+	if (!o->f) {
+		int e = -errno;
+
+		close(fd);
+		out_abort(o);
+		return e;
+	}
+	return 0;
+}
+
+int out_commit(struct out_file *o)
+{
+	int r = 0;
+
+	if (fflush(o->f) || ferror(o->f))
+		r = -(errno ? errno : EIO);
+	if (fclose(o->f) && !r)
+		r = -errno;
+	o->f = NULL;
+	if (!r && o->tmp && rename(o->tmp, o->final))
+		r = -errno;
+	if (r) {
+		out_abort(o);
+		return r;
+	}
+	if (o->tmp)
+		cleanup_forget(o->tmp);	/* the name is the user's file now */
+	free(o->tmp);
+	o->tmp = NULL;
+	return r;
+}
+
+void out_abort(struct out_file *o)
+{
+	if (o->f)
+		fclose(o->f);
+	o->f = NULL;
+	/* only the temporary is ours to remove: the user's file stays */
+	if (o->tmp) {
+		unlink(o->tmp);
+		cleanup_forget(o->tmp);
+	}
+	free(o->tmp);
+	o->tmp = NULL;
+}
+
+int temp_dir(const char *parent, const char *tag, char *out, size_t len)
+{
+	int r = 0;
+
+	snprintf(out, len, "%s/nvio-%s-XXXXXX", parent, tag);
+	signals_block(1);
+	if (!mkdtemp(out))	/* 0700, a name nobody else can have made */
+		r = -errno;
+	else if (cleanup_add(out))
+		r = -ENOMEM;
+	signals_block(0);
+	return r;
 }
 
 int cleanup_add(const char *path)
@@ -108,6 +277,17 @@ int cleanup_add(const char *path)
 	temp_paths[temp_count] = p;
 	temp_count = temp_count + 1;
 	return 0;
+}
+
+void cleanup_forget(const char *path)
+{
+	signals_block(1);
+	for (int i = 0; i < temp_count; i++)
+		if (temp_paths[i] && !strcmp(temp_paths[i], path)) {
+			free(temp_paths[i]);
+			temp_paths[i] = NULL;
+		}
+	signals_block(0);
 }
 
 void cleanup_remove_all(void)

@@ -18,6 +18,7 @@
 #include "tool.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,9 +28,10 @@
 
 #define FIO_MAX_ARGS (16 + 4 * MAX_DIRS)
 
-/* Runs argv, collecting stdout and stderr into *out. Returns the wait
- * status, or -errno if it could not start. */
-static int run_capture(char **argv, char **out)
+/* Runs argv, collecting stdout and stderr into *out; the descriptors in
+ * keep[nkeep] stay open in it. Returns the wait status, or -errno if it could
+ * not start. */
+static int run_capture(char **argv, const int *keep, int nkeep, char **out)
 {
 	size_t len = 0, cap = 1 << 16;
 	int p[2], status = 0;
@@ -47,6 +49,8 @@ static int run_capture(char **argv, char **out)
 		dup2(p[1], STDERR_FILENO);
 		close(p[0]);
 		close(p[1]);
+		for (int i = 0; i < nkeep; i++)
+			fcntl(keep[i], F_SETFD, 0);
 		execvp(argv[0], argv);
 		_exit(127);
 	}
@@ -95,7 +99,8 @@ int fio_detect(struct fio_ctx *c, const nvio_probe_t *probe, int direct)
 {
 	char *argv[] = { "fio", "--version", NULL }, *out = NULL;
 	const char *tmp;
-	int st = run_capture(argv, &out);
+	int st = run_capture(argv, NULL, 0, &out);
+	char dir[512];
 
 	memset(c, 0, sizeof(*c));
 	if (st != 0 || !out || strncmp(out, "fio-", 4)) {
@@ -114,8 +119,15 @@ int fio_detect(struct fio_ctx *c, const nvio_probe_t *probe, int direct)
 	tmp = getenv("TMPDIR");
 	if (!tmp || !*tmp || strlen(tmp) > 400)
 		tmp = "/tmp";
-	snprintf(c->log_prefix, sizeof(c->log_prefix), "%s/nvio-fio-%d", tmp,
-		 (int)getpid());
+	/* fio opens its logs by name, following links: only in a directory
+	 * of our own, which nobody else can plant anything in */
+	st = temp_dir(tmp, "fio", dir, sizeof(dir));
+	if (st) {
+		msg("--compare fio: cannot create a directory for fio's logs "
+		    "in %s: %s", tmp, strerror(-st));
+		return st;
+	}
+	snprintf(c->log_prefix, sizeof(c->log_prefix), "%s/job", dir);
 	return 0;
 }
 
@@ -266,7 +278,9 @@ static int fio_args(struct args *a, const struct fio_ctx *c,
 		if (!per)
 			return 1;
 		arg(a, "--name=nvio%d", i);
-		arg(a, "--filename=%s", x->path[i]);
+		/* our descriptor, inherited: the file we created, whatever
+		 * its name (if any) points at by now */
+		arg(a, "--filename=/proc/self/fd/%d", x->fd[i]);
 		arg(a, "--size=%llu", (unsigned long long)per);
 		arg(a, "--offset_increment=%llu", (unsigned long long)per);
 	}
@@ -311,7 +325,7 @@ static int fio_once(struct fio_ctx *c, const struct xfer *x, int is_write,
 	if (fio_args(&a, c, x, is_write, job))
 		return 1;
 	logs_register(c, njobs);
-	st = run_capture(a.argv, &out);
+	st = run_capture(a.argv, x->fd, x->ndirs, &out);
 	r = st == 0 && out ? fio_parse(out, is_write, &bytes, &runtime, &cpu) : -EIO;
 	if (r) {
 		msg("fio (ioengine=%s) failed: %s", c->engine,

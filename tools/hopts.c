@@ -151,3 +151,63 @@ void tuned_file_path(char *buf, size_t len)
 		snprintf(buf, len, "%s/.config/nvio/tuned.conf",
 			 home ? home : "~");
 }
+
+/* The value of an NVIO_* variable that applies, or NULL when unset/empty. */
+static const char *env_set(const char *name)
+{
+	const char *v = getenv(name);
+
+	return v && *v ? v : NULL;
+}
+
+const char *handle_error_text(const nvio_config_t *cfg, int err, char *buf,
+			      size_t len)
+{
+	const char *ev = env_set("NVIO_ENGINE"), *dv = env_set("NVIO_DIRECT");
+	int engine = cfg->engine;
+	char why[256] = "";
+
+	/* the library applies the environment only to what is left at auto */
+	if (cfg->engine == NVIO_ENGINE_AUTO && ev) {
+		if (nvio_engine_from_name(ev) < 0) {
+			snprintf(buf, len, "NVIO_ENGINE=%s in the environment is "
+				 "not an engine (auto, io_uring, libaio or "
+				 "psync): unset NVIO_ENGINE to let nvio choose",
+				 ev);
+			return buf;
+		}
+		engine = nvio_engine_from_name(ev);
+	}
+	if (cfg->direct == NVIO_DIRECT_AUTO && dv &&
+	    nvio_direct_from_name(dv) < 0) {
+		snprintf(buf, len, "NVIO_DIRECT=%s in the environment is not "
+			 "auto, on or off: unset NVIO_DIRECT", dv);
+		return buf;
+	}
+	if (engine != NVIO_ENGINE_AUTO &&
+	    nvio_engine_available(engine, why, sizeof(why)) == 1)
+		why[0] = '\0';
+	if (cfg->engine == NVIO_ENGINE_AUTO && ev)
+		snprintf(buf, len, "engine %s, set by NVIO_ENGINE in the "
+			 "environment: %s%s%s; unset NVIO_ENGINE to let nvio "
+			 "choose an engine that runs here", ev,
+			 nvio_strerror(err), *why ? ": " : "", why);
+	else
+		snprintf(buf, len, "engine %s: %s%s%s",
+			 nvio_engine_name(engine) ? nvio_engine_name(engine) : "?",
+			 nvio_strerror(err), *why ? ": " : "", why);
+	return buf;
+}
+
+const char *env_direct_hint(int direct_in_force)
+{
+	static char buf[160];
+	const char *dv = env_set("NVIO_DIRECT");
+
+	if (!dv || nvio_direct_from_name(dv) != direct_in_force ||
+	    direct_in_force == NVIO_DIRECT_AUTO)
+		return NULL;
+	snprintf(buf, sizeof(buf), "NVIO_DIRECT=%s in the environment chose "
+		 "this direct mode: unset NVIO_DIRECT to let nvio decide", dv);
+	return buf;
+}

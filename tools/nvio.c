@@ -38,6 +38,7 @@ int main(int argc, char **argv)
 {
 	static char prog[64];
 
+	atexit(stdout_check_at_exit);
 	if (argc < 2) {
 		usage(stderr);
 		return EXIT_USAGE;

@@ -34,6 +34,7 @@ struct report {
 	nvio_config_t tuned[2];	/* [for_write] */
 	int tuned_found[2];
 	char tuned_file[4096];
+	char engine_why[NVIO_ENGINE_COUNT_][512];	/* uncut */
 };
 
 /* ---- the fixes ---- */
@@ -56,16 +57,16 @@ static const char *engine_fix(int e, const char *why)
 		if (has(why, "liburing") || has(why, "not built"))
 			return "install liburing-dev (Debian/Ubuntu) or "
 			       "liburing-devel (Fedora/RHEL) and rebuild nvio";
-		if (has(why, "disabled"))
-			return "sysctl -w kernel.io_uring_disabled=0";
-		if (has(why, "ENOSYS") || has(why, "implemented") ||
-		    has(why, "kernel"))
+		if (has(why, "lacks") || has(why, "implemented"))
 			return "io_uring needs Linux 5.1 or later (5.6+ "
 			       "recommended); libaio is used meanwhile";
-		return "seccomp blocks io_uring in most containers: run with "
-		       "--security-opt seccomp=unconfined or allow io_uring_setup, "
-		       "io_uring_enter and io_uring_register; libaio is used "
-		       "meanwhile";
+		/* EPERM: either cause looks the same from inside */
+		return "on the host, 'sysctl kernel.io_uring_disabled' must be "
+		       "0 (sysctl -w kernel.io_uring_disabled=0); in a "
+		       "container, its seccomp profile must allow io_uring_setup, "
+		       "io_uring_enter and io_uring_register (docker/podman: "
+		       "--security-opt seccomp=PROFILE.json, or unconfined); "
+		       "libaio is used meanwhile";
 	}
 	if (e == NVIO_ENGINE_AIO) {
 		if (has(why, "libaio") || has(why, "not built"))
@@ -168,6 +169,14 @@ static int gather(struct report *r)
 	if (!uname(&u))
 		snprintf(r->kernel, sizeof(r->kernel), "%s %s", u.sysname,
 			 u.release);
+	/* the probe's reasons are cut at 160 bytes; ask again in full */
+	for (int k = NVIO_ENGINE_URING; k < NVIO_ENGINE_COUNT_; k++) {
+		snprintf(r->engine_why[k], sizeof(r->engine_why[k]), "%s",
+			 r->p.engine_why[k]);
+		if (!r->p.engine_ok[k])
+			nvio_engine_available(k, r->engine_why[k],
+					      sizeof(r->engine_why[k]));
+	}
 	gather_default_handle(r);
 	tuned_file_path(r->tuned_file, sizeof(r->tuned_file));
 	for (int w = 0; w < 2; w++) {
@@ -182,11 +191,11 @@ static int gather(struct report *r)
 
 static void text_engines(const struct report *r)
 {
-	char cfg[256];
+	char cfg[512];
 
 	printf("Engines (kernel %s):\n", r->kernel);
 	for (int e = NVIO_ENGINE_URING; e < NVIO_ENGINE_COUNT_; e++) {
-		const char *why = r->p.engine_why[e];
+		const char *why = r->engine_why[e];
 
 		if (r->p.engine_ok[e]) {
 			printf("  %-9s yes%s%s\n", nvio_engine_name(e),
@@ -195,12 +204,12 @@ static void text_engines(const struct report *r)
 		}
 		printf("  %-9s NO: %s\n", nvio_engine_name(e),
 		       *why ? why : "unavailable");
-		if (!says_fix(why))
+		if (!says_fix(why) || e == NVIO_ENGINE_URING)
 			printf("            fix: %s\n", engine_fix(e, why));
 	}
 	if (r->def_err)
 		printf("  default handle: cannot be created: %s\n",
-		       nvio_strerror(r->def_err));
+		       handle_error_text(&r->def, r->def_err, cfg, sizeof(cfg)));
 	else
 		printf("  default handle: %s\n    %s\n",
 		       config_text(&r->def, cfg, sizeof(cfg)), r->def_note);
@@ -217,17 +226,31 @@ static void text_engines(const struct report *r)
 static void text_dir(const struct report *r)
 {
 	const nvio_probe_t *p = &r->p;
-	char b[32];
+	char b[32], why[512];
 
 	printf("\nDirectory %s:\n", r->dir);
 	printf("  file system   %s on %s\n", *p->fs_type ? p->fs_type : "?",
 	       *p->device ? p->device : "(no block device)");
 	printf("  free space    %s\n",
 	       fmt_bytes(p->fs_free_bytes, b, sizeof(b)));
-	printf("  block size    %u bytes logical (O_DIRECT offsets and "
-	       "lengths), %u bytes file system (st_blksize)\n",
-	       p->dio_offset_align, p->fs_block_size);
-	if (p->direct_ok == 1) {
+	if (p->dio_offset_align)
+		printf("  block size    %u bytes logical (O_DIRECT offsets and "
+		       "lengths), %u bytes file system (st_blksize)\n",
+		       p->dio_offset_align, p->fs_block_size);
+	else
+		printf("  block size    %u bytes file system (st_blksize); no "
+		       "O_DIRECT alignment reported\n", p->fs_block_size);
+	if (p->direct_ok != 1 &&
+	    direct_untested_why(r->dir, p, why, sizeof(why))) {
+		printf("  O_DIRECT      %s\n", why);
+	} else if (probe_in_memory(p)) {
+		printf("  O_DIRECT      %s: %s keeps files in memory (page cache "
+		       "only), so there is no device to reach directly and no "
+		       "alignment to keep; for device speed use ext4 or xfs on "
+		       "the NVMe device\n", p->direct_ok == 1 ?
+		       "accepted, but does not bypass the page cache" :
+		       "NOT supported", p->fs_type);
+	} else if (p->direct_ok == 1) {
 		printf("  O_DIRECT      yes: buffers aligned to %u bytes, offsets "
 		       "and lengths to %u bytes\n",
 		       p->dio_mem_align, p->dio_offset_align);
@@ -319,13 +342,17 @@ static void json_engines(struct json *j, const struct report *r)
 
 		json_obj(j, nvio_engine_name(e));
 		json_bool(j, "available", ok);
-		json_str(j, "why", r->p.engine_why[e]);
-		json_str(j, "fix", ok ? NULL : engine_fix(e, r->p.engine_why[e]));
+		json_str(j, "why", r->engine_why[e]);
+		json_str(j, "fix", ok ? NULL : engine_fix(e, r->engine_why[e]));
 		json_close(j, '}');
 	}
 	json_close(j, '}');
 	if (r->def_err) {
+		char why[512];
+
 		json_null(j, "default_handle");
+		json_str(j, "default_handle_error",
+			 handle_error_text(&r->def, r->def_err, why, sizeof(why)));
 	} else {
 		config_json(j, "default_handle", &r->def);
 		json_str(j, "engine_note", r->def_note);
@@ -341,6 +368,7 @@ static void json_engines(struct json *j, const struct report *r)
 static void json_dir(struct json *j, const struct report *r)
 {
 	const nvio_probe_t *p = &r->p;
+	char why[512];
 
 	json_obj(j, "fs");
 	json_str(j, "type", p->fs_type);
@@ -350,10 +378,14 @@ static void json_dir(struct json *j, const struct report *r)
 	json_close(j, '}');
 	json_obj(j, "direct");
 	json_bool(j, "ok", p->direct_ok == 1);
+	json_bool(j, "bypasses_page_cache", p->direct_ok == 1 &&
+		  !probe_in_memory(p));
 	json_str(j, "error", p->direct_ok == 1 || !p->direct_err ? NULL
 			     : nvio_strerror(p->direct_err));
 	json_uint(j, "mem_align", p->dio_mem_align);
 	json_uint(j, "offset_align", p->dio_offset_align);
+	json_str(j, "untested", direct_untested_why(r->dir, p, why,
+						    sizeof(why)));
 	json_str(j, "fix", p->direct_ok == 1 ? NULL : direct_fix(p));
 	json_close(j, '}');
 	json_obj(j, "tuned");

@@ -23,7 +23,9 @@ enum mem_kind { MEM_LOCKED, MEM_PAGEABLE };
  */
 struct xfer {
 	int ndirs;
-	char *path[MAX_DIRS];
+	int fd[MAX_DIRS];	/* the test files, open read-write */
+	char *name[MAX_DIRS];	/* a file's name, NULL when unnamed */
+	char *path[MAX_DIRS];	/* for messages: the name or "<dir>/(...)" */
 	uint64_t off[MAX_DIRS];
 	uint64_t len[MAX_DIRS];
 	unsigned char *buf;	/* the transfer's first byte */
@@ -34,9 +36,10 @@ struct xfer {
 };
 
 /*
- * Allocates and fills the buffer and names (and registers for cleanup)
- * one file per directory: <dir>/.nvio-<tag>-<pid>-<i>.tmp. Prints why and
- * returns EXIT_RUNTIME on failure, 0 on success.
+ * Allocates and fills the buffer and creates one test file per directory
+ * with temp_file() (unnamed where possible; never a file someone else
+ * made). Every transfer goes through those descriptors, never by name.
+ * Prints why and returns EXIT_RUNTIME on failure, 0 on success.
  */
 int xfer_setup(struct xfer *x, char *const *dirs, int ndirs, uint64_t size,
 	       enum mem_kind mem, const char *tag);
@@ -60,8 +63,12 @@ int xfer_run(nvio_handle_t *h, const struct xfer *x, int is_write,
 enum cold {
 	COLD_DIRECT,	/* O_DIRECT works in every directory */
 	COLD_DROP,	/* /proc/sys/vm/drop_caches before each read */
-	COLD_NONE	/* neither: reads may be warm */
+	COLD_NONE,	/* neither: reads may be warm */
+	COLD_MEMFS	/* tmpfs/ramfs: the page cache is the storage */
 };
+/* 1 if the probed directory keeps its files in memory (tmpfs, ramfs):
+ * O_DIRECT there is accepted or not, but never bypasses the page cache. */
+int probe_in_memory(const nvio_probe_t *p);
 enum cold cold_choose(int direct_policy, const nvio_probe_t *probes, int n);
 const char *cold_name(enum cold c);
 const char *cold_text(enum cold c);
@@ -87,6 +94,13 @@ void config_json_deepspeed(struct json *j, const char *key,
  */
 int check_fits(char *const *dirs, int ndirs, const nvio_probe_t *probes,
 	       uint64_t size);
+/*
+ * Why the probe's O_DIRECT test failed when the cause is the directory,
+ * not the file system's O_DIRECT support (read-only, not writable,
+ * procfs/sysfs), as one line into buf; NULL when it is O_DIRECT itself.
+ */
+const char *direct_untested_why(const char *dir, const nvio_probe_t *p,
+				char *buf, size_t len);
 /* Runs nvio_probe on each dir; prints and returns EXIT_RUNTIME on error. */
 int probe_dirs(char *const *dirs, int ndirs, nvio_probe_t *probes);
 

@@ -414,10 +414,18 @@ static int tune_direction(struct tuner *t, int w)
 	cur.intra_op_parallelism = 1;
 	cur.single_submit = 0;
 	cur.overlap_events = 1;
+	/*
+	 * A step cut short by the budget may have measured nothing: best[w]
+	 * is then still all zeros (block size 0), so the descent stops here
+	 * and the direction is reported as stopped, not tuned.
+	 */
 	for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
 		if ((e = steps[i](t, w, &cur)))
 			return e;
-		cur = t->best[w];
+		if (t->best_gbps[w] > 0)
+			cur = t->best[w];
+		if (t->budget_hit)
+			break;
 	}
 	t->tuned[w] = t->best_gbps[w] > 0;
 	return 0;
@@ -465,40 +473,62 @@ static const nvio_config_t *combined_best(const struct tuner *t)
 	       t->best_gbps[0] + t->cross_gbps[0] ? &t->best[1] : &t->best[0];
 }
 
+/*
+ * Saves the winners; 0 or the library's -errno (reported after the
+ * results, which are worth having even when the file cannot be written).
+ * An engine equal to what auto picked here is saved as auto: the entry
+ * then keeps working where that engine cannot run (io_uring in a
+ * container whose seccomp profile blocks it).
+ */
 static int tune_save(struct tuner *t)
 {
+	int any = 0;
+
 	if (t->o.no_save)
 		return 0;
 	tuned_file_path(t->saved_file, sizeof(t->saved_file));
 	for (int w = 0; w < 2; w++) {
+		nvio_config_t c = t->best[w];
 		int r;
 
 		if (!t->tuned[w])
 			continue;
-		r = nvio_config_save_tuned(&t->best[w], t->o.dir, w);
-		if (r) {
-			msg("saving the tuned entry in %s: %s", t->saved_file,
-			    nvio_strerror(r));
-			return EXIT_RUNTIME;
-		}
+		if (c.engine == t->auto_engine)
+			c.engine = NVIO_ENGINE_AUTO;
+		r = nvio_config_save_tuned(&c, t->o.dir, w);
+		if (r)
+			return r;
+		any = 1;
 	}
-	t->saved = 1;
+	t->saved = any;
 	return 0;
 }
 
-static void list_engines(struct tuner *t)
+static void save_error(const struct tuner *t, int r)
+{
+	msg("the results above were not saved: %s: %s (fix or remove that "
+	    "file, point NVIO_TUNED_FILE elsewhere, or use --no-save)",
+	    t->saved_file, nvio_strerror(r));
+}
+
+/* What auto resolves to and the engines to try; EXIT_RUNTIME (after
+ * saying why) when not even a default handle can be had. */
+static int list_engines(struct tuner *t)
 {
 	nvio_handle_t *h = handle_open(NULL, "default");
 	nvio_config_t c;
 	char why[256];
 
+	if (!h)
+		return EXIT_RUNTIME;
 	t->auto_engine = NVIO_ENGINE_PSYNC;
-	if (h && !nvio_handle_config(h, &c))
+	if (!nvio_handle_config(h, &c))
 		t->auto_engine = c.engine;
 	nvio_handle_destroy(h);
 	for (int e = NVIO_ENGINE_URING; e < NVIO_ENGINE_COUNT_; e++)
 		if (nvio_engine_available(e, why, sizeof(why)) == 1)
 			t->engines[t->nengines++] = e;
+	return 0;
 }
 
 static int tune_prepare(struct tuner *t)
@@ -510,9 +540,9 @@ static int tune_prepare(struct tuner *t)
 
 	if ((e = check_dir(t->o.dir, 1)) ||
 	    (e = probe_dirs(&t->o.dir, 1, &t->probe)) ||
-	    (e = check_fits(&t->o.dir, 1, &t->probe, t->o.size)))
+	    (e = check_fits(&t->o.dir, 1, &t->probe, t->o.size)) ||
+	    (e = list_engines(t)))
 		return e;
-	list_engines(t);
 	t->cold = cold_choose(t->o.direct, &t->probe, 1);
 	if ((e = xfer_setup(&t->x, &t->o.dir, 1, t->o.size, t->o.mem, "tune")))
 		return e;
@@ -530,13 +560,28 @@ static int tune_prepare(struct tuner *t)
 
 /* ---- results ---- */
 
+/* A direction the budget stopped before any step: its defaults only. */
+static int direction_stopped(const struct tuner *t, int w)
+{
+	return !t->tuned[w] && t->default_gbps[w] > 0;
+}
+
 static void json_winner(struct json *j, const struct tuner *t, int w)
 {
 	json_obj(j, w ? "write" : "read");
-	json_num(j, "gbps", t->best_gbps[w]);
+	json_bool(j, "tuned", t->tuned[w]);
+	if (t->tuned[w])
+		json_num(j, "gbps", t->best_gbps[w]);
+	else
+		json_null(j, "gbps");
 	json_num(j, "default_gbps", t->default_gbps[w]);
-	config_json(j, "nvio", &t->best[w]);
-	config_json_deepspeed(j, "deepspeed", &t->best[w]);
+	if (t->tuned[w]) {
+		config_json(j, "nvio", &t->best[w]);
+		config_json_deepspeed(j, "deepspeed", &t->best[w]);
+	} else {
+		json_str(j, "stopped", "by --time-budget before any step "
+			 "was measured");
+	}
 	json_close(j, '}');
 }
 
@@ -544,9 +589,12 @@ static void json_winner(struct json *j, const struct tuner *t, int w)
 static void json_winners(struct json *j, const struct tuner *t)
 {
 	for (int w = 1; w >= 0; w--)
-		if (t->tuned[w])
+		if (t->tuned[w] || direction_stopped(t, w))
 			json_winner(j, t, w);
-	config_json_deepspeed(j, "deepspeed", combined_best(t));
+	if (t->tuned[0] || t->tuned[1])
+		config_json_deepspeed(j, "deepspeed", combined_best(t));
+	else
+		json_null(j, "deepspeed");
 }
 
 static void json_explored(struct json *j, const struct tuner *t)
@@ -565,7 +613,7 @@ static void json_explored(struct json *j, const struct tuner *t)
 	json_close(j, ']');
 }
 
-static void tune_json(const struct tuner *t, double elapsed)
+static void tune_json(const struct tuner *t, double elapsed, int save_err)
 {
 	struct json j;
 
@@ -585,6 +633,8 @@ static void tune_json(const struct tuner *t, double elapsed)
 		json_str(&j, "saved", t->saved_file);
 	else
 		json_null(&j, "saved");
+	if (save_err)
+		json_str(&j, "save_error", nvio_strerror(save_err));
 	json_explored(&j, t);
 	json_end(&j);
 }
@@ -600,6 +650,11 @@ static void tune_text(const struct tuner *t, double elapsed)
 	       fmt_bytes(t->x.size, sz, sizeof(sz)), t->o.repeat,
 	       cold_name(t->cold));
 	for (int w = 1; w >= 0; w--) {
+		if (direction_stopped(t, w))
+			printf("%-5s not tuned: --time-budget ran out before any "
+			       "step was measured (nvio defaults %.3f GB/s); "
+			       "give it more time or a smaller --size\n",
+			       w ? "write" : "read", t->default_gbps[w]);
 		if (!t->tuned[w])
 			continue;
 		printf("%-5s best %.3f GB/s (nvio defaults %.3f GB/s, %+.0f%%): "
@@ -632,14 +687,15 @@ static void mark_winners(struct tuner *t)
 int cmd_tune(int argc, char **argv)
 {
 	static struct tuner t;
-	FILE *plot = NULL;
-	int e;
+	struct out_file plot = { 0 };
+	int e, r, save_err = 0;
 
 	tune_parse(&t.o, argc, argv);
 	progress_init(t.o.quiet);
 	cleanup_install();
-	if (t.o.plot && !(plot = fopen(t.o.plot, "w"))) {
-		msg("--plot %s: %s", t.o.plot, strerror(errno));
+	/* opened first, so a plot that cannot be written stops us early */
+	if (t.o.plot && (r = out_open(&plot, t.o.plot))) {
+		msg("--plot %s: %s", t.o.plot, strerror(-r));
 		return EXIT_RUNTIME;
 	}
 	t.t0 = now_s();
@@ -648,24 +704,29 @@ int cmd_tune(int argc, char **argv)
 		e = tune_all(&t);
 	progress_done();
 	xfer_teardown(&t.x);
-	cleanup_remove_all();
 	if (!e)
-		e = tune_save(&t);
+		save_err = tune_save(&t);
 	mark_winners(&t);
-	if (!e && plot && svg_write(plot, t.o.dir, t.pts, t.npts)) {
-		msg("--plot %s: %s", t.o.plot, strerror(EIO));
-		e = EXIT_RUNTIME;
+	if (!e && plot.f) {
+		r = svg_write(plot.f, t.o.dir, t.pts, t.npts);
+		if (!r)
+			r = out_commit(&plot);
+		if (r) {
+			msg("--plot %s: %s", t.o.plot, strerror(-r));
+			e = EXIT_RUNTIME;
+		}
 	}
-	if (plot && fclose(plot) && !e) {
-		msg("--plot %s: %s", t.o.plot, strerror(errno));
-		e = EXIT_RUNTIME;
-	}
-	if (e && plot)
-		unlink(t.o.plot);
+	out_abort(&plot);	/* nothing left to do once committed */
+	cleanup_remove_all();
 	if (!e && t.o.json)
-		tune_json(&t, now_s() - t.t0);
+		tune_json(&t, now_s() - t.t0, save_err);
 	else if (!e)
 		tune_text(&t, now_s() - t.t0);
+	if (!e && save_err) {
+		fflush(stdout);	/* the results first, then why they were not saved */
+		save_error(&t, save_err);
+		e = EXIT_RUNTIME;
+	}
 	free(t.pts);
 	return e;
 }

@@ -52,6 +52,29 @@ void bad_option(char **argv, int c)
 	usage_error("unknown option '%s'", arg);
 }
 
+/*
+ * Registered with atexit() before any subcommand runs, so every way out
+ * through exit() or a return from main (--help included) passes here: a
+ * full disk or a closed descriptor behind stdout must not end in status 0.
+ * Deaths by signal do not come here, and print nothing more anyway.
+ */
+void stdout_check_at_exit(void)
+{
+	int err = 0;
+
+	if (fflush(stdout))
+		err = errno;
+	if (ferror(stdout) && !err)
+		err = EIO;	/* an earlier write failed; its errno is gone */
+	/* EBADF: stdout was closed and nothing was written to it */
+	if (fclose(stdout) && !err && errno != EBADF)
+		err = errno;
+	if (!err)
+		return;
+	msg("error writing standard output: %s", strerror(err));
+	_exit(EXIT_RUNTIME);
+}
+
 /* ---- numbers ---- */
 
 static int suffix_shift(const char *s, unsigned *shift)
@@ -272,7 +295,6 @@ void json_end(struct json *j)
 {
 	json_close(j, '}');
 	fputc('\n', j->f);
-	fflush(j->f);
 }
 
 void json_obj(struct json *j, const char *key)

@@ -22,6 +22,10 @@
 /* "nvio bench", set by the dispatcher; prefixes every message. */
 extern const char *tool_prog;
 
+/* Flushes and closes stdout; on any write error says so on stderr and
+ * ends the process with EXIT_RUNTIME. Give it to atexit() first thing. */
+void stdout_check_at_exit(void);
+
 /* One line "<prog>: <message>" on stderr. */
 void msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* msg(), then exit(EXIT_USAGE). Only before any temporary file exists. */
@@ -89,8 +93,38 @@ void progress_done(void);
  * A child process registered with cleanup_child() gets the signal too.
  */
 void cleanup_install(void);
+/*
+ * A new test file in dir, open read-write (0600, close-on-exec): unnamed
+ * (O_TMPFILE) where the file system allows, else
+ * <dir>/.nvio-<tag>-<16 random hex digits>.tmp created with
+ * O_EXCL|O_NOFOLLOW, registered for cleanup, its name in *name (malloc'd;
+ * NULL for an unnamed file). Never opens a file someone else created.
+ * Returns the descriptor or -errno.
+ */
+int temp_file(const char *dir, const char *tag, char **name);
+/*
+ * An output file the user named (--plot): written to a temporary in its
+ * directory and renamed over it by out_commit, so a failure leaves the
+ * user's file as it was; a device or pipe is written in place and never
+ * removed. out_open and out_commit return 0 or -errno; out_abort drops
+ * the temporary. Write to o->f.
+ */
+struct out_file {
+	const char *path;	/* as given */
+	char final[4096];	/* what the rename replaces */
+	char *tmp;		/* our temporary, NULL when written in place */
+	FILE *f;
+};
+int out_open(struct out_file *o, const char *path);
+int out_commit(struct out_file *o);
+void out_abort(struct out_file *o);
+
+/* A new private (0700) directory <parent>/nvio-<tag>-XXXXXX, registered
+ * for cleanup (its files are removed before it); 0 or -errno. */
+int temp_dir(const char *parent, const char *tag, char *out, size_t len);
 int cleanup_add(const char *path);	/* 0 or -ENOMEM */
 void cleanup_remove_all(void);
+void cleanup_forget(const char *path);	/* no longer ours to remove */
 void cleanup_child(int pid);		/* 0 when none */
 int cleanup_interrupted(void);
 void cleanup_check(void);
@@ -129,6 +163,17 @@ void handle_opts_init(struct handle_opts *o);
 int handle_opt(struct handle_opts *o, int c, const char *arg);
 /* Help text lines for the handle options. */
 extern const char handle_opts_help[];
+
+/*
+ * Why nvio_handle_create(cfg) failed with err, as one line that names the
+ * engine and, when NVIO_ENGINE or NVIO_DIRECT supplied the setting that
+ * failed, the variable and how to drop it.
+ */
+const char *handle_error_text(const nvio_config_t *cfg, int err, char *buf,
+			      size_t len);
+/* "NVIO_DIRECT=on in the environment chose ..." when the variable is the
+ * likely source of a handle's direct mode `direct_in_force`, else NULL. */
+const char *env_direct_hint(int direct_in_force);
 
 /* Directory argument checks shared by the subcommands. */
 /* 0, or prints "<prog>: --dir D: <why>" and returns the usage/runtime code. */

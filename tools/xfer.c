@@ -11,6 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/statvfs.h>
 
 #define STRIPE_ALIGN 4096u	/* range boundaries stay O_DIRECT friendly */
 #define PAGEABLE_SKEW 64u	/* pageable buffers start 64 bytes into a page */
@@ -78,18 +80,27 @@ static void split_ranges(struct xfer *x)
 int xfer_setup(struct xfer *x, char *const *dirs, int ndirs, uint64_t size,
 	       enum mem_kind mem, const char *tag)
 {
-	char path[4096];
+	char path[4200];
 
 	memset(x, 0, sizeof(*x));
 	x->ndirs = ndirs;
 	x->size = size;
 	x->mem = mem;
 	split_ranges(x);
+	for (int i = 0; i < ndirs; i++)
+		x->fd[i] = -1;
 	for (int i = 0; i < ndirs; i++) {
-		snprintf(path, sizeof(path), "%s/.nvio-%s-%d-%d.tmp", dirs[i],
-			 tag, (int)getpid(), i);
-		x->path[i] = strdup(path);
-		if (!x->path[i] || cleanup_add(path)) {
+		int fd = temp_file(dirs[i], tag, &x->name[i]);
+
+		if (fd < 0) {
+			msg("--dir %s: cannot create the test file: %s", dirs[i],
+			    strerror(-fd));
+			return EXIT_RUNTIME;
+		}
+		x->fd[i] = fd;
+		snprintf(path, sizeof(path), "%s/(unnamed test file)", dirs[i]);
+		x->path[i] = x->name[i] ? strdup(x->name[i]) : strdup(path);
+		if (!x->path[i]) {
 			msg("out of memory");
 			return EXIT_RUNTIME;
 		}
@@ -105,10 +116,14 @@ void xfer_teardown(struct xfer *x)
 		nvio_mem_free(x->alloc);
 	x->alloc = NULL;
 	for (int i = 0; i < x->ndirs; i++) {
-		if (x->path[i])
-			unlink(x->path[i]);
+		if (x->name[i])
+			unlink(x->name[i]);
+		if (x->fd[i] >= 0)
+			close(x->fd[i]);
+		x->fd[i] = -1;
+		free(x->name[i]);
 		free(x->path[i]);
-		x->path[i] = NULL;
+		x->name[i] = x->path[i] = NULL;
 	}
 }
 
@@ -120,11 +135,13 @@ static void print_op_error(nvio_handle_t *h, int err, int is_write,
 
 	if (nvio_last_error(h, &e) == err && err) {
 		nvio_format_error(&e, line, sizeof(line));
-		msg("%s", line);
+		msg("%s (the test file %s)", line, path);
 	} else {
 		msg("%s %s: %s", is_write ? "write" : "read", path,
 		    nvio_strerror(err));
 	}
+	if (env_direct_hint(nvio_get_direct(h)))
+		msg("%s", env_direct_hint(nvio_get_direct(h)));
 }
 
 static int submit_all(nvio_handle_t *h, const struct xfer *x, int is_write)
@@ -133,11 +150,11 @@ static int submit_all(nvio_handle_t *h, const struct xfer *x, int is_write)
 		int r;
 
 		if (is_write)
-			r = nvio_pwrite(h, x->buf + x->off[i], x->len[i],
-					x->path[i], 0, NVIO_ASYNC | NVIO_FSYNC);
+			r = nvio_pwrite_fd(h, x->buf + x->off[i], x->len[i],
+					   x->fd[i], 0, NVIO_ASYNC | NVIO_FSYNC);
 		else
-			r = nvio_pread(h, x->buf + x->off[i], x->len[i],
-				       x->path[i], 0, NVIO_ASYNC);
+			r = nvio_pread_fd(h, x->buf + x->off[i], x->len[i],
+					  x->fd[i], 0, NVIO_ASYNC);
 		if (r < 0) {
 			nvio_wait(h);	/* the ones accepted before it */
 			print_op_error(h, r, is_write, x->path[i]);
@@ -172,12 +189,20 @@ static int drop_caches_allowed(void)
 	return access("/proc/sys/vm/drop_caches", W_OK) == 0;
 }
 
+int probe_in_memory(const nvio_probe_t *p)
+{
+	return !strcmp(p->fs_type, "tmpfs") || !strcmp(p->fs_type, "ramfs");
+}
+
 enum cold cold_choose(int direct_policy, const nvio_probe_t *probes, int n)
 {
 	int direct = direct_policy != NVIO_DIRECT_OFF;
 
-	for (int i = 0; i < n; i++)
+	for (int i = 0; i < n; i++) {
+		if (probe_in_memory(&probes[i]))
+			return COLD_MEMFS;	/* nothing colder to read from */
 		direct = direct && probes[i].direct_ok == 1;
+	}
 	if (direct)
 		return COLD_DIRECT;
 	return drop_caches_allowed() ? COLD_DROP : COLD_NONE;
@@ -197,6 +222,10 @@ const char *cold_text(enum cold c)
 	case COLD_DROP:
 		return "page cache dropped before each read "
 		       "(/proc/sys/vm/drop_caches)";
+	case COLD_MEMFS:
+		return "none: tmpfs and ramfs keep files in the page cache, and "
+		       "O_DIRECT does not bypass it there: reads measure memory "
+		       "copies, not a device";
 	default:
 		return "WARNING: reads may come from the page cache (no O_DIRECT "
 		       "here and drop_caches needs root)";
@@ -224,16 +253,20 @@ void cold_prepare(enum cold c)
 nvio_handle_t *handle_open(const nvio_config_t *cfg, const char *what)
 {
 	nvio_handle_t *h = NULL;
+	nvio_config_t def;
+	char why[512];
 	int r;
 
+	if (!cfg) {
+		nvio_config_init(&def);
+		cfg = &def;
+	}
 	signals_block(1);
 	r = nvio_handle_create(&h, cfg);
 	signals_block(0);
 	if (r) {
-		const char *e = nvio_engine_name(cfg->engine);
-
-		msg("%s handle (engine %s): %s", what, e ? e : "?",
-		    nvio_strerror(r));
+		msg("%s handle: %s", what,
+		    handle_error_text(cfg, r, why, sizeof(why)));
 		return NULL;
 	}
 	return h;
@@ -299,6 +332,46 @@ int probe_dirs(char *const *dirs, int ndirs, nvio_probe_t *probes)
 	return 0;
 }
 
+/* statfs's total size; 0 means the file system reports none (ramfs). */
+static uint64_t fs_total(const char *dir)
+{
+	struct statfs s;
+
+	return statfs(dir, &s) ? 1 : (uint64_t)s.f_blocks * (uint64_t)s.f_bsize;
+}
+
+const char *direct_untested_why(const char *dir, const nvio_probe_t *p,
+				char *buf, size_t len)
+{
+	struct statvfs v;
+	struct statfs s;
+	int err = p->direct_err < 0 ? -p->direct_err : p->direct_err;
+
+	if (p->direct_ok == 1)
+		return NULL;
+	if (!statfs(dir, &s) && (s.f_type == 0x9fa0 || s.f_type == 0x62656572)) {
+		snprintf(buf, len, "not tested: %s is on %s, a virtual file "
+			 "system that holds no data files; use a directory on "
+			 "the NVMe device", dir, s.f_type == 0x9fa0 ? "procfs"
+								    : "sysfs");
+		return buf;
+	}
+	if (err == EROFS || (!statvfs(dir, &v) && (v.f_flag & ST_RDONLY))) {
+		snprintf(buf, len, "not tested: the file system of %s is mounted "
+			 "read-only, so the probe could not create its test "
+			 "file; use a writable directory (or remount it rw)", dir);
+		return buf;
+	}
+	if (err == EACCES || err == EPERM || access(dir, W_OK | X_OK)) {
+		snprintf(buf, len, "not tested: %s is not writable by this user "
+			 "(%s), so the probe could not create its test file; use "
+			 "a directory you can write", dir, strerror(err ? err
+								: EACCES));
+		return buf;
+	}
+	return NULL;
+}
+
 static int check_space(char *const *dirs, int ndirs,
 		       const nvio_probe_t *probes, const uint64_t *len)
 {
@@ -314,6 +387,14 @@ static int check_space(char *const *dirs, int ndirs,
 		for (int k = 0; k < ndirs; k++)
 			if (!stat(dirs[k], &sj) && sj.st_dev == si.st_dev)
 				need += len[k];
+		if (!probes[i].fs_free_bytes && !fs_total(dirs[i])) {
+			/* ramfs: no size, no free count, no limit but memory */
+			msg("warning: --dir %s: %s reports no size or free "
+			    "space (it grows until memory runs out): %s not "
+			    "checked", dirs[i], probes[i].fs_type,
+			    fmt_bytes(need, a, sizeof(a)));
+			continue;
+		}
 		if (need > probes[i].fs_free_bytes) {
 			msg("--dir %s: needs %s but only %s is free: %s",
 			    dirs[i], fmt_bytes(need, a, sizeof(a)),

@@ -8,6 +8,8 @@ import json
 import os
 import shutil
 import signal
+import stat
+import struct
 import subprocess
 import sys
 import time
@@ -70,10 +72,10 @@ def tmpfs(tmp_path):
         pytest.skip("mounting a tmpfs needs root")
     mounted = []
 
-    def make(name, opts):
+    def make(name, opts, fstype="tmpfs"):
         d = tmp_path / name
         d.mkdir()
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs",
+        r = subprocess.run(["mount", "-t", fstype, "-o", opts, fstype,
                             str(d)], capture_output=True)
         if r.returncode:
             pytest.skip("mount -t tmpfs failed: %s" % r.stderr.decode())
@@ -412,6 +414,22 @@ def test_no_space_when_dirs_share_a_file_system(tmpfs, env):
     assert_empty(d / "y")
 
 
+def files_open_in(pid, d):
+    """The files (unnamed ones included) process pid has open in d."""
+    out = []
+    try:
+        for fd in os.listdir("/proc/%d/fd" % pid):
+            try:
+                t = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+            except OSError:
+                continue
+            if t.startswith(str(d) + "/"):
+                out.append(t)
+    except OSError:
+        pass
+    return out
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_removes_temporary_files(sig, work, env):
     p = subprocess.Popen([str(NVIO), "bench", "--dir", str(work), "--size",
@@ -419,12 +437,307 @@ def test_signal_removes_temporary_files(sig, work, env):
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          text=True)
     deadline = time.time() + 30
-    while not os.listdir(work) and time.time() < deadline:
+    while not files_open_in(p.pid, work) and time.time() < deadline:
         time.sleep(0.05)
-    assert os.listdir(work), "bench never created its file"
+    assert files_open_in(p.pid, work), "bench never created its file"
     time.sleep(0.3)
     p.send_signal(sig)
     _, err = p.communicate(timeout=60)
     assert p.returncode == -sig
     assert "interrupted" in err
     assert_empty(work)
+
+
+# ---- hostile and unlucky conditions (issue 16) ----
+
+def run_to(args, env, stdout, timeout=120):
+    return subprocess.run([str(NVIO)] + [str(a) for a in args], env=env,
+                          stdout=stdout, stderr=subprocess.PIPE, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("args", [
+    ["report", "--json"], ["report"], ["--version"], ["--help"],
+    ["bench", "--help"], ["tune", "--help"],
+    ["bench", "--size", "1M", "--loops", "1", "--warmup", "0", "-q"],
+    ["bench", "--size", "1M", "--loops", "1", "--warmup", "0", "-q",
+     "--json"],
+    ["tune", "--size", "1M", "--time-budget", "1", "--repeat", "1",
+     "--write-only", "--no-save", "-q"],
+], ids=lambda a: " ".join(a[:2]))
+def test_write_error_on_stdout_fails(args, work, env):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    if args[0] in ("bench", "tune") and "--help" not in args:
+        args = args + ["--dir", work]
+    with open("/dev/full", "w") as full:
+        p = run_to(args, env, full)
+    assert p.returncode == 1, p.stderr
+    assert "writing standard output: No space left on device" in p.stderr
+    assert_empty(work)
+
+
+def tune_args(work, *extra):
+    return ["tune", "--dir", work, "--size", "4M", "--time-budget", "2",
+            "--repeat", "1", "-q"] + list(extra)
+
+
+def test_tune_budget_ends_before_any_step(work, env):
+    """The budget runs out after the untimed defaults: partial results, no
+    crash (it divided by a block size of 0), no test file left."""
+    p = run(["tune", "--dir", work, "--size", "16M", "--time-budget",
+             "0.001", "--repeat", "1", "-q", "--json"], env)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["budget_reached"] is True
+    for op in ("write", "read"):
+        assert r[op]["tuned"] is False and r[op]["default_gbps"] > 0
+        assert "time-budget" in r[op]["stopped"]
+    assert r["deepspeed"] is None and r["saved"] is None
+    p = run(["tune", "--dir", work, "--size", "16M", "--time-budget",
+             "0.001", "--repeat", "1", "-q"], env)
+    assert p.returncode == 0, p.stderr
+    assert "not tuned: --time-budget ran out" in p.stdout
+    assert "stopped by --time-budget" in p.stdout
+    assert_empty(work)
+
+
+@pytest.mark.parametrize("cmd", ["tune", "bench"])
+def test_bad_engine_in_environment_is_named(cmd, work, env):
+    env["NVIO_ENGINE"] = "foo"
+    p = run([cmd, "--dir", work, "--size", "4M", "-q"], env)
+    assert p.returncode == 1, p.stderr
+    assert "NVIO_ENGINE=foo" in p.stderr and "unset NVIO_ENGINE" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert_empty(work)
+
+
+def seccomp_block_io_uring():
+    """preexec_fn: io_uring_setup fails with EPERM, as under docker's
+    default seccomp profile."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    # ld [nr]; jeq 425 (io_uring_setup) ? errno(EPERM) : allow
+    insns = [(0x20, 0, 0, 0), (0x15, 0, 1, 425),
+             (0x06, 0, 0, 0x00050000 | 1), (0x06, 0, 0, 0x7fff0000)]
+    buf = b"".join(struct.pack("HBBI", *i) for i in insns)
+    filt = ctypes.create_string_buffer(buf)
+    prog = struct.pack("HxxxxxxP", len(insns), ctypes.addressof(filt))
+    prog_buf = ctypes.create_string_buffer(prog)
+    if libc.prctl(38, 1, 0, 0, 0) or libc.prctl(22, 2, prog_buf, 0, 0):
+        os._exit(99)
+
+
+def run_seccomp(args, env):
+    if not sys.platform.startswith("linux"):
+        pytest.skip("seccomp is Linux only")
+    p = subprocess.run([str(NVIO)] + [str(a) for a in args], env=env,
+                       capture_output=True, text=True, timeout=120,
+                       preexec_fn=seccomp_block_io_uring)
+    if p.returncode == 99:
+        pytest.skip("cannot install a seccomp filter here")
+    return p
+
+
+def test_io_uring_forced_but_blocked_by_seccomp(work, env):
+    env["NVIO_ENGINE"] = "io_uring"
+    p = run_seccomp(tune_args(work), env)
+    assert p.returncode == 1, p.stderr
+    assert "set by NVIO_ENGINE" in p.stderr, p.stderr
+    assert "unset NVIO_ENGINE" in p.stderr
+    assert_empty(work)
+
+
+def test_tune_prints_results_before_a_saving_error(work, env, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    env["NVIO_TUNED_FILE"] = str(blocker / "tuned.conf")  # parent a file
+    p = run(tune_args(work, "--write-only", "--json"), env)
+    assert p.returncode == 1
+    r = json.loads(p.stdout)
+    assert r["write"]["gbps"] > 0 and r["saved"] is None
+    assert r["save_error"]
+    assert "not saved" in p.stderr and str(blocker) in p.stderr
+    assert "--no-save" in p.stderr
+    p = run(tune_args(work, "--write-only"), env)
+    assert p.returncode == 1 and "write best" in p.stdout
+    assert_empty(work)
+
+
+def test_tuned_entry_saves_auto_not_the_engine_auto_picked(work, env):
+    r = run_json(tune_args(work, "--write-only"), env)
+    auto = run_json(["report", work], env)["default_handle"]["engine"]
+    line = [l for l in Path(r["saved"]).read_text().splitlines()
+            if l.startswith("write ")][0]
+    won = r["write"]["nvio"]["engine"]
+    want = "auto" if won == auto else won
+    assert line.endswith(" engine=%s" % want), (line, auto)
+
+
+def test_corrupt_tuned_file_is_named(work, env):
+    Path(env["NVIO_TUNED_FILE"]).parent.mkdir()
+    Path(env["NVIO_TUNED_FILE"]).write_text(
+        "read %s engine=bogus\n" % os.path.realpath(work))
+    p = run(["bench", "--dir", work, "--read"] + SMALL, env)
+    assert p.returncode == 0, p.stderr
+    assert env["NVIO_TUNED_FILE"] in p.stderr
+    assert "NVIO_NO_TUNED=1" in p.stderr
+
+
+PLANT_CASES = [
+    ("bench", ["bench", "--size", "4M", "--loops", "1", "--warmup", "0",
+               "-q"], ["bench"]),
+    ("tune", ["tune", "--size", "4M", "--time-budget", "1", "--repeat", "1",
+              "--no-save", "-q"], ["tune"]),
+    ("fio", ["bench", "--size", "4M", "--loops", "1", "--warmup", "0", "-q",
+             "--compare", "fio"], ["bench"]),
+]
+
+
+@pytest.mark.parametrize("name,args,tags", PLANT_CASES,
+                         ids=[c[0] for c in PLANT_CASES])
+def test_planted_symlinks_are_not_followed(name, args, tags, tmp_path, env):
+    """Another user plants symlinks in the shared directory at every name
+    the tool has used (they held its pid): the file they point at must
+    stay untouched. The tool is started through a shell that waits, so
+    its pid is known before it runs."""
+    if name == "fio" and not shutil.which("fio"):
+        pytest.skip("fio not installed")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    env["TMPDIR"] = str(shared)
+    p = subprocess.Popen(["sh", "-c", 'read go; exec "$@"', "sh", str(NVIO)]
+                         + args + ["--dir", str(shared)], env=env,
+                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    planted = []
+    for tag in tags:
+        for i in range(4):
+            planted.append(shared / (".nvio-%s-%d-%d.tmp" % (tag, p.pid, i)))
+    for kind in ("lat", "clat", "slat"):
+        for job in range(1, 9):
+            planted.append(shared / ("nvio-fio-%d_%s.%d.log" %
+                                     (p.pid, kind, job)))
+    for link in planted:
+        link.symlink_to(victim)
+    _, err = p.communicate("go\n", timeout=300)
+    assert p.returncode == 0, err
+    assert victim.read_bytes() == b"precious"
+    for link in planted:
+        assert link.is_symlink()
+        link.unlink()
+    assert_empty(shared)
+
+
+def test_plot_file_untouched_when_tune_fails(work, env, tmp_path):
+    svg = tmp_path / "mine.svg"
+    svg.write_text("the user's own file")
+    p = run(["tune", "--dir", tmp_path / "missing", "--plot", svg], env)
+    assert p.returncode == 2
+    assert svg.read_text() == "the user's own file"
+    env["NVIO_ENGINE"] = "foo"  # fails after the plot was opened
+    p = run(tune_args(work, "--plot", svg), env)
+    assert p.returncode == 1
+    assert svg.read_text() == "the user's own file"
+    assert sorted(os.listdir(tmp_path)) == ["conf", "mine.svg", "work"] or \
+        sorted(os.listdir(tmp_path)) == ["mine.svg", "work"]
+    assert_empty(work)
+
+
+def test_plot_replaces_file_only_on_success(work, env, tmp_path):
+    svg = tmp_path / "mine.svg"
+    svg.write_text("old")
+    r = run_json(tune_args(work, "--write-only", "--no-save", "--plot", svg),
+                 env)
+    assert r["write"]["tuned"]
+    assert ET.parse(svg).getroot().tag.endswith("svg")
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".nvio")]
+
+
+def test_plot_to_a_device_keeps_the_device(env, tmp_path):
+    """--plot /dev/null must not unlink it: checked on a null device of
+    our own, so a regression cannot remove the system's."""
+    if not is_root():
+        pytest.skip("mknod needs root")
+    null = tmp_path / "null"
+    os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    p = run(["tune", "--dir", tmp_path / "missing", "--plot", null], env)
+    assert p.returncode == 2
+    assert stat.S_ISCHR(os.stat(null).st_mode)
+
+
+def test_report_on_tmpfs_says_page_cache_only(tmpfs, env):
+    d = tmpfs("mem", "size=8m")
+    p = run(["report", d], env)
+    assert p.returncode == 0, p.stderr
+    assert "aligned to 0 bytes" not in p.stdout
+    assert "page cache only" in p.stdout
+    assert run_json(["report", d], env)["direct"]["bypasses_page_cache"] \
+        is False
+
+
+def test_report_read_only_blames_the_mount_not_o_direct(tmpfs, env):
+    d = tmpfs("ro2", "ro,size=4m")
+    out = run(["report", d], env).stdout
+    line = [l for l in out.splitlines() if l.startswith("  O_DIRECT ")][0]
+    assert "read-only" in line and "could not create its test file" in line
+    assert "refuses O_DIRECT" not in out
+
+
+def test_report_not_writable_dir(tmp_path, env):
+    if not is_root():
+        pytest.skip("needs root to run as another user")
+    import tempfile
+    top = tempfile.mkdtemp(dir="/tmp")  # pytest's tmp_path is root-only
+    try:
+        os.chmod(top, 0o755)
+        d = Path(top) / "locked"
+        d.mkdir(mode=0o555)
+        env["HOME"] = top
+        p = subprocess.run([str(NVIO), "report", str(d)], env=env,
+                           capture_output=True, text=True, timeout=60,
+                           preexec_fn=lambda: os.setuid(65534))
+    finally:
+        shutil.rmtree(top)
+    assert p.returncode == 0, p.stderr
+    line = [l for l in p.stdout.splitlines() if l.startswith("  O_DIRECT ")][0]
+    assert "not writable" in line and "could not create" in line
+    assert "refuses O_DIRECT" not in p.stdout
+
+
+def test_report_on_proc(env):
+    p = run(["report", "/proc"], env)
+    assert p.returncode == 0, p.stderr
+    assert "procfs" in p.stdout and "refuses O_DIRECT" not in p.stdout
+
+
+def test_report_io_uring_blocked_names_sysctl_and_seccomp(work, env):
+    p = run_seccomp(["report", work], env)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    i = [n for n, l in enumerate(lines) if l.strip().startswith("io_uring")][0]
+    assert " NO: " in lines[i]
+    assert lines[i].rstrip().endswith("NVIO_ENGINE=libaio")  # not cut
+    fix = lines[i + 1]
+    assert "kernel.io_uring_disabled" in fix and "seccomp profile" in fix
+
+
+def test_bench_on_ramfs_warns_instead_of_refusing(tmpfs, env):
+    d = tmpfs("ram", "", "ramfs")
+    p = run(["bench", "--dir", d] + SMALL, env)
+    assert p.returncode == 0, p.stderr
+    assert "ramfs reports no size or free space" in p.stderr
+    assert "O_DIRECT bypasses the page cache" not in p.stdout
+    assert "does not bypass" in p.stdout
+    assert_empty(d)
+
+
+def test_bench_on_tmpfs_does_not_claim_a_bypass(tmpfs, env):
+    d = tmpfs("mem2", "size=32m")
+    p = run(["bench", "--dir", d] + SMALL, env)
+    assert p.returncode == 0, p.stderr
+    assert "O_DIRECT bypasses the page cache" not in p.stdout
+    assert "does not bypass" in p.stdout
+    assert_empty(d)
