@@ -1046,10 +1046,20 @@ PyObject *ext_h_get_inflight(PyObject *s, void *unused)
 /* Stream                                                              */
 /* ------------------------------------------------------------------ */
 
+/*
+ * A stream is used by one thread at a time (nvio_stream_open(3)); a
+ * second thread arriving while one is inside a call is refused rather
+ * than let into the stream's buffers at the same time.
+ */
 static int stream_check(ext_stream *self, int want_writer)
 {
 	if (!self->s || !self->file->f || !self->file->handle->h) {
 		PyErr_SetString(PyExc_ValueError, "nvio: I/O operation on a closed stream");
+		return -1;
+	}
+	if (self->busy) {
+		PyErr_SetString(PyExc_RuntimeError,
+				"nvio: a stream is used by one thread at a time");
 		return -1;
 	}
 	if (want_writer >= 0 && want_writer != self->writer) {
