@@ -301,3 +301,23 @@ def test_vector_of_mixed_buffer_kinds(handle, np, torch, tmp_path):
     got = b"".join([bytes(outs[0]), bytes(outs[1]), bytes(outs[2]), outs[3]._a.tobytes(),
                     bytes(outs[4].numpy()), bytes(memoryview(outs[5]))])
     assert got == blob
+
+
+def test_vector_argument_errors(handle, tmp_path):
+    with handle.open(tmp_path / "va.bin", RW) as f:
+        with pytest.raises(ValueError, match="at least one"):
+            f.pwritev([], 0)
+        with pytest.raises(ValueError, match="piece 1"):
+            f.pwritev([(b"ab", 0), (b"cd", 1)], nvio.OFFSET_PER_IOV)
+        with pytest.raises(ValueError, match="piece 1"):
+            handle.submit([(nvio.OP_WRITE, f, [(b"ab", 10), (b"cd", 0)], -1)])
+        with pytest.raises(TypeError):
+            f.pwritev([b"ab"], nvio.OFFSET_PER_IOV)        # pairs needed
+        with pytest.raises(ValueError):
+            f.pwritev([b"x"], -5)
+        with pytest.raises(ValueError):
+            handle.submit([(7, f, b"", 0)])
+        with pytest.raises(TypeError):
+            f.pread(b"read-only", 0)
+        assert handle.inflight == 0
+        assert f.pwritev([b"", b""], 0) == 0

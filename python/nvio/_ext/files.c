@@ -191,6 +191,11 @@ static int borrow_vector(ext_state *st, PyObject *seq, int per_iov, int writable
 			     n, NVIO_MAX_IOV);
 		return -1;
 	}
+	if (n == 0) {
+		Py_DECREF(tup);
+		PyErr_SetString(PyExc_ValueError, "nvio: a vector needs at least one buffer");
+		return -1;
+	}
 	ext_buf *bufs = PyMem_Calloc(n ? (size_t)n : 1, sizeof(*bufs));
 	nvio_iovec_t *iov = PyMem_Calloc(n ? (size_t)n : 1, sizeof(*iov));
 	Py_ssize_t i = 0;
@@ -220,6 +225,15 @@ static int borrow_vector(ext_state *st, PyObject *seq, int per_iov, int writable
 		}
 		if (borrow(st, obj, writable, keep_storage, &bufs[i]) < 0)
 			goto fail;
+		/* libnvio's rule, said with the piece's index */
+		if (per_iov && i > 0 && (uint64_t)off < (uint64_t)iov[i - 1].offset + iov[i - 1].len) {
+			ext_buf_release(&bufs[i]);
+			PyErr_Format(PyExc_ValueError, "nvio: piece %zd at offset %lld overlaps or "
+				     "precedes piece %zd (which ends at %llu); per-piece offsets "
+				     "must increase without overlap", i, (long long)off, i - 1,
+				     (unsigned long long)(iov[i - 1].offset + iov[i - 1].len));
+			goto fail;
+		}
 		iov[i].base = bufs[i].ptr;
 		iov[i].len = bufs[i].nbytes;
 		iov[i].offset = off;
