@@ -205,3 +205,21 @@ def test_duck_typed_tensors(handle, tmp_path):
 
     with pytest.raises(RuntimeError, match="device lost"):
         handle.sync_pread(Broken(mem), f)
+
+
+def test_stub_names_every_export_of_the_extension():
+    """_nvio.pyi (installed beside the extension) declares what it exports."""
+    import ast
+    import os
+    from nvio import _nvio
+    stub = os.path.join(os.path.dirname(nvio.__file__), "_nvio.pyi")
+    tree = ast.parse(open(stub).read())
+    top = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    top |= {n.target.id for n in tree.body if isinstance(n, ast.AnnAssign)}
+    missing = [k for k in dir(_nvio) if not k.startswith("_") and k not in top]
+    assert not missing, missing
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    for cls in ("Handle", "File", "Stream"):
+        declared = {n.name for n in classes[cls].body if isinstance(n, ast.FunctionDef)}
+        real = {k for k in dir(getattr(_nvio, cls)) if not k.startswith("_")}
+        assert real <= declared, (cls, sorted(real - declared))

@@ -11,7 +11,8 @@
  * its module alive), type slots through ext_module_of_type().
  *
  * Execution runs each concern's ext_*_exec in order: errors first (the
- * others raise them), then buffers, locked memory and the handle.
+ * others raise them), then buffers, locked memory, the handle, and the
+ * files, tagged ops and streams over it.
  */
 #include "ext.h"
 
@@ -56,7 +57,7 @@ PyObject *ext_module_of_type(PyTypeObject *type)
 /* ------------------------------------------------------------------ */
 
 #define ONE(name) + 1
-#define EXT_STATE_REFS (1 + EXT_NERRNO + 2 + (0 EXT_TORCH_NAMES(ONE)) + \
+#define EXT_STATE_REFS (1 + EXT_NERRNO + 4 + (0 EXT_TORCH_NAMES(ONE)) + \
 			EXT_TORCH_TYPES + 3)
 
 /* Every reference the state owns, so that traverse and clear agree. */
@@ -69,6 +70,8 @@ static size_t state_refs(ext_state *st, PyObject **refs[EXT_STATE_REFS])
 		refs[n++] = &st->errno_class[i];
 	refs[n++] = &st->handle_type;
 	refs[n++] = &st->locked_buffer_type;
+	refs[n++] = &st->file_type;
+	refs[n++] = &st->stream_type;
 #define NAME_REF(name) refs[n++] = &st->s_##name;
 	EXT_TORCH_NAMES(NAME_REF)
 #undef NAME_REF
@@ -256,7 +259,8 @@ static int module_exec(PyObject *m)
 	ext_state *st = ext_state_of(m);
 
 	if (ext_errors_exec(m, st) < 0 || ext_buffers_exec(m, st) < 0 ||
-	    ext_locked_exec(m, st) < 0 || ext_handle_exec(m, st) < 0)
+	    ext_locked_exec(m, st) < 0 || ext_handle_exec(m, st) < 0 ||
+	    ext_files_exec(m, st) < 0)
 		return -1;
 	if (PyModule_AddIntConstant(m, "VERSION_NUM", (long)nvio_version()) < 0 ||
 	    PyModule_AddStringConstant(m, "version_string", nvio_version_string()) < 0 ||
