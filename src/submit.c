@@ -418,7 +418,7 @@ static int check_range(struct nvio__op *op, const char **what)
 	int r;
 
 	if (!op->is_write) {
-		*what = "stat";
+		*what = "read (past the end of the file)";
 		if (end <= size || size == UINT64_MAX)
 			return 0;
 		if (S_ISREG(f->st.st_mode) && nvio__sys.fstat(f->fd, &st) == 0 &&

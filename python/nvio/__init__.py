@@ -39,9 +39,12 @@ from ._nvio import (
     NvioPermissionError,
     NvioTimeoutError,
     buffer_info,
+    cufile_set_library,
     file_size,
     load_tuned,
     probe,
+    staging_limit,
+    staging_set_limit,
     strerror,
 )
 from ._futures import Completions, File, NvioFuture, completions
@@ -74,7 +77,8 @@ __all__ = [
     "NvioIsADirectoryError", "NvioNotADirectoryError", "NvioInterruptedError",
     "NvioTimeoutError", "NvioBlockingIOError", "ENGINES", "engine_available",
     "available_engines", "buffer_info", "file_size", "load_tuned", "probe",
-    "strerror", "version", "__version__",
+    "strerror", "version", "__version__", "cufile_set_library", "staging_limit",
+    "staging_set_limit",
     "open", "NvioFile", "File", "Stream", "NvioFuture", "Completions", "completions",
     "FILE_READ", "FILE_WRITE", "FILE_CREATE", "FILE_EXCL", "FILE_TRUNC", "FILE_ATOMIC",
     "OP_READ", "OP_WRITE", "VALIDATE", "FSYNC", "OFFSET_PER_IOV",

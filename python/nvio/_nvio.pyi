@@ -376,6 +376,9 @@ class _Probe(TypedDict):
     cufile_mode: int
     cufile_why: str
 
+def cufile_set_library(path: StrOrBytesPath | None, /) -> None: ...
+def staging_set_limit(nbytes: int, /) -> None: ...
+def staging_limit() -> tuple[int, int]: ...
 def probe(dir: StrOrBytesPath | None = None, /) -> _Probe:
     """What this machine (and dir) support."""
 

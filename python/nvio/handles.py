@@ -188,8 +188,9 @@ aio_handle = AioHandle
 
 
 def _find_cufile():
-    """Point libnvio at the libcufile the nvidia-cufile wheel ships, if any
-    (libnvio loads it at run time; NVIO_CUFILE_LIB set by the user wins)."""
+    """Point libnvio at the libcufile the nvidia-cufile wheel ships, if any,
+    through nvio_cufile_set_library (libnvio loads it at run time; the
+    environment is left alone, and NVIO_CUFILE_LIB set by the user wins)."""
     import glob
     import os
     if os.environ.get("NVIO_CUFILE_LIB"):
@@ -198,7 +199,10 @@ def _find_cufile():
         hits = sorted(glob.glob(os.path.join(d, "nvidia", "cu*", "lib", "libcufile.so*")) +
                       glob.glob(os.path.join(d, "nvidia", "cufile", "lib", "libcufile.so*")))
         if hits:
-            os.environ["NVIO_CUFILE_LIB"] = hits[0]
+            try:
+                _nvio.cufile_set_library(hits[0])
+            except OSError:
+                pass    # cuFile already loaded from elsewhere: that one stays
             return
 
 

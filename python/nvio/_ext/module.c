@@ -239,7 +239,49 @@ static PyObject *m_gds_deregister(PyObject *m, PyObject *arg)
 	Py_RETURN_NONE;
 }
 
+static PyObject *m_cufile_set_library(PyObject *m, PyObject *arg)
+{
+	PyObject *b = NULL;
+	int rc;
+
+	if (arg != Py_None && !PyUnicode_FSConverter(arg, &b))
+		return NULL;
+	rc = nvio_cufile_set_library(b ? PyBytes_AsString(b) : NULL);
+	Py_XDECREF(b);
+	if (rc < 0)
+		return ext_raise_plain(ext_state_of(m), rc,
+				       "nvio: cuFile is already loaded from another path");
+	Py_RETURN_NONE;
+}
+
+static PyObject *m_staging_set_limit(PyObject *m, PyObject *arg)
+{
+	unsigned long long n = PyLong_AsUnsignedLongLong(arg);
+
+	if (n == (unsigned long long)-1 && PyErr_Occurred())
+		return NULL;
+	nvio_staging_set_limit(n);
+	Py_RETURN_NONE;
+}
+
+static PyObject *m_staging_limit(PyObject *m, PyObject *unused)
+{
+	uint64_t in_use = 0, limit = nvio_staging_limit(&in_use);
+
+	return Py_BuildValue("(KK)", (unsigned long long)limit,
+			     (unsigned long long)in_use);
+}
+
 static PyMethodDef module_functions[] = {
+	{ "cufile_set_library", m_cufile_set_library, METH_O,
+	  "cufile_set_library(path)\n--\n\nThe libcufile to load (None: the default search);\n"
+	  "NvioError if cuFile is already loaded from another path." },
+	{ "staging_set_limit", m_staging_set_limit, METH_O,
+	  "staging_set_limit(nbytes)\n--\n\nThe process-wide budget of bounce buffers\n"
+	  "(0: the default, $NVIO_STAGING_LIMIT or 512 MiB); pools made later obey it." },
+	{ "staging_limit", m_staging_limit, METH_NOARGS,
+	  "staging_limit()\n--\n\n(limit, in_use): the staging budget in force and the\n"
+	  "bytes bounce pools hold now." },
 	{ "gds_mode", m_gds_mode, METH_NOARGS,
 	  "gds_mode()\n--\n\n(mode, why): 'direct' (GPUDirect), 'compat' (cuFile compatibility\n"
 	  "mode) or 'none' (GDS handles use bounce buffers), and the reason." },
