@@ -177,7 +177,7 @@ static struct nvio__op *op_new(struct nvio_handle *h, const struct nvio__opspec 
 	struct nvio__op *op = room;
 
 	if (op)
-		memset(op, 0, op_size(h));
+		memset(op, 0, sizeof(*op));	/* run_op sets the tasks */
 	else if (!(op = calloc(1, op_size(h))))
 		return NULL;
 	op->on_heap = room == NULL;
