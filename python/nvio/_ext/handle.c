@@ -1016,7 +1016,21 @@ static PyObject *m_load_tuned(PyObject *m, PyObject *args, PyObject *kw)
 	return config_dict(&c);
 }
 
+static PyObject *m_check_flag(PyObject *m, PyObject *args)
+{
+	PyObject *o;
+	const char *what;
+	int v;
+	if (!PyArg_ParseTuple(args, "Os:check_flag", &o, &what) ||
+	    ext_parse_flag(o, what, &v) < 0)
+		return NULL;
+	return PyBool_FromLong(v);
+}
+
 static PyMethodDef config_functions[] = {
+	{ "check_flag", m_check_flag, METH_VARARGS,
+	  "check_flag(value, name)\n--\n\nThe bool of a flag argument: True/False or 0/1;\n"
+	  "TypeError naming `name` for anything else (\"False\" is not False)." },
 	{ "engine_available", m_engine_available, METH_O,
 	  "engine_available(engine)\n--\n\n(available, why) for 'io_uring', 'libaio' or 'psync'." },
 	{ "load_tuned", (PyCFunction)(void (*)(void))m_load_tuned, METH_VARARGS | METH_KEYWORDS,
