@@ -599,7 +599,16 @@ static PyObject *file_open_common(ext_handle *hd, PyObject *pathobj, int fd,
 	if (!f) {
 		Py_DECREF(cls);
 		Py_XDECREF(pathb);
-		if (err == -EINVAL) {
+		/* EINVAL is about the flags only when they break the rules
+		 * (nvio_file_open(3)); else it is about the file (an ATOMIC
+		 * write refuses a FIFO or a device): name the path. */
+		unsigned known = NVIO_FILE_READ | NVIO_FILE_WRITE | NVIO_FILE_CREATE |
+				 NVIO_FILE_EXCL | NVIO_FILE_TRUNC | NVIO_FILE_ATOMIC;
+		int bad_flags = (flags & ~known) ||
+			!(flags & (NVIO_FILE_READ | NVIO_FILE_WRITE | NVIO_FILE_ATOMIC)) ||
+			((flags & NVIO_FILE_ATOMIC) &&
+			 (flags & (NVIO_FILE_TRUNC | NVIO_FILE_EXCL)));
+		if (err == -EINVAL && (bad_flags || !path)) {
 			PyErr_Format(PyExc_ValueError, "nvio: invalid file flags 0x%x for %s: %s",
 				     flags, path ? "open" : "open_fd", nvio_strerror(err));
 			return NULL;

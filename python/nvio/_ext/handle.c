@@ -884,9 +884,12 @@ static PyMethodDef handle_methods[] = {
 	  "Queue a write and return 0; wait() reports it. The buffer is kept alive\n"
 	  "until then; do not modify it before wait().\n" RW_DOC_TAIL },
 	{ "read", (PyCFunction)(void (*)(void))h_read, METH_VARARGS | METH_KEYWORDS,
-	  "read($self, buffer, filename, validate=False, file_offset=0)\n--\n\n"
+	  "read($self, buffer, filename, validate=False, file_offset=0, *, allow_short=False)\n--\n\n"
 	  "Blocking read of the whole file (from file_offset) into buffer, which must\n"
-	  "be at least that large (else NvioError(EOVERFLOW)). Returns 0.\n" },
+	  "have the same size (DeepSpeed's contract; else NvioError naming both sizes:\n"
+	  "ENODATA for a short file, EOVERFLOW for a long one). Returns 0.\n"
+	  "allow_short=True: a shorter file is read into the start of buffer and the\n"
+	  "byte count is returned.\n" },
 	{ "write", (PyCFunction)(void (*)(void))h_write, METH_VARARGS | METH_KEYWORDS,
 	  "write($self, buffer, filename, validate=False, file_offset=0, *, fsync=False)\n--\n\n"
 	  "Blocking write of the whole buffer. With file_offset=0 the file is replaced\n"
