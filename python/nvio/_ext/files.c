@@ -272,6 +272,23 @@ int ext_run_sync(ext_handle *hd, nvio_file_t *f, const char *path, int is_write,
 	unsigned opflags = flags & ~(unsigned)NVIO_FSYNC;	/* once, at the end */
 	nvio_file_info_t fi;
 
+	/* One chunk or less runs as one plain call with the GIL released,
+	 * in the caller's thread where libnvio can: handing a small op to a
+	 * worker and reaping it would cost more than its I/O (a 4 KiB read),
+	 * and one chunk ends soon enough for Ctrl-C to be seen after it. */
+	if (!iov && n <= EXT_CHUNK) {
+		int r;
+
+		hd->busy++;
+		Py_BEGIN_ALLOW_THREADS
+		r = is_write ? nvio_file_pwrite(f, ptr, n, off, flags) :
+			       nvio_file_pread(f, ptr, n, off, flags);
+		Py_END_ALLOW_THREADS
+		hd->busy--;
+		if (r < 0)
+			record_of(h, r, rec);
+		return r;
+	}
 	memset(&fi, 0, sizeof(fi));
 	fi.struct_size = sizeof(fi);
 	if (!iov && nvio_file_info(f, &fi) == 0) {
