@@ -12,13 +12,16 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 /* One request. The worker owns it; the engine borrows it until reaped. */
 struct nvio__io {
 	int fd;
 	int is_write;
 	void *buf;
-	size_t len;
+	size_t len;		/* with iov: the total of its parts */
+	const struct iovec *iov;	/* NULL, or the parts of a vectored */
+	int iovcnt;			/* request (then buf is unused) */
 	uint64_t off;
 	ssize_t res;	/* set at completion: bytes moved or -errno */
 	void *fh;	/* cuFile handle: the cuFile engine moves it; buf is

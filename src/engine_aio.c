@@ -84,7 +84,13 @@ static int aio_submit(void *ctx, struct nvio__io **ios, unsigned n, int single)
 			struct nvio__io *io = ios[done + i];
 			struct iocb *cb = (struct iocb *)io->priv;
 
-			if (io->is_write)
+			if (io->iov && io->is_write)
+				io_prep_pwritev(cb, io->fd, io->iov, io->iovcnt,
+						(long long)io->off);
+			else if (io->iov)
+				io_prep_preadv(cb, io->fd, io->iov, io->iovcnt,
+					       (long long)io->off);
+			else if (io->is_write)
 				io_prep_pwrite(cb, io->fd, io->buf, io->len,
 					       (long long)io->off);
 			else

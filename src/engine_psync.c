@@ -46,7 +46,11 @@ static int psync_submit(void *ctx, struct nvio__io **ios, unsigned n, int single
 		struct nvio__io *io = ios[i];
 		ssize_t r;
 
-		if (io->is_write)
+		if (io->iov)
+			r = io->is_write ?
+			    nvio__sys.pwritev(io->fd, io->iov, io->iovcnt, (off_t)io->off) :
+			    nvio__sys.preadv(io->fd, io->iov, io->iovcnt, (off_t)io->off);
+		else if (io->is_write)
 			r = nvio__sys.pwrite(io->fd, io->buf, io->len, (off_t)io->off);
 		else
 			r = nvio__sys.pread(io->fd, io->buf, io->len, (off_t)io->off);

@@ -160,7 +160,13 @@ static int uring_submit(void *ctx, struct nvio__io **ios, unsigned n, int single
 
 		if (!sqe)
 			break;
-		if (ios[i]->is_write)
+		if (ios[i]->iov && ios[i]->is_write)
+			io_uring_prep_writev(sqe, ios[i]->fd, ios[i]->iov,
+					     (unsigned)ios[i]->iovcnt, ios[i]->off);
+		else if (ios[i]->iov)
+			io_uring_prep_readv(sqe, ios[i]->fd, ios[i]->iov,
+					    (unsigned)ios[i]->iovcnt, ios[i]->off);
+		else if (ios[i]->is_write)
 			io_uring_prep_write(sqe, ios[i]->fd, ios[i]->buf,
 					    (unsigned)ios[i]->len, ios[i]->off);
 		else

@@ -8,6 +8,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -31,6 +32,7 @@ static int no_reap_fault(void)
 
 #define SYS_DEFAULT { \
 	.open = sys_open, .close = close, .pread = pread, .pwrite = pwrite, \
+	.preadv = preadv, .pwritev = pwritev, \
 	.fstat = fstat, .fsync = fsync, .rename = rename, .unlink = unlink, \
 	.mlock = mlock, .fallocate = fallocate, .statx = statx, \
 	.ftruncate = ftruncate, .linkat = linkat, .eventfd = eventfd, \

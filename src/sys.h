@@ -16,12 +16,15 @@
 #include <sys/stat.h>
 
 struct statx;
+struct iovec;
 
 struct nvio__sys {
 	int (*open)(const char *path, int flags, mode_t mode);
 	int (*close)(int fd);
 	ssize_t (*pread)(int fd, void *buf, size_t n, off_t off);
 	ssize_t (*pwrite)(int fd, const void *buf, size_t n, off_t off);
+	ssize_t (*preadv)(int fd, const struct iovec *iov, int n, off_t off);
+	ssize_t (*pwritev)(int fd, const struct iovec *iov, int n, off_t off);
 	int (*fstat)(int fd, struct stat *st);
 	int (*fsync)(int fd);
 	int (*rename)(const char *from, const char *to);

@@ -49,7 +49,12 @@ struct slot {
 	void *stage;		/* bounce buffer, or NULL */
 	uint64_t pos;		/* where the piece lives in the op's memory */
 	unsigned retries;	/* completions of EINTR/EAGAIN/EBUSY so far */
+	struct iovec *iov;	/* a vectored piece's parts (grown on need) */
+	unsigned iov_cap;
 };
+
+/* Parts of one vectored request at most (the kernel's UIO_MAXIOV). */
+#define MAX_PARTS 1024u
 
 struct wstate {
 	struct nvio__worker *w;
@@ -398,19 +403,66 @@ static void move_here(struct nvio__op *op, const struct nvio__piece *pc)
 }
 
 /*
- * Whether a piece goes through a bounce buffer: GPU memory always (the
- * kernel cannot reach it), a piece that spans several of the op's
- * buffers (gathered into one request), and an O_DIRECT piece whose
- * memory is not aligned as the file needs. *mem: the piece's own bytes.
+ * A piece that spans several of the op's buffers (a vector's pieces laid
+ * end to end) as the parts of one vectored request, straight from their
+ * memory: 0 and sl->io.iov set, or -1 where it must be gathered instead
+ * (more parts than a request takes, an O_DIRECT piece with a part not
+ * aligned as the file needs, or no memory for the part list).
  */
-static int needs_stage(const struct nvio__op *op, const struct nvio__piece *pc,
-		       unsigned char **mem)
+static int vector_parts(struct slot *sl, const struct nvio__op *op,
+			const struct nvio__piece *pc)
+{
+	int direct = pc->body && op->direct;
+	uint64_t pos = pc->pos, left = pc->len;
+	unsigned n = 0;
+
+	while (left > 0) {
+		uint64_t k;
+		unsigned char *mem = nvio__op_at(op, pos, &k);
+
+		if (k > left)
+			k = left;
+		if (n == MAX_PARTS || (direct && ((uintptr_t)mem | k) % op->mem_align))
+			return -1;
+		if (n == sl->iov_cap) {
+			unsigned cap = sl->iov_cap ? 2 * sl->iov_cap : 16;
+			struct iovec *v = realloc(sl->iov, cap * sizeof(*v));
+
+			if (!v)
+				return -1;
+			sl->iov = v;
+			sl->iov_cap = cap;
+		}
+		sl->iov[n].iov_base = mem;
+		sl->iov[n++].iov_len = (size_t)k;
+		pos += k;
+		left -= k;
+	}
+	sl->io.iov = sl->iov;
+	sl->io.iovcnt = (int)n;
+	return 0;
+}
+
+/*
+ * Whether a piece goes through a bounce buffer: GPU memory always (the
+ * kernel cannot reach it), an O_DIRECT piece whose memory is not aligned
+ * as the file needs, and a piece spanning several of the op's buffers
+ * that cannot go as one vectored request (vector_parts). *mem: the
+ * piece's own bytes when they lie in one buffer.
+ */
+static int needs_stage(struct slot *sl, const struct nvio__op *op,
+		       const struct nvio__piece *pc, unsigned char **mem)
 {
 	*mem = nvio__op_mem(op, pc->pos, pc->len);
+	sl->io.iov = NULL;
+	sl->io.iovcnt = 0;
 	if (op->cufh)
 		return 0;	/* cuFile reaches GPU memory itself */
-	return op->mem != NVIO__MEM_HOST || !*mem ||
-	       (pc->body && op->direct && (uintptr_t)*mem % op->mem_align);
+	if (op->mem != NVIO__MEM_HOST)
+		return 1;
+	if (!*mem)
+		return vector_parts(sl, op, pc) < 0;
+	return pc->body && op->direct && (uintptr_t)*mem % op->mem_align;
 }
 
 /*
@@ -438,14 +490,15 @@ static void fill(struct wstate *s)
 			task_pieces_done(t, 1);
 			continue;
 		}
-		staged = needs_stage(op, &pc, &mem);
+		sl = s->free[s->nfree - 1];
+		staged = needs_stage(sl, op, &pc, &mem);
 		if (staged) {
 			stage = nvio__stage_get(&s->w->stage, &err);
 			if (!stage && !err)
 				return;	/* all bounce buffers busy: reap first */
 		}
 		take_piece(s, t);
-		sl = s->free[--s->nfree];
+		s->nfree--;
 		sl->task = t;
 		sl->stage = stage;
 		sl->retries = 0;
@@ -486,6 +539,30 @@ int nvio__finish_short(struct nvio__op *op, const struct nvio__io *io, size_t go
 	return nvio__pread_full(op->file->fd, p, io->len - got, io->off + got);
 }
 
+/* A vectored request the kernel cut short: the rest, part by part,
+ * through the buffered descriptor. */
+static int finish_short_parts(struct nvio__op *op, struct slot *sl, size_t got)
+{
+	uint64_t pos = sl->pos + got, off = sl->io.off + got, left = sl->io.len - got;
+	int err = 0;
+
+	if (!sl->io.is_write && got == 0)
+		return -ENODATA;	/* end of file inside the range */
+	while (!err && left > 0) {
+		uint64_t k;
+		unsigned char *mem = nvio__op_at(op, pos, &k);
+
+		if (k > left)
+			k = left;
+		err = sl->io.is_write ? nvio__pwrite_full(op->file->fd, mem, (size_t)k, off) :
+					nvio__pread_full(op->file->fd, mem, (size_t)k, off);
+		pos += k;
+		off += k;
+		left -= k;
+	}
+	return err;
+}
+
 static void complete(struct wstate *s, struct nvio__io *io)
 {
 	struct slot *sl = SLOT_OF(io);
@@ -500,6 +577,8 @@ static void complete(struct wstate *s, struct nvio__io *io)
 	}
 	if (res < 0)
 		err = (int)res;
+	else if ((size_t)res < io->len && io->iov)
+		err = finish_short_parts(sl->task->op, sl, (size_t)res);
 	else if ((size_t)res < io->len)
 		err = nvio__finish_short(sl->task->op, io, (size_t)res);
 	if (!err && sl->stage && !io->is_write)
@@ -591,6 +670,8 @@ static void wstate_free(struct wstate *s)
 {
 	if (!s)
 		return;
+	for (unsigned i = 0; s->slots && i < s->nslots; i++)
+		free(s->slots[i].iov);
 	free(s->slots);
 	free(s->free);
 	free(s->ready);
