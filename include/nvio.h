@@ -256,7 +256,8 @@ typedef struct nvio_error {
 	int64_t offset;		/* file offset of the failing piece */
 	uint64_t nbytes;	/* size of the failing piece */
 	uint64_t user_data;	/* the op's tag (nvio_submit), else 0 */
-	char what[32];		/* "open", "pread", "pwrite", "validate", ... */
+	char what[64];		/* "open", "pread", "pwrite", "validate", ...,
+				 * or the argument refused: "iov (...)" */
 	char path[1024];	/* file name, or "fd N" */
 } nvio_error_t;
 
@@ -448,8 +449,9 @@ NVIO_API int nvio_file_commit(nvio_file_t *f);
 
 /*
  * Sets the file's size exactly (ftruncate): it shrinks or grows (a hole).
- * nvio_file_allocate reserves [offset, offset + nbytes) (fallocate, so a
- * full disk shows now, as -ENOSPC) without changing the bytes there.
+ * nvio_file_allocate reserves [offset, offset + nbytes) (fallocate(2)
+ * mode 0, so a full disk shows now, as -ENOSPC) without changing the
+ * bytes there; a file shorter than offset + nbytes grows to it.
  */
 NVIO_API int nvio_file_truncate(nvio_file_t *f, uint64_t size);
 NVIO_API int nvio_file_allocate(nvio_file_t *f, int64_t offset, uint64_t nbytes);
@@ -491,7 +493,8 @@ NVIO_API int nvio_file_pwrite(nvio_file_t *f, const void *buf, uint64_t nbytes,
  * in block_size requests whatever the buffers' sizes: pieces smaller than
  * a request, or not aligned for O_DIRECT, are gathered into (or
  * scattered from) the staging buffers; aligned spans of a whole request
- * move straight from their memory.
+ * move straight from their memory. The buffers of one vector are all host
+ * memory or all on one CUDA device (-EINVAL otherwise).
  */
 typedef struct nvio_iovec {
 	void *base;
@@ -564,7 +567,9 @@ typedef struct nvio_completion {
  * Stores up to max completions in out, oldest first, and returns how
  * many. Waits until at least min are there, or until timeout_ns has
  * passed (< 0: no limit; 0: never waits), then returns what there is,
- * which may be fewer than min (0 included). min > max is -EINVAL.
+ * which may be fewer than min (0 included). min > max is -EINVAL. With no
+ * timeout it waits for ops other threads may still submit: min beyond
+ * what is in flight (nvio_inflight) then waits until they do.
  * Completions of ops submitted by any thread come back to whichever
  * thread reaps first. nvio_wait() does not report them.
  */
@@ -605,6 +610,8 @@ NVIO_API int nvio_completion_error(const nvio_completion_t *c, const char *path,
  * stream and returns its first error; with NVIO_FSYNC the file is made
  * durable, with NVIO_STREAM_COMMIT (an ATOMIC file) it is committed
  * (which fsyncs). The file stays open; it must outlive its streams.
+ * Stream calls take host memory (-EINVAL for GPU memory: move that with
+ * nvio_file_pread/pwrite). A stream is used by one thread at a time.
  */
 #define NVIO_STREAM_READ	(1u << 0)
 #define NVIO_STREAM_WRITE	(1u << 1)

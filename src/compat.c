@@ -32,7 +32,7 @@ static void to_v01(const nvio_error_t *e, struct error_v01 *o)
 	o->op_seq = e->op_seq;
 	o->offset = e->offset;
 	o->nbytes = e->nbytes;
-	memcpy(o->what, e->what, sizeof(o->what));
+	snprintf(o->what, sizeof(o->what), "%s", e->what);
 	memcpy(o->path, e->path, sizeof(o->path));
 }
 
@@ -69,7 +69,7 @@ int nvio__format_error_v01(const struct error_v01 *o, char *buf, size_t len)
 	e.op_seq = o->op_seq;
 	e.offset = o->offset;
 	e.nbytes = o->nbytes;
-	memcpy(e.what, o->what, sizeof(o->what));
+	snprintf(e.what, sizeof(e.what), "%.*s", (int)sizeof(o->what), o->what);
 	memcpy(e.path, o->path, sizeof(o->path));
 	return nvio_format_error(&e, buf, len);
 }

@@ -213,13 +213,22 @@ static uint64_t direct_span(const struct nvio_stream *s, const void *buf, uint64
 	return n / s->unit * s->unit;
 }
 
+/* Stream calls copy with memcpy: host memory only. */
+static int host_memory(const void *buf)
+{
+	int dev;
+
+	return nvio__cuda_pointer_device(buf, &dev) == 0;
+}
+
 int64_t nvio_stream_write(nvio_stream_t *s, const void *buf, uint64_t nbytes)
 {
 	const unsigned char *p = buf;
 	uint64_t left = nbytes;
 	int r;
 
-	if (!s || !s->writer || (!buf && nbytes) || nbytes > INT64_MAX)
+	if (!s || !s->writer || (!buf && nbytes) || nbytes > INT64_MAX ||
+	    (nbytes && !host_memory(buf)))
 		return -EINVAL;
 	if (nvio__forked(s->h))
 		return -ECHILD;
@@ -369,7 +378,8 @@ int64_t nvio_stream_read(nvio_stream_t *s, void *buf, uint64_t nbytes)
 	uint64_t got = 0;
 	int r;
 
-	if (!s || s->writer || (!buf && nbytes) || nbytes > INT64_MAX)
+	if (!s || s->writer || (!buf && nbytes) || nbytes > INT64_MAX ||
+	    (nbytes && !host_memory(buf)))
 		return -EINVAL;
 	if (nvio__forked(s->h))
 		return -ECHILD;

@@ -177,7 +177,7 @@ static struct nvio__op *op_new(struct nvio_handle *h, const struct nvio__opspec 
 	struct nvio__op *op = room;
 
 	if (op)
-		memset(op, 0, op_size(h));
+		memset(op, 0, sizeof(*op));	/* run_op sets the tasks */
 	else if (!(op = calloc(1, op_size(h))))
 		return NULL;
 	op->on_heap = room == NULL;
@@ -418,7 +418,7 @@ static int check_range(struct nvio__op *op, const char **what)
 	int r;
 
 	if (!op->is_write) {
-		*what = "stat";
+		*what = "read (past the end of the file)";
 		if (end <= size || size == UINT64_MAX)
 			return 0;
 		if (S_ISREG(f->st.st_mode) && nvio__sys.fstat(f->fd, &st) == 0 &&

@@ -321,6 +321,32 @@ int main(void)
 		T_EQ_U64(stub_copies(), before);
 		nvio_handle_destroy(h);
 	}
+	/* Streams copy with memcpy: GPU memory is refused, never touched. */
+	t_ctx("stream with a device buffer");
+	if (t_handle(&h, NVIO_ENGINE_AUTO, NVIO_DIRECT_AUTO, 1, 0) == 0) {
+		char spath[T_PATH_MAX];
+		nvio_file_t *f;
+		nvio_stream_t *s = NULL;
+		int err;
+
+		t_path(spath, "stream");
+		f = nvio_file_open(h, spath, NVIO_FILE_READ | NVIO_FILE_WRITE |
+				   NVIO_FILE_CREATE, &err);
+		if (T_TRUE(f != NULL))
+			s = nvio_stream_open(f, NVIO_STREAM_WRITE, 0, 0, 0, &err);
+		if (T_TRUE(s != NULL)) {
+			T_ERR(nvio_stream_write(s, dev, 4096), -EINVAL);
+			T_EQ_INT(nvio_stream_write(s, host, 4096), 4096);
+			T_OK(nvio_stream_close(s, 0));
+		}
+		s = f ? nvio_stream_open(f, NVIO_STREAM_READ, 0, 0, 0, &err) : NULL;
+		if (T_TRUE(s != NULL)) {
+			T_ERR(nvio_stream_read(s, dev, 4096), -EINVAL);
+			T_OK(nvio_stream_close(s, 0));
+		}
+		nvio_file_close(f);
+		nvio_handle_destroy(h);
+	}
 	stub_free(dev);
 	return t_done();
 }

@@ -7,11 +7,28 @@
 
 Code written for DeepSpeed's DeepNVMe runs with an import change:
 ``from nvio.compat import AsyncIOBuilder``.
+
+libnvio 0.2 in Python: ``h.open(path, flags)`` gives a :class:`File` (pread,
+pwrite, preadv, pwritev, their ``*_async`` futures, streams);
+``h.submit_async(ops)`` a batch of :class:`NvioFuture`; ``nvio.open(path,
+"wb")`` a binary file object that ``torch.save``/``torch.load`` take as is.
 """
 from . import _nvio
 from ._nvio import (
+    FILE_ATOMIC,
+    FILE_CREATE,
+    FILE_EXCL,
+    FILE_READ,
+    FILE_TRUNC,
+    FILE_WRITE,
+    FSYNC,
+    OFFSET_PER_IOV,
+    OP_READ,
+    OP_WRITE,
+    VALIDATE,
     Handle,
     LockedBuffer,
+    Stream,
     NvioError,
     NvioBlockingIOError,
     NvioFileExistsError,
@@ -22,12 +39,17 @@ from ._nvio import (
     NvioPermissionError,
     NvioTimeoutError,
     buffer_info,
+    cufile_set_library,
     file_size,
     load_tuned,
     probe,
+    staging_limit,
+    staging_set_limit,
     strerror,
 )
+from ._futures import Completions, File, NvioFuture, completions
 from .handles import AioHandle, GdsHandle, aio_handle, gds_handle, gds_mode
+from .io import NvioFile, open  # noqa: A001  (nvio.open, like io.open)
 
 __version__ = _nvio.version_string
 
@@ -55,5 +77,9 @@ __all__ = [
     "NvioIsADirectoryError", "NvioNotADirectoryError", "NvioInterruptedError",
     "NvioTimeoutError", "NvioBlockingIOError", "ENGINES", "engine_available",
     "available_engines", "buffer_info", "file_size", "load_tuned", "probe",
-    "strerror", "version", "__version__",
+    "strerror", "version", "__version__", "cufile_set_library", "staging_limit",
+    "staging_set_limit",
+    "open", "NvioFile", "File", "Stream", "NvioFuture", "Completions", "completions",
+    "FILE_READ", "FILE_WRITE", "FILE_CREATE", "FILE_EXCL", "FILE_TRUNC", "FILE_ATOMIC",
+    "OP_READ", "OP_WRITE", "VALIDATE", "FSYNC", "OFFSET_PER_IOV",
 ]

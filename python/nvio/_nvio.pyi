@@ -4,6 +4,7 @@ Use the nvio package instead; this stub lets type checkers see what the
 extension exports. Where a C function accepts any object and tests its
 truth (the "p" format), the stub says bool.
 """
+from collections.abc import Iterable, Sequence
 from typing import Any, Final, Literal, Protocol, Self, TypedDict, final
 
 from _typeshed import StrOrBytesPath
@@ -223,6 +224,128 @@ class Handle:
     def get_engine_note(self) -> str: ...
     def get_config(self) -> _Config: ...
     def save_tuned(self, dir: StrOrBytesPath, for_write: bool = False) -> None: ...
+    # --- libnvio 0.2 (files.c) ---
+    def open(self, path: StrOrBytesPath, flags: int = ...) -> File:
+        """Open path once for any number of ops (FILE_* flags; default FILE_READ)."""
+    def open_fd(self, fd: int, flags: int = ...) -> File:
+        """A File over an open descriptor, never closed or changed by nvio."""
+    def submit(self, ops: Iterable[_Op], /) -> int:
+        """Submit tagged ops; how many, from the first, were accepted.
+
+        A refused first op raises NvioError; resubmit the rest to see a
+        later one's. Buffers and files stay borrowed until reap() returns
+        the op. wait() never sees tagged ops.
+        """
+    def reap(
+        self, max: int = 64, min: int = 0, timeout: float | None = None
+    ) -> list[tuple[Any, int | NvioError]]:
+        """(user_data, bytes moved or the op's NvioError) of ended ops.
+
+        Waits without the GIL until min (capped at inflight) ended or
+        timeout seconds passed (None: no limit; 0: poll).
+        """
+    def completion_fd(self) -> int:
+        """An eventfd readable while completions wait to be reaped."""
+    @property
+    def inflight(self) -> int:
+        """Tagged ops accepted and not yet reaped."""
+
+# --- open files, tagged ops, streams (files.c) ----------------------------
+
+FILE_READ: Final[int]
+FILE_WRITE: Final[int]
+FILE_CREATE: Final[int]
+FILE_EXCL: Final[int]
+FILE_TRUNC: Final[int]
+FILE_ATOMIC: Final[int]
+OP_READ: Final[int]
+OP_WRITE: Final[int]
+VALIDATE: Final[int]
+FSYNC: Final[int]
+OFFSET_PER_IOV: Final[int]  # -1: each piece of a vector has its own offset
+MAX_IOV: Final[int]
+
+# A vector: buffers laid end to end from the op's offset, or with offset
+# OFFSET_PER_IOV (buffer, offset) pairs in increasing order.
+_Vector: TypeAlias = Sequence[_BufferLike] | Sequence[tuple[_BufferLike, int]]
+
+# A tagged op: (opcode, file, buf or vector, offset[, user_data[, flags]]).
+_Op: TypeAlias = (
+    tuple[int, File, _BufferLike | _Vector, int]
+    | tuple[int, File, _BufferLike | _Vector, int, Any]
+    | tuple[int, File, _BufferLike | _Vector, int, Any, int]
+)
+
+class _FileInfo(TypedDict):
+    flags: int
+    fd: int
+    direct: bool
+    dio_offset_align: int
+    dio_mem_align: int
+    size: int
+    committed: bool
+    path: str
+
+class File:
+    """An open file of a Handle (Handle.open / Handle.open_fd).
+
+    Sync methods return the bytes moved; failures raise NvioError. As a
+    context manager: on success an ATOMIC file not yet committed is
+    committed, then closed; on an exception it is closed only (abandoned).
+    """
+
+    def pread(self, buf: _BufferLike, offset: int, flags: int = 0) -> int: ...
+    def pwrite(self, buf: _BufferLike, offset: int, flags: int = 0) -> int: ...
+    def preadv(self, bufs: _Vector, offset: int, flags: int = 0) -> int: ...
+    def pwritev(self, bufs: _Vector, offset: int, flags: int = 0) -> int: ...
+    def truncate(self, size: int, /) -> None: ...
+    def allocate(self, offset: int, nbytes: int, /) -> None: ...
+    def sync(self) -> None: ...
+    def commit(self) -> None: ...
+    def close(self) -> None: ...
+    def info(self) -> _FileInfo: ...
+    def stream(
+        self, mode: Literal["r", "w", "rb", "wb"], offset: int = 0,
+        buffer_bytes: int = 0, depth: int = 0,
+    ) -> Stream: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *args: object) -> Literal[False]: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def fd(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def direct(self) -> bool: ...
+    @property
+    def committed(self) -> bool: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def flags(self) -> int: ...
+    @property
+    def handle(self) -> Handle: ...
+
+@final
+class Stream:
+    """A writer ('w') or read-ahead reader ('r') over a File (File.stream)."""
+
+    def write(self, buf: _BufferLike, /) -> int: ...
+    def readinto(self, buf: _BufferLike, /) -> int: ...
+    def read(self, n: int = -1, /) -> bytes: ...
+    def seek(self, offset: int, /) -> int: ...
+    def tell(self) -> int: ...
+    def flush(self) -> None: ...
+    def close(self, fsync: bool = False, commit: bool = False) -> None: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *args: object) -> Literal[False]: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def mode(self) -> Literal["r", "w"]: ...
+    @property
+    def file(self) -> File: ...
 
 def engine_available(engine: _EngineName | str | int | None, /) -> tuple[bool, str]:
     """(available, why)."""
@@ -253,6 +376,9 @@ class _Probe(TypedDict):
     cufile_mode: int
     cufile_why: str
 
+def cufile_set_library(path: StrOrBytesPath | None, /) -> None: ...
+def staging_set_limit(nbytes: int, /) -> None: ...
+def staging_limit() -> tuple[int, int]: ...
 def probe(dir: StrOrBytesPath | None = None, /) -> _Probe:
     """What this machine (and dir) support."""
 

@@ -25,6 +25,7 @@ import operator
 import sys
 
 from . import _nvio
+from ._futures import File, completions
 
 __all__ = ["AioHandle", "aio_handle", "GdsHandle", "gds_handle", "gds_mode"]
 
@@ -54,9 +55,11 @@ class AioHandle(_nvio.Handle):
     The environment variables NVIO_ENGINE and NVIO_DIRECT override them.
     """
 
-    __slots__ = ("_locked", "__weakref__")
+    __slots__ = ("_locked", "_completions", "__weakref__")
 
     _GDS = False
+    #: What ``open()`` / ``open_fd()`` make: files with ``*_async`` methods.
+    _file_class = File
 
     def __new__(cls, block_size=1048576, queue_depth=128, single_submit=False,
                 overlap_events=False, intra_op_parallelism=1, *, engine="auto",
@@ -68,6 +71,7 @@ class AioHandle(_nvio.Handle):
                                engine=engine, direct=direct,
                                staging_bytes=staging_bytes, gds=cls._GDS)
         self._locked = {}
+        self._completions = None
         return self
 
     @classmethod
@@ -145,8 +149,25 @@ class AioHandle(_nvio.Handle):
                 return False
         return False
 
+    def submit_async(self, ops, *, refused="raise"):
+        """Submit many tagged ops at once; one :class:`nvio.NvioFuture` per op.
+
+        Each op is ``(opcode, file, buf, offset[, user_data[, flags]])`` as for
+        ``Handle.submit`` (``user_data`` ends up as ``future.user_data``).
+        ``refused="future"`` turns an op refused at submit into a failed
+        future instead of raising. The handle's one reaper thread resolves
+        them; ``wait()`` does not see these ops.
+        """
+        return completions(self).submit(ops, refused=refused)
+
     def close(self):
-        """Wait for ops in flight, free the handle and drop locked-tensor refs."""
+        """Resolve every outstanding future, stop the reaper, close the
+        handle's files, wait for ops in flight, free the handle and drop
+        locked-tensor refs."""
+        c = getattr(self, "_completions", None)
+        if c is not None:
+            c.close()
+            self._completions = None
         super().close()
         self._locked.clear()
 
@@ -167,8 +188,9 @@ aio_handle = AioHandle
 
 
 def _find_cufile():
-    """Point libnvio at the libcufile the nvidia-cufile wheel ships, if any
-    (libnvio loads it at run time; NVIO_CUFILE_LIB set by the user wins)."""
+    """Point libnvio at the libcufile the nvidia-cufile wheel ships, if any,
+    through nvio_cufile_set_library (libnvio loads it at run time; the
+    environment is left alone, and NVIO_CUFILE_LIB set by the user wins)."""
     import glob
     import os
     if os.environ.get("NVIO_CUFILE_LIB"):
@@ -177,7 +199,10 @@ def _find_cufile():
         hits = sorted(glob.glob(os.path.join(d, "nvidia", "cu*", "lib", "libcufile.so*")) +
                       glob.glob(os.path.join(d, "nvidia", "cufile", "lib", "libcufile.so*")))
         if hits:
-            os.environ["NVIO_CUFILE_LIB"] = hits[0]
+            try:
+                _nvio.cufile_set_library(hits[0])
+            except OSError:
+                pass    # cuFile already loaded from elsewhere: that one stays
             return
 
 

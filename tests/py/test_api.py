@@ -205,3 +205,55 @@ def test_duck_typed_tensors(handle, tmp_path):
 
     with pytest.raises(RuntimeError, match="device lost"):
         handle.sync_pread(Broken(mem), f)
+
+
+def test_stub_names_every_export_of_the_extension():
+    """_nvio.pyi (installed beside the extension) declares what it exports."""
+    import ast
+    import os
+    from nvio import _nvio
+    stub = os.path.join(os.path.dirname(nvio.__file__), "_nvio.pyi")
+    tree = ast.parse(open(stub).read())
+    top = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    top |= {n.target.id for n in tree.body if isinstance(n, ast.AnnAssign)}
+    missing = [k for k in dir(_nvio) if not k.startswith("_") and k not in top]
+    assert not missing, missing
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    for cls in ("Handle", "File", "Stream"):
+        declared = {n.name for n in classes[cls].body if isinstance(n, ast.FunctionDef)}
+        real = {k for k in dir(getattr(_nvio, cls)) if not k.startswith("_")}
+        assert real <= declared, (cls, sorted(real - declared))
+
+
+def test_staging_budget_is_process_wide_and_settable(tmp_path):
+    """Bounce pools of every handle draw from one limit; destroy gives back."""
+    import numpy as np
+    nvio.staging_set_limit(8 << 20)
+    try:
+        limit, in_use = nvio.staging_limit()
+        assert limit == 8 << 20 and in_use == 0
+        data = np.random.default_rng(1).integers(0, 255, (4 << 20) + 7, dtype=np.uint8)
+        p = tmp_path / "d.bin"
+        p.write_bytes(data.tobytes())
+        hs = [nvio.AioHandle(intra_op_parallelism=2) for _ in range(3)]
+        for h in hs:
+            out = np.zeros(len(data) + 1, dtype=np.uint8)
+            h.sync_pread(out[1:], str(p))          # unaligned: staged when direct
+            assert np.array_equal(out[1:], data)
+        _, in_use = nvio.staging_limit()
+        assert in_use <= (8 << 20) + 3 * 2 * 2 * (1 << 20)
+        for h in hs:
+            h.close()
+        assert nvio.staging_limit()[1] == 0
+    finally:
+        nvio.staging_set_limit(0)
+    assert nvio.staging_limit()[0] == 512 << 20
+
+
+def test_cufile_set_library_is_taken_and_probe_does_not_hide_it():
+    mode, why = nvio.gds_mode()
+    if mode != "none":
+        pytest.skip("a real cuFile is loaded here")
+    nvio.cufile_set_library("/nonexistent/libcufile.so.0")
+    assert nvio.gds_mode()[0] == "none"          # still looked for, not found
+    nvio.cufile_set_library(None)

@@ -123,3 +123,20 @@ def test_close_while_busy_refused(np, big_file):
         assert result == [1] or refused
         return
     pytest.skip("the close always came before the read")
+
+
+def test_reap_and_file_ops_release_the_gil(big_file):
+    with nvio.AioHandle(engine="psync", direct=False) as h:
+        f = h.open(big_file)
+        buf = bytearray(SIZE)
+        got = []
+        # the read runs in nvio's workers while reap() waits for it
+        ticks, _ = _ticks_during(lambda: (h.submit([(nvio.OP_READ, f, buf, 0, "big")]),
+                                          got.extend(h.reap(1, 1, None))))
+        assert got == [("big", SIZE)] and ticks > 0
+        ticks, _ = _ticks_during(lambda: f.pread(buf, 0))
+        assert ticks > 0
+        with f.stream("r") as s:
+            ticks, _ = _ticks_during(lambda: s.readinto(buf))
+        assert ticks > 0
+        f.close()

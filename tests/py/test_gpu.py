@@ -120,3 +120,21 @@ def test_gds_mode_is_reported():
     mode, why = nvio.gds_mode()
     assert mode in ("direct", "compat", "none")
     assert why
+
+
+@pytest.mark.parametrize("cls", HANDLES)
+def test_file_ops_and_futures_on_cuda_tensors(cls, path):
+    n = (5 << 20) + 7
+    src = rand_gpu(n, 99)
+    with cls() as h:
+        f = h.open(path, nvio.FILE_READ | nvio.FILE_WRITE | nvio.FILE_CREATE)
+        assert f.pwrite(src, 0) == n
+        with open(path, "rb") as g:
+            assert g.read() == bytes(src.cpu().numpy())
+        dst = torch.zeros_like(src)
+        assert f.pread_async(dst, 0).result(60) == n
+        assert torch.equal(dst, src)
+        parts = [torch.zeros(k, dtype=torch.uint8, device="cuda") for k in (1, 4096, n - 4097)]
+        assert f.preadv(parts, 0) == n
+        assert torch.equal(torch.cat(parts), src)
+        f.close()

@@ -54,20 +54,56 @@ static int set_attr_steal(PyObject *o, const char *name, PyObject *v)
 	return r;
 }
 
+/* An instance of the errno's class with the attributes of a failure. */
+static PyObject *make_error(ext_state *st, int rc, const char *msg, PyObject *target,
+			    const char *op, int64_t offset, uint64_t nbytes,
+			    uint64_t op_seq, int is_write, int fd)
+{
+	PyObject *cls = error_class(st, -rc);
+	/* file names are bytes: any that are not UTF-8 survive as escapes */
+	PyObject *text = PyUnicode_DecodeFSDefault(msg);
+	if (!text)
+		return NULL;
+	PyObject *exc = PyObject_CallFunction(cls, "iNO", -rc, text,
+					      target ? target : Py_None);
+	if (!exc)
+		return NULL;
+	if (set_attr_steal(exc, "op", PyUnicode_DecodeFSDefault(op)) < 0 ||
+	    set_attr_steal(exc, "offset", PyLong_FromLongLong(offset)) < 0 ||
+	    set_attr_steal(exc, "nbytes", PyLong_FromUnsignedLongLong(nbytes)) < 0 ||
+	    set_attr_steal(exc, "op_seq", PyLong_FromUnsignedLongLong(op_seq)) < 0 ||
+	    set_attr_steal(exc, "is_write", PyBool_FromLong(is_write)) < 0 ||
+	    set_attr_steal(exc, "fd", (target || fd < 0) ? Py_NewRef(Py_None)
+						      : PyLong_FromLong(fd)) < 0) {
+		Py_DECREF(exc);
+		return NULL;
+	}
+	return exc;
+}
+
+PyObject *ext_error_from_record(ext_state *st, const nvio_error_t *e, PyObject *filename)
+{
+	char msg[1536];
+
+	nvio_format_error(e, msg, sizeof(msg));
+	return make_error(st, e->err, msg, filename, e->what, e->offset, e->nbytes,
+			  e->op_seq, e->is_write, -1);
+}
+
 PyObject *ext_raise_io(ext_state *st, nvio_handle_t *h, int rc, PyObject *target,
 		       int fd, int64_t offset, uint64_t nbytes, const char *op,
 		       int is_write)
 {
 	nvio_error_t *e = &st->scratch_error;
 	char msg[1536];
-	int have = 0;
+	PyObject *exc;
 
 	memset(e, 0, sizeof(*e));
 	e->struct_size = sizeof(*e);
-	if (h && nvio_last_error(h, e) == rc && rc != 0)
-		have = 1;
-	if (have) {
+	if (h && nvio_last_error(h, e) == rc && rc != 0) {
 		nvio_format_error(e, msg, sizeof(msg));
+		exc = make_error(st, rc, msg, target, e->what, e->offset, e->nbytes,
+				 e->op_seq, e->is_write, fd);
 	} else {
 		char where[1100];
 		const char *path = NULL;
@@ -84,29 +120,12 @@ PyObject *ext_raise_io(ext_state *st, nvio_handle_t *h, int rc, PyObject *target
 		snprintf(msg, sizeof(msg), "%s of %llu bytes at offset %lld in %s failed: %s",
 			 op, (unsigned long long)nbytes, (long long)offset, where,
 			 nvio_strerror(rc));
+		exc = make_error(st, rc, msg, target, op, offset, nbytes, 0, is_write, fd);
 	}
-
-	PyObject *cls = error_class(st, -rc);
-	/* file names are bytes: any that are not UTF-8 survive as escapes */
-	PyObject *text = PyUnicode_DecodeFSDefault(msg);
-	if (!text)
-		return NULL;
-	PyObject *exc = PyObject_CallFunction(cls, "iNO", -rc, text,
-					      target ? target : Py_None);
-	if (!exc)
-		return NULL;
-	if (set_attr_steal(exc, "op", PyUnicode_DecodeFSDefault(have ? e->what : op)) < 0 ||
-	    set_attr_steal(exc, "offset", PyLong_FromLongLong(have ? e->offset : offset)) < 0 ||
-	    set_attr_steal(exc, "nbytes", PyLong_FromUnsignedLongLong(have ? e->nbytes : nbytes)) < 0 ||
-	    set_attr_steal(exc, "op_seq", PyLong_FromUnsignedLongLong(have ? e->op_seq : 0)) < 0 ||
-	    set_attr_steal(exc, "is_write", PyBool_FromLong(have ? e->is_write : is_write)) < 0 ||
-	    set_attr_steal(exc, "fd", (target || fd < 0) ? Py_NewRef(Py_None)
-						      : PyLong_FromLong(fd)) < 0) {
+	if (exc) {
+		PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
 		Py_DECREF(exc);
-		return NULL;
 	}
-	PyErr_SetObject(cls, exc);
-	Py_DECREF(exc);
 	return NULL;
 }
 

@@ -15,6 +15,7 @@
  *   buffers.c  borrowing a buffer for one op; holds for async ops
  *   locked.c   LockedBuffer (nvio_mem_*), mem_query
  *   handle.c   the Handle type; handle configuration
+ *   files.c    File (open files), tagged ops (Handle.submit/reap), Stream
  *
  * Names shared between these files start with ext_ (they are hidden in
  * the shared object: only PyInit__nvio is exported).
@@ -68,6 +69,8 @@ typedef struct ext_state {
 	/* the types, for type checks */
 	PyObject *handle_type;
 	PyObject *locked_buffer_type;
+	PyObject *file_type;
+	PyObject *stream_type;
 	/* buffers.c: interned names, and what it learnt about torch */
 #define EXT_DECLARE_NAME(n) PyObject *s_##n;
 	EXT_TORCH_NAMES(EXT_DECLARE_NAME)
@@ -187,12 +190,29 @@ int ext_locked_exec(PyObject *m, ext_state *st);
 
 int ext_handle_exec(PyObject *m, ext_state *st);
 
+typedef struct ext_tag ext_tag;
+typedef struct ext_file ext_file;
+
+/*
+ * A handle's tagged ops (files.c): what each accepted op borrows, in a
+ * slot whose index + 1 is the op's C user_data, until reap() returns it.
+ */
+typedef struct {
+	ext_tag **slot;		/* NULL where free */
+	size_t cap;
+	size_t *free;		/* free slot indices (a stack) */
+	size_t nfree;
+	size_t used;		/* slots [0, used) were handed out once */
+} ext_tags;
+
 typedef struct {
 	PyObject_HEAD
 	nvio_handle_t *h;	/* NULL once closed */
 	PyObject *module;	/* strong: keeps the state alive */
 	int busy;		/* calls now running with the GIL released */
 	ext_holds holds;
+	ext_tags tags;
+	ext_file *files;	/* open files (borrowed; each unlinks itself) */
 } ext_handle;
 
 static inline ext_state *ext_handle_state(ext_handle *self)
@@ -216,5 +236,33 @@ int ext_parse_target(PyObject *filename, PyObject *fdobj, PyObject **pathb,
  * (None, a bool or a name). 0, or -1 with an exception set. */
 int ext_parse_engine(PyObject *o, int *out);
 int ext_parse_direct(PyObject *o, int *out);
+
+/* ------------------------------------------------------------------ */
+/* Files, tagged ops and streams (files.c)                             */
+/* ------------------------------------------------------------------ */
+
+int ext_files_exec(PyObject *m, ext_state *st);
+
+/*
+ * Before the C handle is destroyed: closes every open file of the handle
+ * (and their streams; an ATOMIC file not committed is abandoned), waiting
+ * for their ops without the GIL. The handle must not be busy.
+ */
+void ext_files_close_all(ext_handle *self);
+/* After the C handle is destroyed: releases what tagged ops borrowed. */
+void ext_tags_release_all(ext_handle *self);
+
+/* Handle methods defined in files.c. */
+PyObject *ext_h_open(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *ext_h_open_fd(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *ext_h_submit(PyObject *self, PyObject *arg);
+PyObject *ext_h_reap(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *ext_h_completion_fd(PyObject *self, PyObject *unused);
+PyObject *ext_h_get_inflight(PyObject *self, void *unused);
+
+/* An NvioError instance (not raised) for a record; filename may be NULL.
+ * New reference, or NULL with an exception set. */
+PyObject *ext_error_from_record(ext_state *st, const nvio_error_t *e,
+				PyObject *filename);
 
 #endif

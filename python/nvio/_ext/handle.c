@@ -30,13 +30,16 @@ int ext_handle_check_open(ext_handle *self)
 }
 
 /*
- * Destroys the C handle (waiting for ops in flight), then drops holds.
- * While it waits, without the GIL, the handle counts as busy: another
- * thread's close() is refused instead of dropping the holds of ops that
- * are still running.
+ * Closes the handle's open files (their ops end first), destroys the C
+ * handle (waiting for the rest of the ops in flight), then drops holds
+ * and the borrows of tagged ops never reaped. While it waits, without
+ * the GIL, the handle counts as busy: another thread's close() is
+ * refused instead of dropping the holds of ops that are still running.
  */
 static void handle_shutdown(ext_handle *self)
 {
+	if (self->h)
+		ext_files_close_all(self);	/* files live in the handle */
 	nvio_handle_t *h = self->h;
 	self->h = NULL;
 	if (h) {
@@ -47,6 +50,7 @@ static void handle_shutdown(ext_handle *self)
 		self->busy--;
 	}
 	ext_holds_release(&self->holds, UINT64_MAX);
+	ext_tags_release_all(self);
 }
 
 /* A name through one of libnvio's parsers; `what` names it in errors. */
@@ -701,13 +705,43 @@ static PyMethodDef handle_methods[] = {
 	  "wait($self)\n--\n\n"
 	  "Block until every queued op has ended. Returns the number of ops completed\n"
 	  "since the previous wait (0 if none). If any failed, raises NvioError for\n"
-	  "the first failure; every op has ended either way and its buffer is released.\n" },
+	  "the first failure; every op has ended either way and its buffer is released.\n"
+	  "Tagged ops (submit(), futures, *_async) are not waited for nor reported:\n"
+	  "reap() or their futures report them.\n" },
 	{ "uses_gds", h_uses_gds, METH_NOARGS,
 	  "uses_gds($self)\n--\n\nTrue if CUDA tensors on this handle go through cuFile." },
 	{ "pending", h_pending, METH_NOARGS,
 	  "pending($self)\n--\n\nNumber of queued ops not yet reported by wait()." },
 	{ "close", h_close, METH_NOARGS,
 	  "close($self)\n--\n\nWait for ops in flight, then free the handle. Idempotent." },
+	{ "open", (PyCFunction)(void (*)(void))ext_h_open, METH_VARARGS | METH_KEYWORDS,
+	  "open($self, path, flags=FILE_READ)\n--\n\n"
+	  "Open path once for any number of ops: a File. flags: FILE_READ, FILE_WRITE,\n"
+	  "FILE_CREATE, FILE_EXCL, FILE_TRUNC, FILE_ATOMIC (nvio_file_open(3))." },
+	{ "open_fd", (PyCFunction)(void (*)(void))ext_h_open_fd, METH_VARARGS | METH_KEYWORDS,
+	  "open_fd($self, fd, flags=FILE_READ)\n--\n\n"
+	  "A File over an open descriptor, which nvio never closes or changes.\n"
+	  "flags: FILE_READ and/or FILE_WRITE." },
+	{ "submit", ext_h_submit, METH_O,
+	  "submit($self, ops, /)\n--\n\n"
+	  "Submit tagged ops; each is a tuple (opcode, file, buf, offset[, user_data[, flags]]):\n"
+	  "opcode OP_READ or OP_WRITE; buf one buffer, or a list/tuple of buffers laid\n"
+	  "end to end from offset, or with offset OFFSET_PER_IOV (-1) a list of\n"
+	  "(buffer, offset) pairs; user_data any object (reap() gives it back);\n"
+	  "flags VALIDATE | FSYNC. Every buffer and the file are kept alive until\n"
+	  "reap() returns the op. Returns how many ops, from the first, were\n"
+	  "accepted; a refused first op raises NvioError (resubmit the rest to see\n"
+	  "a later refusal). Accepted ops complete exactly once; wait() never sees them." },
+	{ "reap", (PyCFunction)(void (*)(void))ext_h_reap, METH_VARARGS | METH_KEYWORDS,
+	  "reap($self, max=64, min=0, timeout=None)\n--\n\n"
+	  "Up to max ended tagged ops as a list of (user_data, result): result is the\n"
+	  "bytes moved, or the NvioError the op failed with. Waits, without the GIL,\n"
+	  "until min have ended (min is capped at the ops in flight) or timeout\n"
+	  "seconds passed (None: no limit; 0: poll)." },
+	{ "completion_fd", ext_h_completion_fd, METH_NOARGS,
+	  "completion_fd($self)\n--\n\n"
+	  "An eventfd, owned by the handle, readable while completions wait to be\n"
+	  "reaped (poll it, then reap(timeout=0))." },
 	{ "__enter__", h_enter, METH_NOARGS, NULL },
 	{ "__exit__", h_exit, METH_VARARGS, NULL },
 	{ "get_block_size", h_get_block_size, METH_NOARGS, "get_block_size($self)\n--\n\n" },
@@ -735,6 +769,8 @@ static PyMethodDef handle_methods[] = {
 
 static PyGetSetDef handle_getset[] = {
 	{ "closed", h_get_closed, NULL, "True once close() was called.", NULL },
+	{ "inflight", ext_h_get_inflight, NULL,
+	  "Tagged ops accepted by submit() and not yet returned by reap().", NULL },
 	{ NULL, NULL, NULL, NULL, NULL }
 };
 

@@ -11,7 +11,8 @@
  * its module alive), type slots through ext_module_of_type().
  *
  * Execution runs each concern's ext_*_exec in order: errors first (the
- * others raise them), then buffers, locked memory and the handle.
+ * others raise them), then buffers, locked memory, the handle, and the
+ * files, tagged ops and streams over it.
  */
 #include "ext.h"
 
@@ -56,7 +57,7 @@ PyObject *ext_module_of_type(PyTypeObject *type)
 /* ------------------------------------------------------------------ */
 
 #define ONE(name) + 1
-#define EXT_STATE_REFS (1 + EXT_NERRNO + 2 + (0 EXT_TORCH_NAMES(ONE)) + \
+#define EXT_STATE_REFS (1 + EXT_NERRNO + 4 + (0 EXT_TORCH_NAMES(ONE)) + \
 			EXT_TORCH_TYPES + 3)
 
 /* Every reference the state owns, so that traverse and clear agree. */
@@ -69,6 +70,8 @@ static size_t state_refs(ext_state *st, PyObject **refs[EXT_STATE_REFS])
 		refs[n++] = &st->errno_class[i];
 	refs[n++] = &st->handle_type;
 	refs[n++] = &st->locked_buffer_type;
+	refs[n++] = &st->file_type;
+	refs[n++] = &st->stream_type;
 #define NAME_REF(name) refs[n++] = &st->s_##name;
 	EXT_TORCH_NAMES(NAME_REF)
 #undef NAME_REF
@@ -236,7 +239,49 @@ static PyObject *m_gds_deregister(PyObject *m, PyObject *arg)
 	Py_RETURN_NONE;
 }
 
+static PyObject *m_cufile_set_library(PyObject *m, PyObject *arg)
+{
+	PyObject *b = NULL;
+	int rc;
+
+	if (arg != Py_None && !PyUnicode_FSConverter(arg, &b))
+		return NULL;
+	rc = nvio_cufile_set_library(b ? PyBytes_AsString(b) : NULL);
+	Py_XDECREF(b);
+	if (rc < 0)
+		return ext_raise_plain(ext_state_of(m), rc,
+				       "nvio: cuFile is already loaded from another path");
+	Py_RETURN_NONE;
+}
+
+static PyObject *m_staging_set_limit(PyObject *m, PyObject *arg)
+{
+	unsigned long long n = PyLong_AsUnsignedLongLong(arg);
+
+	if (n == (unsigned long long)-1 && PyErr_Occurred())
+		return NULL;
+	nvio_staging_set_limit(n);
+	Py_RETURN_NONE;
+}
+
+static PyObject *m_staging_limit(PyObject *m, PyObject *unused)
+{
+	uint64_t in_use = 0, limit = nvio_staging_limit(&in_use);
+
+	return Py_BuildValue("(KK)", (unsigned long long)limit,
+			     (unsigned long long)in_use);
+}
+
 static PyMethodDef module_functions[] = {
+	{ "cufile_set_library", m_cufile_set_library, METH_O,
+	  "cufile_set_library(path)\n--\n\nThe libcufile to load (None: the default search);\n"
+	  "NvioError if cuFile is already loaded from another path." },
+	{ "staging_set_limit", m_staging_set_limit, METH_O,
+	  "staging_set_limit(nbytes)\n--\n\nThe process-wide budget of bounce buffers\n"
+	  "(0: the default, $NVIO_STAGING_LIMIT or 512 MiB); pools made later obey it." },
+	{ "staging_limit", m_staging_limit, METH_NOARGS,
+	  "staging_limit()\n--\n\n(limit, in_use): the staging budget in force and the\n"
+	  "bytes bounce pools hold now." },
 	{ "gds_mode", m_gds_mode, METH_NOARGS,
 	  "gds_mode()\n--\n\n(mode, why): 'direct' (GPUDirect), 'compat' (cuFile compatibility\n"
 	  "mode) or 'none' (GDS handles use bounce buffers), and the reason." },
@@ -256,7 +301,8 @@ static int module_exec(PyObject *m)
 	ext_state *st = ext_state_of(m);
 
 	if (ext_errors_exec(m, st) < 0 || ext_buffers_exec(m, st) < 0 ||
-	    ext_locked_exec(m, st) < 0 || ext_handle_exec(m, st) < 0)
+	    ext_locked_exec(m, st) < 0 || ext_handle_exec(m, st) < 0 ||
+	    ext_files_exec(m, st) < 0)
 		return -1;
 	if (PyModule_AddIntConstant(m, "VERSION_NUM", (long)nvio_version()) < 0 ||
 	    PyModule_AddStringConstant(m, "version_string", nvio_version_string()) < 0 ||

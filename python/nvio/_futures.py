@@ -1,0 +1,263 @@
+"""Completions -> futures: the one place where nvio's async results become futures.
+
+Every Python module that does asynchronous I/O with nvio goes through
+:class:`Completions`: it submits tagged ops with ``Handle.submit`` and
+resolves an :class:`NvioFuture` per op from ONE reaper thread per handle
+(started on the first submit; it blocks in ``Handle.reap`` with the GIL
+released, at most ``POLL_S`` at a time so that it notices a shutdown, and
+stops when the handle closes). No thread per op.
+
+A future's result is the number of bytes the op moved; a failed op's
+future carries the original :class:`nvio.NvioError` (errno, filename,
+offset, op). Futures are ``concurrent.futures.Future`` objects (so
+``concurrent.futures.wait`` / ``as_completed`` work) and awaitable
+(``await fut`` inside asyncio).
+
+Tagged ops are not seen by ``nvio_wait()``: ``AioHandle.wait()`` and
+``pending()`` neither wait for nor count them. Do not call
+``Handle.reap`` yourself on a handle whose futures layer is in use: the
+reaper would miss the completions you take.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import threading
+import weakref
+
+from . import _nvio
+
+__all__ = ["NvioFuture", "Completions", "completions", "POLL_S"]
+
+#: Longest time the reaper blocks in one reap() call, in seconds.
+POLL_S = 0.2
+#: Most completions one reap() call returns.
+REAP_MAX = 256
+
+
+class NvioFuture(concurrent.futures.Future):
+    """The future of one nvio op: ``result()`` is the bytes moved.
+
+    ``user_data`` is what the op was submitted with (None for the helpers).
+    Awaitable: ``await fut`` in a coroutine.
+    """
+
+    def __init__(self, user_data=None):
+        super().__init__()
+        self.user_data = user_data
+        # The op runs from submit on: like an executor's running future it
+        # cannot be cancelled (cancel() returns False), and the reaper never
+        # meets a cancelled future it would have to resolve.
+        self.set_running_or_notify_cancel()
+
+    def __await__(self):
+        return asyncio.wrap_future(self).__await__()
+
+
+class Completions:
+    """Submits tagged ops on one handle and resolves their futures.
+
+    Made once per handle (:func:`completions`); thread safe.
+    """
+
+    def __init__(self, handle):
+        self._handle = weakref.ref(handle)
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)   # pending became empty
+        self._work = threading.Condition(self._lock)   # pending became non-empty
+        self._pending = {}             # token -> NvioFuture
+        self._tokens = itertools.count(1)
+        self._thread = None
+        self._stop = False
+
+    # -- submitting -------------------------------------------------------
+
+    def submit(self, ops, *, refused="raise"):
+        """Submit ops, each ``(opcode, file, buf, offset[, user_data[, flags]])``
+        as for ``Handle.submit``; returns one future per op, in order.
+
+        ``refused="raise"``: an op libnvio refuses at submit (bad argument,
+        read past the end, ENOSPC when growing) raises its NvioError; the
+        ops before it are in flight and their futures are dropped from the
+        error's ``futures`` attribute. ``refused="future"``: the refused op's
+        future fails with that error and the rest are still submitted.
+        """
+        if refused not in ("raise", "future"):
+            raise ValueError("nvio: refused must be 'raise' or 'future'")
+        h = self._handle()
+        if h is None or h.closed:
+            raise ValueError("nvio: I/O operation on a closed handle")
+        futs, tagged = [], []
+        for op in ops:
+            op = tuple(op)
+            if not 4 <= len(op) <= 6:
+                raise TypeError("nvio: an op is (opcode, file, buf, offset"
+                                "[, user_data[, flags]])")
+            fut = NvioFuture(op[4] if len(op) > 4 else None)
+            flags = op[5] if len(op) > 5 else 0
+            futs.append(fut)
+            tagged.append((op[0], op[1], op[2], op[3], None, flags))
+        i = 0
+        while i < len(tagged):
+            with self._lock:
+                if self._stop:
+                    raise ValueError("nvio: I/O operation on a closed handle")
+                batch = []
+                for k in range(i, len(tagged)):
+                    tok = next(self._tokens)
+                    self._pending[tok] = futs[k]
+                    batch.append(tagged[k][:4] + (tok,) + tagged[k][5:])
+                self._start_locked()
+                self._work.notify()
+            try:
+                n = h.submit(batch)
+            except BaseException as e:
+                n, err = 0, e
+            else:
+                err = None
+            with self._lock:   # forget the tokens of what was not accepted
+                for op in batch[n:]:
+                    self._pending.pop(op[4], None)
+                self._idle.notify_all()
+            i += n
+            if err is not None:
+                # Only an NvioError is op i's refusal; a TypeError or
+                # ValueError may be about any op of the batch: raise it.
+                if refused == "raise" or not isinstance(err, _nvio.NvioError):
+                    err.futures = futs[:i]
+                    raise err
+                futs[i].set_exception(err)
+                i += 1
+        return futs
+
+    # -- the reaper -------------------------------------------------------
+
+    def _start_locked(self):
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="nvio-reaper",
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self):
+        try:
+            self._loop()
+        except BaseException as e:     # never leave futures unresolved
+            self._fail_pending("nvio: the reaper stopped: %r" % (e,))
+            raise
+
+    def _loop(self):
+        while True:
+            with self._lock:
+                # Idle: sleep without holding the handle (it may be collected).
+                while not self._pending and not self._stop:
+                    self._work.wait(POLL_S)
+                    if self._handle() is None:
+                        return
+                if self._stop and not self._pending:
+                    return
+            h = self._handle()
+            if h is None or h.closed:
+                self._fail_pending("nvio: the handle was closed before the op was reaped")
+                return
+            try:
+                done = h.reap(REAP_MAX, 1, POLL_S)
+            except Exception as e:     # the handle closed under us
+                del h
+                self._fail_pending("nvio: reaping failed: %s" % e)
+                return
+            del h
+            for tok, res in done:
+                with self._lock:
+                    fut = self._pending.pop(tok, None)
+                    if not self._pending:
+                        self._idle.notify_all()
+                if fut is None:
+                    continue
+                if isinstance(res, BaseException):
+                    fut.set_exception(res)
+                else:
+                    fut.set_result(res)
+
+    def _fail_pending(self, why):
+        with self._lock:
+            left = list(self._pending.values())
+            self._pending.clear()
+            self._stop = True
+            self._idle.notify_all()
+        for fut in left:
+            if not fut.done():
+                fut.set_exception(RuntimeError(why))
+
+    @property
+    def pending(self):
+        """Futures not yet resolved."""
+        with self._lock:
+            return len(self._pending)
+
+    def drain(self, timeout=None):
+        """Wait until every submitted op's future is resolved. False on timeout."""
+        with self._lock:
+            return self._idle.wait_for(lambda: not self._pending, timeout)
+
+    def close(self):
+        """Resolve every pending future, then stop the reaper (idempotent).
+
+        Called from a future's callback (on the reaper thread) it cannot
+        wait for the reaper: the futures still pending then fail when the
+        handle closes.
+        """
+        if threading.current_thread() is not self._thread:
+            self.drain()
+        with self._lock:
+            self._stop = True
+            self._work.notify_all()
+            t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join()
+
+
+def completions(handle):
+    """The Completions of a handle (an AioHandle keeps one, made on first use)."""
+    c = getattr(handle, "_completions", None)
+    if c is None:
+        c = Completions(handle)
+        try:
+            handle._completions = c
+        except AttributeError:
+            raise TypeError("nvio: futures need an nvio.AioHandle (or a Handle "
+                            "subclass with a _completions slot)") from None
+    return c
+
+
+class File(_nvio.File):
+    """An open file of an :class:`nvio.AioHandle` (``h.open(path, flags)``).
+
+    The synchronous methods are the C ones (``pread``, ``pwrite``, ``preadv``,
+    ``pwritev``, ``truncate``, ``allocate``, ``sync``, ``commit``, ``close``,
+    ``stream``); the ``*_async`` ones return :class:`NvioFuture` objects
+    resolved by the handle's one reaper thread. Buffers are kept alive by
+    nvio until their op's future is resolved.
+    """
+
+    __slots__ = ()
+
+    def _one(self, opcode, buf, offset, flags):
+        return completions(self.handle).submit([(opcode, self, buf, offset, None, flags)])[0]
+
+    def pread_async(self, buf, offset, flags=0):
+        """Read len(buf) bytes at offset; a future of the bytes read."""
+        return self._one(_nvio.OP_READ, buf, offset, flags)
+
+    def pwrite_async(self, buf, offset, flags=0):
+        """Write buf at offset; a future of the bytes written."""
+        return self._one(_nvio.OP_WRITE, buf, offset, flags)
+
+    def preadv_async(self, bufs, offset, flags=0):
+        """preadv as a future (bufs: a list of buffers, or of (buf, offset)
+        pairs with offset OFFSET_PER_IOV)."""
+        return self._one(_nvio.OP_READ, list(bufs), offset, flags)
+
+    def pwritev_async(self, bufs, offset, flags=0):
+        """pwritev as a future."""
+        return self._one(_nvio.OP_WRITE, list(bufs), offset, flags)

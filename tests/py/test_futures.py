@@ -1,0 +1,206 @@
+"""The completions -> futures layer (nvio._futures) on every engine, direct on and off."""
+import asyncio
+import concurrent.futures
+import errno
+import gc
+import os
+import random
+import threading
+import weakref
+
+import pytest
+
+import nvio
+from nvio_testutil import pattern, read_file, write_file
+
+RW = nvio.FILE_READ | nvio.FILE_WRITE | nvio.FILE_CREATE
+
+
+def _reapers():
+    return [t for t in threading.enumerate() if t.name == "nvio-reaper"]
+
+
+def test_many_ops_resolve_once_with_their_results(handle, np, tmp_path):
+    p = tmp_path / "m.bin"
+    n = 300
+    sizes = [random.Random(i).randint(1, 9000) for i in range(n)]
+    offs = [sum(sizes[:i]) for i in range(n)]
+    blob = pattern(sum(sizes), 1)
+    calls = {}
+    with handle.open(p, RW) as f:
+        ops = [(nvio.OP_WRITE, f, np.frombuffer(blob, np.uint8, s, o).copy(), o, ("w", i))
+               for i, (s, o) in enumerate(zip(sizes, offs))]
+        futs = handle.submit_async(ops)
+        for fu in futs:
+            fu.add_done_callback(lambda x: calls.__setitem__(x.user_data,
+                                                             calls.get(x.user_data, 0) + 1))
+        assert [fu.result(10) for fu in futs] == sizes
+        assert [fu.user_data for fu in futs] == [("w", i) for i in range(n)]
+        assert read_file(p) == blob
+        outs = [np.zeros(s, np.uint8) for s in sizes]
+        rfuts = [f.pread_async(outs[i], offs[i]) for i in range(n)]
+        concurrent.futures.wait(rfuts, timeout=10)
+        assert all(fu.done() and fu.result() == s for fu, s in zip(rfuts, sizes))
+    assert b"".join(a.tobytes() for a in outs) == blob
+    assert all(v == 1 for v in calls.values()) and len(calls) == n
+    assert handle.pending() == 0              # wait() does not see tagged ops
+
+
+def test_partial_failures_fail_exactly_those_futures(engine, tmp_path):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    p = tmp_path / "ok.bin"
+    with nvio.AioHandle(engine=engine, direct=False) as h:
+        good = h.open(p, RW)
+        full = h.open("/dev/full", nvio.FILE_WRITE)
+        ops = []
+        for i in range(40):
+            if i % 7 == 3:
+                ops.append((nvio.OP_WRITE, full, b"y" * 4097, 0, i))
+            else:
+                ops.append((nvio.OP_WRITE, good, pattern(1000, i), i * 1000, i))
+        futs = h.submit_async(ops)
+        done, not_done = concurrent.futures.wait(futs, timeout=10)
+        assert not not_done
+        for i, fu in enumerate(futs):
+            if i % 7 == 3:
+                e = fu.exception()
+                assert isinstance(e, nvio.NvioError)
+                assert e.errno == errno.ENOSPC
+                assert e.filename == "/dev/full" and e.offset == 0
+            else:
+                assert fu.exception() is None and fu.result() == 1000
+        good.close()
+    data = read_file(p)
+    for i in range(40):
+        if i % 7 != 3:
+            assert data[i * 1000:(i + 1) * 1000] == pattern(1000, i)
+
+
+def test_refused_ops(handle, tmp_path):
+    p = tmp_path / "r.bin"
+    write_file(p, pattern(8192, 2))
+    with handle.open(p) as f:
+        b1, b2 = bytearray(4096), bytearray(4096)
+        ops = [(nvio.OP_READ, f, b1, 0), (nvio.OP_READ, f, bytearray(10), 9000),
+               (nvio.OP_READ, f, b2, 4096)]
+        futs = handle.submit_async(ops, refused="future")
+        assert futs[0].result(10) == 4096 and futs[2].result(10) == 4096
+        e = futs[1].exception(10)
+        assert e.errno == errno.ENODATA and e.filename == p and e.offset == 9000
+        with pytest.raises(nvio.NvioError) as ei:
+            f.pread_async(bytearray(10), 9000)     # a single op raises at submit
+        assert ei.value.errno == errno.ENODATA
+    assert bytes(b1 + b2) == pattern(8192, 2)
+
+
+def test_asyncio_await(handle, torch, tmp_path):
+    p = tmp_path / "aio.bin"
+    data = pattern(1 << 20, 3)
+
+    async def main():
+        with handle.open(p, RW) as f:
+            t = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            assert await f.pwrite_async(t, 0) == len(data)
+            outs = [torch.zeros(1 << 18, dtype=torch.uint8) for _ in range(4)]
+            got = await asyncio.gather(*(f.pread_async(o, i << 18) for i, o in enumerate(outs)))
+            assert got == [1 << 18] * 4
+            return torch.cat(outs)
+
+    back = asyncio.run(main())
+    assert bytes(back.numpy()) == data
+    assert read_file(p) == data
+
+
+def test_buffers_kept_alive_until_resolved(handle, torch, np, tmp_path):
+    p = tmp_path / "alive.bin"
+    data = pattern((5 << 20) + 3, 4)
+    with handle.open(p, RW) as f:
+        t = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        ref = weakref.ref(t)
+        fut = f.pwrite_async(t, 0)
+        del t
+        gc.collect()
+        assert fut.result(10) == len(data)
+        gc.collect()
+        assert ref() is None                   # released once reaped
+        a = np.zeros(len(data), np.uint8)
+        view = memoryview(a)
+        fut = f.pread_async(a, 0)
+        del a
+        gc.collect()
+        assert fut.result(10) == len(data)
+    assert bytes(view) == data
+    assert read_file(p) == data
+
+
+def test_vectors_async_thousands_of_odd_pieces(handle, np, torch, tmp_path):
+    p = tmp_path / "vec.bin"
+    r = random.Random(5)
+    sizes = [r.randint(1, 2500) for _ in range(3000)]
+    blob = pattern(sum(sizes), 5)
+    pieces, o = [], 0
+    for i, s in enumerate(sizes):
+        chunk = bytearray(blob[o:o + s])
+        pieces.append(np.frombuffer(chunk, np.uint8) if i % 2 else
+                      torch.frombuffer(chunk, dtype=torch.uint8))
+        o += s
+    with handle.open(p, RW) as f:
+        assert f.pwritev_async(pieces, 0).result(30) == len(blob)
+        outs = [np.zeros(s, np.uint8) for s in sizes]
+        assert f.preadv_async(outs, 0).result(30) == len(blob)
+    assert read_file(p) == blob
+    assert b"".join(a.tobytes() for a in outs) == blob
+
+
+def test_one_reaper_per_handle_stops_at_close(engine, tmp_path):
+    before = len(_reapers())
+    h = nvio.AioHandle(engine=engine, direct=False)
+    f = h.open(tmp_path / "one.bin", RW)
+    futs = [f.pwrite_async(pattern(100, i), i * 100) for i in range(200)]
+    assert len(_reapers()) == before + 1       # no thread per op
+    assert len(h.submit_async([(nvio.OP_WRITE, f, b"z", 20000)])) == 1
+    h.close()                                  # resolves every future first
+    assert all(fu.done() for fu in futs)
+    assert [fu.result() for fu in futs] == [100] * 200
+    assert len(_reapers()) == before
+    with pytest.raises(ValueError):
+        h.submit_async([(nvio.OP_WRITE, f, b"z", 0)])
+
+
+def test_futures_cannot_be_cancelled_and_bad_ops_raise(handle, tmp_path):
+    p = tmp_path / "c.bin"
+    with handle.open(p, RW) as f:
+        fut = f.pwrite_async(b"x" * 100000, 0)
+        assert not fut.cancel()                 # running: the bytes are moving
+        assert fut.result(10) == 100000
+        ok = (nvio.OP_WRITE, f, b"y", 0)
+        with pytest.raises(TypeError):           # a malformed op: no future fails for it
+            handle.submit_async([ok, (nvio.OP_WRITE, f, object(), 1)], refused="future")
+        with pytest.raises(TypeError):
+            handle.submit_async([(1, 2)])
+    assert read_file(p)[:1] == b"x"
+
+
+def test_threads_share_one_handle(handle, tmp_path):
+    p = tmp_path / "t.bin"
+    n, sz = 8, 3001
+    with handle.open(p, RW) as f:
+        results = [None] * n
+
+        def worker(k):
+            futs = [f.pwrite_async(pattern(sz, k * 100 + i), (k * 50 + i) * sz)
+                    for i in range(50)]
+            results[k] = [fu.result(30) for fu in futs]
+
+        ts = [threading.Thread(target=worker, args=(k,)) for k in range(n)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    assert results == [[sz] * 50] * n
+    data = read_file(p)
+    for k in range(n):
+        for i in range(50):
+            o = (k * 50 + i) * sz
+            assert data[o:o + sz] == pattern(sz, k * 100 + i)
