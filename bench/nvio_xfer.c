@@ -266,6 +266,7 @@ static void cmd_run(char *op, char *mem, char *path, uint64_t size,
 			free(raw);
 		return;
 	}
+	got.struct_size = sizeof(got);
 	nvio_handle_config(h, &got);
 	printf("{\"ok\": true, \"secs\": %.6f, \"user\": %.6f, \"sys\": %.6f, "
 	       "\"sum\": %llu, \"engine\": \"%s\", \"direct\": \"%s\", "

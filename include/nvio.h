@@ -145,7 +145,8 @@ NVIO_API int nvio_handle_create(nvio_handle_t **out, const nvio_config_t *cfg);
  */
 NVIO_API void nvio_handle_destroy(nvio_handle_t *h);
 
-/* The configuration in force, with the engine resolved (never AUTO). */
+/* The configuration in force, with the engine resolved (never AUTO).
+ * Fills out->struct_size bytes (set it first; below 8 is -EINVAL). */
 NVIO_API int nvio_handle_config(const nvio_handle_t *h, nvio_config_t *out);
 
 NVIO_API uint64_t nvio_get_block_size(const nvio_handle_t *h);
@@ -400,8 +401,8 @@ NVIO_API int nvio_config_save_tuned(const nvio_config_t *cfg, const char *dir,
  *                      abandons it. Implies WRITE (and READ may be
  *                      added); starts empty. path must name a regular
  *                      file or nothing (-EINVAL for a device or FIFO).
- * Unknown flags, no READ/WRITE/ATOMIC, or TRUNC/EXCL with ATOMIC are
- * -EINVAL. Returns the file, or NULL with *err set (the open's errno, or
+ * Unknown flags, no READ/WRITE/ATOMIC, TRUNC/EXCL with ATOMIC, or EXCL
+ * without CREATE are -EINVAL (CREATE with ATOMIC is allowed: implied). Returns the file, or NULL with *err set (the open's errno, or
  * -EISDIR for a directory); the failure is also the calling thread's
  * nvio_last_error() for the handle.
  */
@@ -439,10 +440,12 @@ NVIO_API int nvio_file_close(nvio_file_t *f);
  * file's ops, fsyncs the data, gives it path's permissions if path
  * existed (else 0666 less umask), puts it in place of path with one
  * rename, and fsyncs the directory: after 0 the new file is path,
- * durably; on any error path still holds its old content. The file
- * stays open on the new content. -EINVAL for a file that is not ATOMIC
- * or is already committed; -EIO (and no commit) if any op on the file
- * failed since it was opened.
+ * durably; on any error before the rename path still holds its old
+ * content (a failed fsync of the directory is reported after it: the new
+ * content is in place, its name may not yet be durable). The file stays
+ * open on the new content. -EINVAL for a file that is not ATOMIC or is
+ * already committed; -EIO (and no commit) if any write on the file
+ * failed, or was refused, since it was opened.
  */
 NVIO_API int nvio_file_sync(nvio_file_t *f);
 NVIO_API int nvio_file_commit(nvio_file_t *f);
@@ -587,7 +590,8 @@ NVIO_API int nvio_completion_fd(nvio_handle_t *h);
 NVIO_API uint32_t nvio_inflight(const nvio_handle_t *h);
 
 /* A full error record for a failed completion; path is the file's name
- * (nvio_file_path), or NULL. Returns c->res. */
+ * (nvio_file_path), or NULL. Returns the completion's negative errno, or
+ * 0 for a completion that succeeded. */
 NVIO_API int nvio_completion_error(const nvio_completion_t *c, const char *path,
 				   nvio_error_t *out);
 
@@ -610,6 +614,8 @@ NVIO_API int nvio_completion_error(const nvio_completion_t *c, const char *path,
  * stream and returns its first error; with NVIO_FSYNC the file is made
  * durable, with NVIO_STREAM_COMMIT (an ATOMIC file) it is committed
  * (which fsyncs). The file stays open; it must outlive its streams.
+ * Unknown close flags are -EINVAL and leave the stream open, its data
+ * unwritten, so that no byte is lost to a typo.
  * Stream calls take host memory (-EINVAL for GPU memory: move that with
  * nvio_file_pread/pwrite). A stream is used by one thread at a time.
  */
@@ -650,7 +656,8 @@ NVIO_API uint64_t nvio_staging_limit(uint64_t *in_use);
  * cuFile's library. Where the process has not loaded cuFile yet, sets the
  * path tried first (before $NVIO_CUFILE_LIB and libcufile.so.0); a probe
  * that found none does not stop a later call from finding it. -EBUSY once
- * cuFile is loaded from another path; NULL resets to the default search.
+ * cuFile is loaded (from another path, or for NULL); NULL resets to the
+ * default search ($NVIO_CUFILE_LIB, libcufile.so.0, libcufile.so).
  */
 NVIO_API int nvio_cufile_set_library(const char *path);
 

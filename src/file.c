@@ -274,9 +274,8 @@ static int check_flags(unsigned flags, int by_fd)
 		       !(flags & (NVIO_FILE_READ | NVIO_FILE_WRITE)) ? -EINVAL : 0;
 	if (!(flags & (NVIO_FILE_READ | NVIO_FILE_WRITE | NVIO_FILE_ATOMIC)))
 		return -EINVAL;
-	if ((flags & NVIO_FILE_ATOMIC) &&
-	    (flags & (NVIO_FILE_EXCL | NVIO_FILE_TRUNC | NVIO_FILE_CREATE)))
-		return -EINVAL;
+	if ((flags & NVIO_FILE_ATOMIC) && (flags & (NVIO_FILE_EXCL | NVIO_FILE_TRUNC)))
+		return -EINVAL;	/* CREATE is what ATOMIC does anyway */
 	if ((flags & NVIO_FILE_EXCL) && !(flags & NVIO_FILE_CREATE))
 		return -EINVAL;
 	return 0;

@@ -326,8 +326,8 @@ int nvio_handle_config(const nvio_handle_t *h, nvio_config_t *out)
 {
 	if (!h || !out)
 		return -EINVAL;
-	*out = h->cfg;
-	return 0;
+	/* the caller's struct_size says how much of it there is */
+	return nvio__struct_out(out, &h->cfg, sizeof(h->cfg));
 }
 
 uint64_t nvio_get_block_size(const nvio_handle_t *h)

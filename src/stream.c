@@ -138,6 +138,8 @@ nvio_stream_t *nvio_stream_open(nvio_file_t *f, unsigned flags, int64_t offset,
 		r = -EINVAL;
 	else if (!(f->flags & (mode == NVIO_STREAM_WRITE ? NVIO_FILE_WRITE : NVIO_FILE_READ)))
 		r = -EBADF;
+	if (!r && nvio__forked(f->h))
+		r = -ECHILD;
 	if (r)
 		goto out;
 	unit = f->align > NVIO__PAGE ? f->align : NVIO__PAGE;
@@ -416,6 +418,8 @@ int nvio_stream_seek(nvio_stream_t *s, int64_t offset)
 {
 	if (!s || s->writer || offset < 0)
 		return -EINVAL;
+	if (nvio__forked(s->h))
+		return -ECHILD;
 	if (s->err)
 		return nvio__error_publish(s->h, &s->rec);
 	s->pos = (uint64_t)offset;
@@ -438,8 +442,8 @@ int nvio_stream_close(nvio_stream_t *s, unsigned flags)
 		return -ECHILD;
 	}
 	if (flags & ~(NVIO_FSYNC | NVIO_STREAM_COMMIT))
-		r = -EINVAL;
-	else if (s->writer)
+		return -EINVAL;	/* still open: nothing written is lost */
+	if (s->writer)
 		r = writer_close(s, flags);
 	else
 		r = flags ? -EINVAL : 0;

@@ -59,6 +59,7 @@ static void test_getters(void)
 	note = nvio_get_engine_note(h);
 	T_TRUE(note != NULL && note[0] != 0);
 	memset(&got, 0xcd, sizeof(got));
+	got.struct_size = sizeof(got);
 	if (T_OK(nvio_handle_config(h, &got))) {
 		T_EQ_U64(got.struct_size, sizeof(nvio_config_t));
 		T_EQ_U64(got.block_size, 65536);
@@ -86,6 +87,7 @@ static void test_getters(void)
 	T_EQ_INT(nvio_get_overlap_events(h), 0);
 	T_EQ_INT(nvio_get_direct(h), NVIO_DIRECT_AUTO);
 	T_TRUE(nvio_get_engine(h) != NVIO_ENGINE_AUTO);
+	got.struct_size = sizeof(got);
 	if (T_OK(nvio_handle_config(h, &got))) {
 		T_TRUE(got.engine != NVIO_ENGINE_AUTO);
 		/* batch mode wants two queues of 1 MiB blocks: capped to
@@ -103,6 +105,7 @@ static void test_getters(void)
 	c.block_size = 65536;
 	c.queue_depth = 7;
 	h = NULL;
+	got.struct_size = sizeof(got);
 	if (T_OK(nvio_handle_create(&h, &c)) && T_OK(nvio_handle_config(h, &got)))
 		T_EQ_U64(got.staging_bytes, 2 * 65536 * 7);
 	nvio_handle_destroy(h);
@@ -130,6 +133,7 @@ static void test_getters(void)
 			c.queue_depth = cs[i].qd;
 			c.overlap_events = cs[i].overlap;
 			h = NULL;
+			got.struct_size = sizeof(got);
 			if (T_OK(nvio_handle_create(&h, &c)) &&
 			    T_OK(nvio_handle_config(h, &got)))
 				T_EQ_U64(got.staging_bytes, cs[i].want);
@@ -435,9 +439,22 @@ static void test_struct_size(void)
 			 NVIO_DIRECT_OFF : NVIO_DIRECT_AUTO);
 		T_EQ_INT(nvio_get_gds(h), 0);	/* flags: 0 */
 		memset(&got, 0, sizeof(got));
+		got.struct_size = sizeof(got);
 		if (FIELD_IN(staging_bytes) &&
 		    T_OK(nvio_handle_config(h, &got)))
 			T_EQ_U64(got.staging_bytes, 3 * 65536);
+		/* an older caller's smaller struct: filled up to its size */
+		{
+			union { nvio_config_t c; unsigned char b[sizeof(nvio_config_t)]; } u;
+
+			memset(&u, 0xab, sizeof(u));
+			u.c.struct_size = offsetof(nvio_config_t, engine);
+			if (T_OK(nvio_handle_config(h, &u.c))) {
+				T_EQ_U64(u.c.struct_size, offsetof(nvio_config_t, engine));
+				T_EQ_U64(u.c.block_size, nvio_get_block_size(h));
+				T_EQ_INT(u.b[offsetof(nvio_config_t, engine)], 0xab);
+			}
+		}
 #undef FIELD_IN
 		nvio_handle_destroy(h);
 	}

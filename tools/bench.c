@@ -247,6 +247,7 @@ static int series_open(struct bench *b, int is_write)
 			tuned_hint(b, "this configuration");
 		return EXIT_RUNTIME;
 	}
+	s->cfg.struct_size = sizeof(s->cfg);
 	nvio_handle_config(s->h, &s->cfg);
 	note = nvio_get_engine_note(s->h);
 	snprintf(s->note, sizeof(s->note), "%s", note ? note : "");

@@ -149,6 +149,7 @@ static void gather_default_handle(struct report *r)
 	r->def_err = nvio_handle_create(&h, NULL);
 	if (r->def_err)
 		return;
+	r->def.struct_size = sizeof(r->def);
 	nvio_handle_config(h, &r->def);
 	snprintf(r->def_note, sizeof(r->def_note), "%s",
 		 nvio_get_engine_note(h) ? nvio_get_engine_note(h) : "");

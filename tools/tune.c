@@ -522,6 +522,7 @@ static int list_engines(struct tuner *t)
 	if (!h)
 		return EXIT_RUNTIME;
 	t->auto_engine = NVIO_ENGINE_PSYNC;
+	c.struct_size = sizeof(c);
 	if (!nvio_handle_config(h, &c))
 		t->auto_engine = c.engine;
 	nvio_handle_destroy(h);

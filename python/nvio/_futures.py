@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import errno
 import itertools
+import os
 import threading
 import weakref
 
@@ -70,6 +72,8 @@ class Completions:
         self._tokens = itertools.count(1)
         self._thread = None
         self._stop = False
+        self._forked = False
+        _all.add(self)
 
     # -- submitting -------------------------------------------------------
 
@@ -85,6 +89,8 @@ class Completions:
         """
         if refused not in ("raise", "future"):
             raise ValueError("nvio: refused must be 'raise' or 'future'")
+        if self._forked:
+            raise _forked_error()
         h = self._handle()
         if h is None or h.closed:
             raise ValueError("nvio: I/O operation on a closed handle")
@@ -215,6 +221,39 @@ class Completions:
             t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join()
+
+
+_all = weakref.WeakSet()
+
+
+def _forked_error():
+    return _nvio.NvioError(errno.ECHILD, "nvio: " + _nvio.strerror(errno.ECHILD))
+
+
+def _after_fork_in_child():
+    """The reaper thread did not survive fork, and the parent's ops are not
+    this process's: fail the futures the child inherited (instead of leaving
+    them to hang), and refuse new ones with ECHILD. Locks may have been held
+    by threads that no longer exist: make new ones."""
+    for c in list(_all):
+        c._lock = threading.Lock()
+        c._idle = threading.Condition(c._lock)
+        c._work = threading.Condition(c._lock)
+        left = list(c._pending.values())
+        c._pending.clear()
+        c._thread = None
+        c._stop = True
+        c._forked = True
+        for fut in left:
+            try:
+                if not fut.done():
+                    fut.set_exception(_forked_error())
+            except Exception:    # its own lock was held at fork: leave it
+                pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def completions(handle):

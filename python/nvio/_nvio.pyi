@@ -195,7 +195,9 @@ class Handle:
         filename: StrOrBytesPath,
         validate: bool = False,
         file_offset: int = 0,
-    ) -> Literal[0]: ...
+        *,
+        allow_short: bool = False,
+    ) -> int: ...
     def write(
         self,
         buffer: _BufferLike,
@@ -350,6 +352,7 @@ class Stream:
 def engine_available(engine: _EngineName | str | int | None, /) -> tuple[bool, str]:
     """(available, why)."""
 
+def check_flag(value: object, name: str, /) -> bool: ...
 def load_tuned(dir: StrOrBytesPath, for_write: bool = False) -> _Config | None:
     """The tuned configuration saved for dir, or None."""
 

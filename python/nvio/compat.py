@@ -106,8 +106,9 @@ class pin_handle:
     def __init__(self):
         self._locked = {}
 
-    def new_cpu_locked_tensor(self, num_elem, example_tensor):
-        return AioHandle.new_cpu_locked_tensor(self, num_elem, example_tensor)
+    def new_cpu_locked_tensor(self, num_elem, example_tensor, *, allow_unlocked=False):
+        return AioHandle.new_cpu_locked_tensor(self, num_elem, example_tensor,
+                                               allow_unlocked=allow_unlocked)
 
     def free_cpu_locked_tensor(self, tensor):
         return AioHandle.free_cpu_locked_tensor(self, tensor)

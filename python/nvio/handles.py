@@ -21,6 +21,7 @@ Deliberate differences from DeepSpeed's ``aio_handle``:
 """
 from __future__ import annotations
 
+import errno
 import operator
 import sys
 
@@ -86,12 +87,16 @@ class AioHandle(_nvio.Handle):
         kwargs.update(overrides)
         return cls(**kwargs)
 
-    def new_cpu_locked_tensor(self, num_elem, example_tensor):
+    def new_cpu_locked_tensor(self, num_elem, example_tensor, *, allow_unlocked=False):
         """A 1-D CPU tensor of ``num_elem`` elements of ``example_tensor``'s dtype.
 
-        The memory is page-aligned, zeroed and page-locked when the memlock
-        limit allows (also with CPU-only PyTorch builds). It is freed exactly
-        once, when the last tensor using it is gone;
+        The memory is page-aligned, zeroed and page-locked (also with
+        CPU-only PyTorch builds), so ``is_pinned()`` is True for it, as
+        DeepSpeed expects. When RLIMIT_MEMLOCK (``ulimit -l``) does not allow
+        locking it, NvioError (ENOMEM) names the limit and how to raise it;
+        ``allow_unlocked=True`` (nvio's addition) returns unlocked memory
+        instead, for which ``is_pinned()`` is False. The memory is freed
+        exactly once, when the last tensor using it is gone;
         ``free_cpu_locked_tensor`` drops the handle's reference. A NumPy
         example gives a NumPy array.
         """
@@ -100,11 +105,12 @@ class AioHandle(_nvio.Handle):
         n = operator.index(num_elem)
         if n < 0:
             raise ValueError(f"nvio: num_elem must be >= 0, not {n}")
+        unlocked_ok = _nvio.check_flag(allow_unlocked, "allow_unlocked")
         if _is_torch_tensor(example_tensor):
             import torch
             dtype = example_tensor.dtype
             esize = example_tensor.element_size()
-            buf = _nvio.LockedBuffer(n * esize)
+            buf = _locked_buffer(n * esize, unlocked_ok)
             if n == 0:
                 return torch.empty(0, dtype=dtype)
             t = torch.frombuffer(buf, dtype=dtype, count=n)
@@ -112,7 +118,7 @@ class AioHandle(_nvio.Handle):
         elif _is_numpy_array(example_tensor):
             import numpy as np
             dtype = example_tensor.dtype
-            buf = _nvio.LockedBuffer(n * dtype.itemsize)
+            buf = _locked_buffer(n * dtype.itemsize, unlocked_ok)
             t = np.frombuffer(buf, dtype=dtype, count=n)
             key = buf.address
         else:
@@ -134,8 +140,14 @@ class AioHandle(_nvio.Handle):
             return False
         return self._locked.pop(addr, None) is not None
 
+    def get_thread_count(self):
+        """DeepSpeed before 2024 (``thread_count``): the same as
+        ``get_intra_op_parallelism()``."""
+        return self.get_intra_op_parallelism()
+
     def is_pinned(self, tensor):
-        """True if the tensor's memory is page-locked (nvio or torch pinned)."""
+        """True if the tensor's memory is page-locked (nvio or torch pinned),
+        DeepSpeed's meaning: I/O on it needs no bounce buffer."""
         try:
             addr, n = _nvio.buffer_info(tensor)
         except (TypeError, ValueError):
@@ -185,6 +197,25 @@ class AioHandle(_nvio.Handle):
 
 #: DeepSpeed's name for the class.
 aio_handle = AioHandle
+
+
+def _locked_buffer(nbytes, unlocked_ok):
+    """A LockedBuffer that really is locked, or NvioError naming the limit."""
+    if unlocked_ok or nbytes == 0:
+        return _nvio.LockedBuffer(nbytes)
+    try:
+        return _nvio.LockedBuffer(nbytes, require_locked=True)
+    except OSError as e:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+        show = lambda v: "unlimited" if v == resource.RLIM_INFINITY else f"{v} bytes"
+        raise _nvio.NvioError(
+            e.errno or errno.ENOMEM,
+            f"nvio: cannot lock {nbytes} bytes of memory: RLIMIT_MEMLOCK (ulimit -l) is "
+            f"{show(soft)} (hard limit {show(hard)}); raise it (ulimit -l unlimited, "
+            f"/etc/security/limits.conf memlock, docker --ulimit memlock=-1, or "
+            f"LimitMEMLOCK= in systemd) or pass allow_unlocked=True to accept "
+            f"memory that is not page-locked") from e
 
 
 def _find_cufile():

@@ -49,8 +49,8 @@ class NvioFile(io.BufferedIOBase):
         super().__init__()
         self.name = os.fspath(file)
         self.mode = mode
-        self._atomic = bool(atomic)
-        self._fsync = bool(fsync)
+        self._atomic = _nvio.check_flag(atomic, "atomic")
+        self._fsync = _nvio.check_flag(fsync, "fsync")
         self._own = handle is None
         self._stream = self._file = None
         if self._own:

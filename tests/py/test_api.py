@@ -67,7 +67,7 @@ def test_signatures_visible_to_help():
     assert list(inspect.signature(h.wait).parameters) == []
     text = pydoc_text(nvio.AioHandle)
     assert "pread(self, /, buffer, filename, validate=False, async_op=False, file_offset=0" in text
-    assert "new_cpu_locked_tensor(self, num_elem, example_tensor)" in text
+    assert "new_cpu_locked_tensor(self, num_elem, example_tensor, *, allow_unlocked=False)" in text
 
 
 def pydoc_text(obj):

@@ -3,6 +3,7 @@
 Every test checks the bytes (against Python's own file I/O), not only the
 return codes.
 """
+import errno
 import os
 
 import pytest
@@ -179,8 +180,11 @@ def test_whole_file_read_write(handle, np, tmp_path):
     b = np.zeros(4097, np.uint8)
     assert handle.read(b, str(f), True) == 0
     assert b.tobytes() == data
-    big = np.zeros(5000, np.uint8)             # a larger buffer is fine
-    assert handle.read(big, str(f), False) == 0
+    big = np.zeros(5000, np.uint8)             # DeepSpeed: sizes must match
+    with pytest.raises(nvio.NvioError, match="4097 bytes.*5000 bytes") as ei:
+        handle.read(big, str(f), False)
+    assert ei.value.errno == errno.ENODATA and ei.value.filename == str(f)
+    assert handle.read(big, str(f), False, allow_short=True) == 4097   # opt-in
     assert big[:4097].tobytes() == data
     part = np.zeros(4097 - 100, np.uint8)
     assert handle.read(part, str(f), False, 100) == 0

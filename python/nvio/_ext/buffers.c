@@ -610,16 +610,14 @@ void ext_holds_fini(ext_holds *hs)
  * cannot exist before); inference tensors have no counter and are left
  * alone by torch. Never fails the read: its bytes have moved.
  */
-void ext_torch_bump_version(ext_state *st, PyObject *obj)
+static int bump(ext_state *st, PyObject *obj)
 {
 	if (!st->torch_increment_version) {
 		PyObject *name = PyUnicode_FromString("torch");
 		PyObject *torch = name ? PyImport_GetModule(name) : NULL;
 		Py_XDECREF(name);
-		if (!torch) {
-			PyErr_Clear();
-			return;
-		}
+		if (!torch)
+			return -1;
 		PyObject *graph = PyImport_ImportModule("torch.autograd.graph");
 		st->torch_tensor_type = PyObject_GetAttrString(torch, "Tensor");
 		st->torch_increment_version =
@@ -629,16 +627,33 @@ void ext_torch_bump_version(ext_state *st, PyObject *obj)
 		if (!st->torch_tensor_type || !st->torch_increment_version) {
 			Py_CLEAR(st->torch_tensor_type);
 			Py_CLEAR(st->torch_increment_version);
-			PyErr_Clear();
-			return;
+			return -1;
 		}
 	}
 	int is = PyObject_IsInstance(obj, st->torch_tensor_type);
 	PyObject *r = is > 0 ? PyObject_CallFunctionObjArgs(st->torch_increment_version,
 							 obj, NULL) : NULL;
 	Py_XDECREF(r);
-	if (is < 0 || (is > 0 && !r))
+	return is < 0 || (is > 0 && !r) ? -1 : 0;
+}
+
+/*
+ * Only an ordinary Exception from the bump is dropped (the bytes have
+ * moved; the read stands). A KeyboardInterrupt or SystemExit raised by a
+ * signal handler that ran inside torch's Python code stays: clearing it
+ * is how Ctrl-C during a read into a tensor used to be lost.
+ */
+int ext_torch_bump_version(ext_state *st, PyObject *obj)
+{
+	if (PyErr_CheckSignals() < 0)	/* handlers run here, not inside torch */
+		return -1;
+	if (bump(st, obj) == 0)
+		return 0;
+	if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_Exception)) {
 		PyErr_Clear();
+		return 0;
+	}
+	return -1;
 }
 
 /*
@@ -663,11 +678,11 @@ int ext_buf_keep_storage(ext_buf *b, PyObject *obj)
 static PyObject *m_buffer_info(PyObject *m, PyObject *args)
 {
 	PyObject *o;
-	int writable = 0;
-	if (!PyArg_ParseTuple(args, "O|p:buffer_info", &o, &writable))
+	ext_flag_arg writable = { "writable", 0 };
+	if (!PyArg_ParseTuple(args, "O|O&:buffer_info", &o, ext_flag_converter, &writable))
 		return NULL;
 	ext_buf b;
-	if (ext_buf_get(ext_state_of(m), o, writable, &b) < 0)
+	if (ext_buf_get(ext_state_of(m), o, writable.v, &b) < 0)
 		return NULL;
 	PyObject *r = Py_BuildValue("(NK)", PyLong_FromVoidPtr(b.ptr),
 				    (unsigned long long)b.nbytes);

@@ -150,8 +150,9 @@ void ext_buf_release(ext_buf *b);
 int ext_buf_keep_storage(ext_buf *b, PyObject *tensor);
 
 /* After a read into obj: bump a torch tensor's autograd version counter.
- * Never fails. */
-void ext_torch_bump_version(ext_state *st, PyObject *obj);
+ * Runs pending signal handlers first; -1 only with the exception one of
+ * them raised (KeyboardInterrupt) set: the caller must return it. */
+int ext_torch_bump_version(ext_state *st, PyObject *obj);
 
 /* What an accepted asynchronous op borrows until a wait() covers it. */
 typedef struct {
@@ -205,6 +206,8 @@ typedef struct {
 	size_t used;		/* slots [0, used) were handed out once */
 } ext_tags;
 
+typedef struct ext_waiter ext_waiter;
+
 typedef struct {
 	PyObject_HEAD
 	nvio_handle_t *h;	/* NULL once closed */
@@ -213,6 +216,14 @@ typedef struct {
 	ext_holds holds;
 	ext_tags tags;
 	ext_file *files;	/* open files (borrowed; each unlinks itself) */
+	/* Blocking calls run as tagged ops of their own (ext_run_sync);
+	 * whoever reaps hands their completions to them, and keeps the
+	 * user's for reap() in the backlog. Touched only with the GIL. */
+	ext_waiter *waiters;
+	uint64_t next_waiter;
+	uint32_t internal_inflight;	/* ops of waiters not yet reaped */
+	nvio_completion_t *backlog;
+	size_t nbacklog, capbacklog;
 } ext_handle;
 
 static inline ext_state *ext_handle_state(ext_handle *self)
@@ -251,6 +262,40 @@ int ext_files_exec(PyObject *m, ext_state *st);
 void ext_files_close_all(ext_handle *self);
 /* After the C handle is destroyed: releases what tagged ops borrowed. */
 void ext_tags_release_all(ext_handle *self);
+
+/*
+ * Runs one blocking transfer on an open file as tagged ops of its own,
+ * at most EXT_CHUNK bytes each and a few in flight, reaping them in
+ * short slices with the GIL released; between slices signal handlers run
+ * (PyErr_CheckSignals), so Ctrl-C is seen promptly. On a failure or an
+ * exception from a handler no more is submitted, and the ops in flight
+ * are waited for (without further signal checks: they are bounded)
+ * before it returns, so the memory is never released under the kernel.
+ * iov (with iovcnt) moves a vector as one op instead of ptr/n. A growing
+ * write that fails or is interrupted is cut back to the old size.
+ * Returns 0; a negative errno with *rec describing the failure; or
+ * EXT_RAISED with a Python exception set. Call with the GIL held.
+ */
+#define EXT_RAISED 1
+int ext_run_sync(ext_handle *hd, nvio_file_t *f, const char *path, int is_write,
+		 void *ptr, uint64_t n, int64_t off, unsigned flags,
+		 const nvio_iovec_t *iov, uint32_t iovcnt, nvio_error_t *rec);
+
+/* Raises the NvioError of a failure record; returns NULL. */
+PyObject *ext_raise_record(ext_state *st, const nvio_error_t *rec, PyObject *filename);
+
+/*
+ * A flag argument: True/False or the ints 0/1; anything else (a string
+ * such as "False", None, 2) is a TypeError naming `what`. 0 or -1.
+ */
+int ext_parse_flag(PyObject *o, const char *what, int *out);
+/* The same as a PyArg "O&" converter: give an ext_flag_arg with its name
+ * set (and its default in v). */
+typedef struct {
+	const char *name;
+	int v;
+} ext_flag_arg;
+int ext_flag_converter(PyObject *o, void *arg);
 
 /* Handle methods defined in files.c. */
 PyObject *ext_h_open(PyObject *self, PyObject *args, PyObject *kw);

@@ -24,6 +24,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct ext_stream ext_stream;
 
@@ -144,6 +145,263 @@ void ext_tags_release_all(ext_handle *self)
 	PyMem_Free(ts->slot);
 	PyMem_Free(ts->free);
 	memset(ts, 0, sizeof(*ts));
+	PyMem_Free(self->backlog);
+	self->backlog = NULL;
+	self->nbacklog = self->capbacklog = 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Blocking calls as tagged ops, reaped in slices                      */
+/* ------------------------------------------------------------------ */
+
+/*
+ * Why: a thread blocked inside nvio_pread() cannot run Python's signal
+ * handlers, so Ctrl-C waited for the whole transfer (and for torch
+ * tensors was then lost in Python code that cleared it). A blocking call
+ * instead submits its transfer as tagged ops of its own, whose user_data
+ * carries EXT_SYNC_TAG and its waiter's id, and reaps with a timeout.
+ * Any reaper (reap(), the futures' thread, another blocking call) hands
+ * completions to their waiter, and keeps the user's in the backlog that
+ * reap() returns first.
+ */
+#define EXT_SYNC_TAG (1ull << 63)
+#define EXT_CHUNK (64ull << 20)
+#define EXT_WINDOW 4u
+#define EXT_SLICE_NS 50000000ll
+#define EXT_REAP_BATCH 32u
+
+struct ext_waiter {
+	uint64_t id;
+	uint32_t inflight;
+	int failed;
+	nvio_completion_t err;	/* the first failed completion */
+	ext_waiter *next;
+};
+
+/* Room for `more` completions in the backlog; -1 with MemoryError. */
+static int backlog_reserve(ext_handle *hd, size_t more)
+{
+	if (hd->capbacklog - hd->nbacklog >= more)
+		return 0;
+	size_t cap = hd->capbacklog ? hd->capbacklog : 64;
+	while (cap - hd->nbacklog < more)
+		cap *= 2;
+	nvio_completion_t *b = PyMem_Realloc(hd->backlog, cap * sizeof(*b));
+	if (!b) {
+		PyErr_NoMemory();
+		return -1;
+	}
+	hd->backlog = b;
+	hd->capbacklog = cap;
+	return 0;
+}
+
+/* Hands reaped completions to their waiters or to the backlog (room
+ * for n was reserved). Runs no Python code. */
+static void dispatch(ext_handle *hd, const nvio_completion_t *cs, int n)
+{
+	for (int i = 0; i < n; i++) {
+		const nvio_completion_t *c = &cs[i];
+		if (!(c->user_data & EXT_SYNC_TAG)) {
+			hd->backlog[hd->nbacklog++] = *c;
+			continue;
+		}
+		for (ext_waiter *w = hd->waiters; w; w = w->next) {
+			if (w->id != (c->user_data & ~EXT_SYNC_TAG))
+				continue;
+			w->inflight--;
+			hd->internal_inflight--;
+			if (c->res < 0 && !w->failed) {
+				w->failed = 1;
+				w->err = *c;
+			}
+			break;
+		}
+	}
+}
+
+/* One reap of at most `max` with the GIL released, then dispatch.
+ * Returns what nvio_reap returned. */
+static int reap_slice(ext_handle *hd, unsigned max, unsigned min, int64_t timeout_ns)
+{
+	nvio_completion_t cs[EXT_REAP_BATCH];
+	nvio_handle_t *h = hd->h;
+	int got;
+
+	if (max > EXT_REAP_BATCH)
+		max = EXT_REAP_BATCH;
+	if (min > max)
+		min = max;
+	Py_BEGIN_ALLOW_THREADS
+	got = nvio_reap(h, cs, max, min, timeout_ns);
+	Py_END_ALLOW_THREADS
+	if (got > 0)
+		dispatch(hd, cs, got);
+	return got;
+}
+
+static void record_of(nvio_handle_t *h, int rc, nvio_error_t *rec)
+{
+	memset(rec, 0, sizeof(*rec));
+	rec->struct_size = sizeof(*rec);
+	if (nvio_last_error(h, rec) != rc) {
+		memset(rec, 0, sizeof(*rec));
+		rec->struct_size = sizeof(*rec);
+		rec->err = rc;
+	}
+}
+
+PyObject *ext_raise_record(ext_state *st, const nvio_error_t *rec, PyObject *filename)
+{
+	PyObject *exc = ext_error_from_record(st, rec, filename);
+	if (exc) {
+		PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+		Py_DECREF(exc);
+	}
+	return NULL;
+}
+
+int ext_run_sync(ext_handle *hd, nvio_file_t *f, const char *path, int is_write,
+		 void *ptr, uint64_t n, int64_t off, unsigned flags,
+		 const nvio_iovec_t *iov, uint32_t iovcnt, nvio_error_t *rec)
+{
+	nvio_handle_t *h = hd->h;
+	ext_waiter w;
+	uint64_t sent = 0, chunk = EXT_CHUNK, old_size = 0;
+	int first = 1, stop = 0, raised = 0, rc = 0;
+	unsigned opflags = flags & ~(unsigned)NVIO_FSYNC;	/* once, at the end */
+	nvio_file_info_t fi;
+
+	/* One chunk or less runs as one plain call with the GIL released,
+	 * in the caller's thread where libnvio can: handing a small op to a
+	 * worker and reaping it would cost more than its I/O (a 4 KiB read),
+	 * and one chunk ends soon enough for Ctrl-C to be seen after it. */
+	if (!iov && n <= EXT_CHUNK) {
+		int r;
+
+		hd->busy++;
+		Py_BEGIN_ALLOW_THREADS
+		r = is_write ? nvio_file_pwrite(f, ptr, n, off, flags) :
+			       nvio_file_pread(f, ptr, n, off, flags);
+		Py_END_ALLOW_THREADS
+		hd->busy--;
+		if (r < 0)
+			record_of(h, r, rec);
+		return r;
+	}
+	memset(&fi, 0, sizeof(fi));
+	fi.struct_size = sizeof(fi);
+	if (!iov && nvio_file_info(f, &fi) == 0) {
+		old_size = fi.size;
+		/* A read past the end is refused whole, before any I/O. */
+		if (!is_write && (uint64_t)off + n > fi.size)
+			chunk = n ? n : 1;
+	}
+	if (backlog_reserve(hd, EXT_REAP_BATCH) < 0)
+		return EXT_RAISED;
+	memset(&w, 0, sizeof(w));
+	w.id = ++hd->next_waiter & ~EXT_SYNC_TAG;
+	w.next = hd->waiters;
+	hd->waiters = &w;
+	hd->busy++;
+	for (;;) {
+		while (!stop && w.inflight < EXT_WINDOW && (first || sent < n)) {
+			nvio_op_t op;
+			uint64_t len;
+			int r;
+
+			memset(&op, 0, sizeof(op));
+			op.opcode = is_write ? NVIO_OP_WRITE : NVIO_OP_READ;
+			op.flags = opflags;
+			op.file = f;
+			op.user_data = EXT_SYNC_TAG | w.id;
+			if (iov) {
+				op.iov = iov;
+				op.iovcnt = iovcnt;
+				op.offset = off;
+				len = n;
+			} else {
+				len = n - sent < chunk ? n - sent : chunk;
+				op.buf = (char *)ptr + sent;
+				op.nbytes = len;
+				op.offset = off + (int64_t)sent;
+			}
+			Py_BEGIN_ALLOW_THREADS
+			r = nvio_submit(h, &op, 1);
+			Py_END_ALLOW_THREADS
+			if (r < 0) {
+				record_of(h, r, rec);
+				rc = r;
+				stop = 1;
+				break;
+			}
+			w.inflight++;
+			hd->internal_inflight++;
+			sent += len;
+			first = 0;
+		}
+		if (w.inflight == 0)
+			break;
+		if (backlog_reserve(hd, EXT_REAP_BATCH) < 0) {
+			/* Cannot keep others' completions: take none, wait for
+			 * another reaper to hand ours over. */
+			PyErr_Clear();
+			Py_BEGIN_ALLOW_THREADS
+			struct timespec ts = { 0, 1000000 };
+			nanosleep(&ts, NULL);
+			Py_END_ALLOW_THREADS
+			continue;
+		}
+		int got = reap_slice(hd, EXT_REAP_BATCH, 1, EXT_SLICE_NS);
+		if (got < 0) {	/* nothing in flight can be waited for */
+			if (!rc) {
+				record_of(h, got, rec);
+				rc = got;
+			}
+			hd->internal_inflight -= w.inflight;
+			w.inflight = 0;
+			break;
+		}
+		if (w.failed)
+			stop = 1;
+		if (!raised && PyErr_CheckSignals() < 0) {
+			raised = 1;	/* stop here; the ops in flight still end */
+			stop = 1;
+		}
+	}
+	hd->busy--;
+	for (ext_waiter **p = &hd->waiters; *p; p = &(*p)->next)
+		if (*p == &w) {
+			*p = w.next;
+			break;
+		}
+	if (w.failed && !rc) {
+		memset(rec, 0, sizeof(*rec));
+		rec->struct_size = sizeof(*rec);
+		nvio_completion_error(&w.err, path, rec);
+		rc = (int)w.err.res;
+	}
+	if (rc == 0 && !raised && (flags & NVIO_FSYNC) && is_write) {
+		Py_BEGIN_ALLOW_THREADS
+		rc = nvio_file_sync(f);
+		Py_END_ALLOW_THREADS
+		if (rc < 0)
+			record_of(h, rc, rec);
+	}
+	/* A growing write that did not complete goes back to the old size
+	 * (unless something else took the file further meanwhile). */
+	if ((rc < 0 || raised) && is_write && !iov && (uint64_t)off + n > old_size &&
+	    sent > 0) {
+		nvio_file_info_t now;
+		memset(&now, 0, sizeof(now));
+		now.struct_size = sizeof(now);
+		if (nvio_file_info(f, &now) == 0 && now.size <= (uint64_t)off + n) {
+			Py_BEGIN_ALLOW_THREADS
+			(void)nvio_file_truncate(f, old_size);
+			Py_END_ALLOW_THREADS
+		}
+	}
+	return raised ? EXT_RAISED : rc;
 }
 
 /* ------------------------------------------------------------------ */
@@ -358,7 +616,16 @@ static PyObject *file_open_common(ext_handle *hd, PyObject *pathobj, int fd,
 	if (!f) {
 		Py_DECREF(cls);
 		Py_XDECREF(pathb);
-		if (err == -EINVAL) {
+		/* EINVAL is about the flags only when they break the rules
+		 * (nvio_file_open(3)); else it is about the file (an ATOMIC
+		 * write refuses a FIFO or a device): name the path. */
+		unsigned known = NVIO_FILE_READ | NVIO_FILE_WRITE | NVIO_FILE_CREATE |
+				 NVIO_FILE_EXCL | NVIO_FILE_TRUNC | NVIO_FILE_ATOMIC;
+		int bad_flags = (flags & ~known) ||
+			!(flags & (NVIO_FILE_READ | NVIO_FILE_WRITE | NVIO_FILE_ATOMIC)) ||
+			((flags & NVIO_FILE_ATOMIC) &&
+			 (flags & (NVIO_FILE_TRUNC | NVIO_FILE_EXCL)));
+		if (err == -EINVAL && (bad_flags || !path)) {
 			PyErr_Format(PyExc_ValueError, "nvio: invalid file flags 0x%x for %s: %s",
 				     flags, path ? "open" : "open_fd", nvio_strerror(err));
 			return NULL;
@@ -477,28 +744,33 @@ static PyObject *file_rw(ext_file *self, PyObject *args, PyObject *kw, int is_wr
 		ext_buf_release(&b);
 		return NULL;
 	}
+	if (off < 0) {
+		ext_buf_release(&b);
+		PyErr_Format(PyExc_ValueError, "nvio: offset must be >= 0, not %lld", off);
+		return NULL;
+	}
 	ext_handle *hd = self->handle;
-	nvio_file_t *f = self->f;
+	nvio_error_t *rec = PyMem_Malloc(sizeof(*rec));
+	if (!rec) {
+		ext_buf_release(&b);
+		return PyErr_NoMemory();
+	}
 	int rc;
-	BUSY_ENTER(hd, self, (ext_stream *)NULL);
-	Py_BEGIN_ALLOW_THREADS
-	rc = is_write ? nvio_file_pwrite(f, b.ptr, b.nbytes, off, flags)
-		      : nvio_file_pread(f, b.ptr, b.nbytes, off, flags);
-	Py_END_ALLOW_THREADS
-	BUSY_LEAVE(hd, self, (ext_stream *)NULL);
-	if (!is_write && rc == 0 && b.keep == bufobj)
-		ext_torch_bump_version(st, bufobj);
+	self->busy++;	/* the handle's busy is counted by ext_run_sync */
+	rc = ext_run_sync(hd, self->f, PyBytes_AsString(self->pathb), is_write, b.ptr,
+			  b.nbytes, off, flags, NULL, 0, rec);
+	self->busy--;
+	if (!is_write && rc == 0 && b.keep == bufobj && ext_torch_bump_version(st, bufobj) < 0)
+		rc = EXT_RAISED;
 	uint64_t n = b.nbytes;
 	ext_buf_release(&b);
-	if (rc < 0) {
-		if (rc == -EINVAL && off < 0) {
-			PyErr_Format(PyExc_ValueError, "nvio: offset must be >= 0, not %lld", off);
-			return NULL;
-		}
-		return ext_raise_io(st, hd->h, rc, file_target(self), self->user_fd, off, n,
-				    is_write ? "pwrite" : "pread", is_write);
-	}
-	return PyLong_FromUnsignedLongLong(n);
+	PyObject *res = NULL;
+	if (rc < 0)
+		ext_raise_record(st, rec, file_target(self));
+	else if (rc == 0)
+		res = PyLong_FromUnsignedLongLong(n);
+	PyMem_Free(rec);
+	return res;
 }
 
 static PyObject *f_pread(PyObject *s, PyObject *a, PyObject *k)
@@ -542,22 +814,27 @@ static PyObject *file_rwv(ext_file *self, PyObject *args, PyObject *kw, int is_w
 	PyObject *res = NULL;
 	if (file_check_open(self) == 0) {
 		ext_handle *hd = self->handle;
-		nvio_file_t *f = self->f;
-		int rc;
-		BUSY_ENTER(hd, self, (ext_stream *)NULL);
-		Py_BEGIN_ALLOW_THREADS
-		rc = is_write ? nvio_file_pwritev(f, iov, n, off, flags)
-			      : nvio_file_preadv(f, iov, n, off, flags);
-		Py_END_ALLOW_THREADS
-		BUSY_LEAVE(hd, self, (ext_stream *)NULL);
+		nvio_error_t *rec = PyMem_Malloc(sizeof(*rec));
+		int rc = EXT_RAISED;
+		if (!rec) {
+			PyErr_NoMemory();
+		} else {
+			/* one op: signals are seen while it runs, and it ends
+			 * before this returns */
+			self->busy++;
+			rc = ext_run_sync(hd, self->f, PyBytes_AsString(self->pathb), is_write,
+					  NULL, total, off, flags, iov, n, rec);
+			self->busy--;
+		}
 		if (rc < 0)
-			ext_raise_io(st, hd->h, rc, file_target(self), self->user_fd,
-				     off, total, is_write ? "pwritev" : "preadv", is_write);
-		else
+			ext_raise_record(st, rec, file_target(self));
+		else if (rc == 0)
 			res = PyLong_FromUnsignedLongLong(total);
-		for (uint32_t i = 0; !is_write && rc == 0 && i < n; i++)
-			if (bufs[i].keep && !bufs[i].has_view)
-				ext_torch_bump_version(st, bufs[i].keep);
+		PyMem_Free(rec);
+		for (uint32_t i = 0; res && !is_write && i < n; i++)
+			if (bufs[i].keep && !bufs[i].has_view &&
+			    ext_torch_bump_version(st, bufs[i].keep) < 0)
+				Py_CLEAR(res);
 	}
 	for (uint32_t i = 0; i < n; i++)
 		ext_buf_release(&bufs[i]);
@@ -962,8 +1239,14 @@ static PyObject *completion_result(ext_state *st, ext_handle *hd, const nvio_com
 	if (c->res >= 0) {
 		r = PyLong_FromLongLong(c->res);
 		for (uint32_t i = 0; !t->is_write && i < t->nbufs; i++)
-			if (t->bufs[i].storage)	/* a torch tensor */
-				ext_torch_bump_version(st, t->bufs[i].keep);
+			if (t->bufs[i].storage &&	/* a torch tensor */
+			    ext_torch_bump_version(st, t->bufs[i].keep) < 0) {
+				/* a handler raised: this op is settled, so let the
+				 * exception come at the next check, not lose it */
+				if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt))
+					PyErr_SetInterrupt();
+				PyErr_Clear();
+			}
 	} else {
 		nvio_error_t *e = &st->scratch_error;
 		memset(e, 0, sizeof(*e));
@@ -1004,34 +1287,69 @@ PyObject *ext_h_reap(PyObject *s, PyObject *args, PyObject *kw)
 	}
 	if (ext_handle_check_open(hd) < 0)
 		return NULL;
-	uint32_t inflight = nvio_inflight(hd->h);
-	if (mn > inflight)	/* never wait for ops nobody submitted */
-		mn = inflight;
-	nvio_completion_t *cs = PyMem_Malloc(mx * sizeof(*cs));
+	/* The user's ops not yet returned: in flight or in the backlog. */
+	uint32_t mine = nvio_inflight(hd->h) - hd->internal_inflight + (uint32_t)hd->nbacklog;
+	if (mn > mine)	/* never wait for ops nobody submitted */
+		mn = mine;
+	struct timespec t0;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	/*
+	 * Reap in slices: a blocking call on another thread may take the
+	 * user's completions into the backlog meanwhile, and signal handlers
+	 * run between slices.
+	 */
+	for (;;) {
+		if (hd->nbacklog && hd->nbacklog >= mn)
+			break;
+		int64_t left = -1;
+		if (timeout_ns >= 0) {
+			struct timespec t1;
+			clock_gettime(CLOCK_MONOTONIC, &t1);
+			int64_t spent = (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000ll +
+					(t1.tv_nsec - t0.tv_nsec);
+			left = timeout_ns - spent;
+			if (left < 0)
+				left = 0;
+		}
+		int64_t slice = left < 0 || left > EXT_SLICE_NS ? EXT_SLICE_NS : left;
+		unsigned need = mn > hd->nbacklog ? mn - (unsigned)hd->nbacklog : 0;
+		if (backlog_reserve(hd, EXT_REAP_BATCH) < 0)
+			return NULL;
+		if (ext_handle_check_open(hd) < 0)
+			return NULL;
+		hd->busy++;
+		int rc = reap_slice(hd, mx < EXT_REAP_BATCH ? EXT_REAP_BATCH : mx,
+				    need, need ? slice : 0);
+		hd->busy--;
+		if (rc < 0)
+			return ext_raise_plain(ext_handle_state(hd), rc, "nvio_reap");
+		if (hd->nbacklog >= mn || left == 0 || (mn == 0 && rc >= 0))
+			break;
+		/* the user's ops left may have been taken by another thread */
+		mine = nvio_inflight(hd->h) - hd->internal_inflight + (uint32_t)hd->nbacklog;
+		if (mn > mine)
+			mn = mine;
+		if (PyErr_CheckSignals() < 0)
+			return NULL;	/* what was reaped stays in the backlog */
+	}
+	size_t k = hd->nbacklog < mx ? hd->nbacklog : mx;
+	nvio_completion_t *cs = PyMem_Malloc((k ? k : 1) * sizeof(*cs));
 	if (!cs)
 		return PyErr_NoMemory();
-	nvio_handle_t *h = hd->h;
-	int rc;
-	hd->busy++;
-	Py_BEGIN_ALLOW_THREADS
-	rc = nvio_reap(h, cs, mx, mn, timeout_ns);
-	Py_END_ALLOW_THREADS
-	hd->busy--;
-	if (rc < 0) {
-		PyMem_Free(cs);
-		return ext_raise_plain(ext_handle_state(hd), rc, "nvio_reap");
-	}
+	memcpy(cs, hd->backlog, k * sizeof(*cs));
+	memmove(hd->backlog, hd->backlog + k, (hd->nbacklog - k) * sizeof(*cs));
+	hd->nbacklog -= k;
 	ext_state *st = ext_handle_state(hd);
-	PyObject *list = PyList_New(rc);
+	PyObject *list = PyList_New((Py_ssize_t)k);
 	/* Every reaped op is settled, even if building its result fails. */
-	for (int i = 0; i < rc; i++) {
+	for (size_t i = 0; i < k; i++) {
 		PyObject *pair = completion_result(st, hd, &cs[i]);
 		if (!pair || !list) {
 			Py_XDECREF(pair);
 			Py_CLEAR(list);
 			continue;
 		}
-		PyList_SetItem(list, i, pair);
+		PyList_SetItem(list, (Py_ssize_t)i, pair);
 	}
 	PyMem_Free(cs);
 	return list;
@@ -1053,7 +1371,8 @@ PyObject *ext_h_get_inflight(PyObject *s, void *unused)
 	ext_handle *hd = (ext_handle *)s;
 	if (!hd->h)
 		return PyLong_FromLong(0);
-	return PyLong_FromUnsignedLong(nvio_inflight(hd->h));
+	return PyLong_FromUnsignedLong(nvio_inflight(hd->h) - hd->internal_inflight +
+				       (uint32_t)hd->nbacklog);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1277,8 +1596,8 @@ static PyObject *st_readinto(PyObject *s, PyObject *arg)
 	int64_t r = -1;
 	if (stream_check(self, 0) == 0)
 		r = stream_read_raw(self, b.ptr, b.nbytes);
-	if (r > 0 && b.keep == arg)
-		ext_torch_bump_version(st, arg);
+	if (r > 0 && b.keep == arg && ext_torch_bump_version(st, arg) < 0)
+		r = -1;
 	ext_buf_release(&b);
 	return r < 0 ? NULL : PyLong_FromLongLong(r);
 }
@@ -1358,9 +1677,12 @@ static PyObject *st_close(PyObject *s, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "fsync", "commit", NULL };
 	ext_stream *self = (ext_stream *)s;
-	int fs = 0, commit = 0, rc;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|pp:close", kwlist, &fs, &commit))
+	ext_flag_arg fsa = { "fsync", 0 }, ca = { "commit", 0 };
+	int rc;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O&O&:close", kwlist, ext_flag_converter,
+					 &fsa, ext_flag_converter, &ca))
 		return NULL;
+	int fs = fsa.v, commit = ca.v;
 	if (self->busy) {
 		PyErr_SetString(PyExc_RuntimeError,
 				"nvio: cannot close a stream while another thread is using it");

@@ -19,6 +19,40 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int ext_parse_flag(PyObject *o, const char *what, int *out)
+{
+	if (PyBool_Check(o)) {
+		*out = o == Py_True;
+		return 0;
+	}
+	if (PyLong_Check(o)) {
+		int overflow = 0;
+		long v = PyLong_AsLongAndOverflow(o, &overflow);
+		if (v == -1 && PyErr_Occurred())
+			return -1;
+		if (!overflow && (v == 0 || v == 1)) {
+			*out = (int)v;
+			return 0;
+		}
+	}
+	/* A truthy "False" or "no" must not silently mean True. */
+	PyObject *tn = PyType_GetName(Py_TYPE(o));
+	if (!tn)
+		return -1;
+	PyErr_Format(PyExc_TypeError, "nvio: %s must be True or False (or 0/1), not %S %R",
+		     what, tn, o);
+	Py_DECREF(tn);
+	return -1;
+}
+
+int ext_flag_converter(PyObject *o, void *arg)
+{
+	ext_flag_arg *a = arg;
+	return ext_parse_flag(o, a->name, &a->v) == 0;
+}
 
 int ext_handle_check_open(ext_handle *self)
 {
@@ -122,18 +156,33 @@ static PyObject *handle_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 		"staging_bytes", "gds", NULL };
 	long long block = NVIO_DEFAULT_BLOCK_SIZE, staging = 0;
 	long long depth = NVIO_DEFAULT_QUEUE_DEPTH, par = 1;
-	int single = 0, overlap = 0, gds = 0;
+	ext_flag_arg single = { "single_submit", 0 }, overlap = { "overlap_events", 0 };
+	ext_flag_arg gds = { "gds", 0 };
 	PyObject *engine = NULL, *direct = NULL;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|LLppL$OOLp:AioHandle", kwlist,
-					 &block, &depth, &single, &overlap, &par,
-					 &engine, &direct, &staging, &gds))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|LLO&O&L$OOLO&:AioHandle", kwlist,
+					 &block, &depth, ext_flag_converter, &single,
+					 ext_flag_converter, &overlap, &par,
+					 &engine, &direct, &staging, ext_flag_converter, &gds))
 		return NULL;
-	if (block <= 0 || depth <= 0 || par <= 0 || staging < 0 ||
-	    depth > UINT32_MAX || par > UINT32_MAX) {
-		PyErr_SetString(PyExc_ValueError,
-				"nvio: block_size, queue_depth and intra_op_parallelism "
-				"must be positive");
+	/* Each limit named with its value: a bare "invalid" says nothing. */
+	if (block <= 0) {
+		PyErr_Format(PyExc_ValueError, "nvio: block_size must be > 0, not %lld", block);
+		return NULL;
+	}
+	if (depth <= 0 || depth > NVIO_MAX_QUEUE_DEPTH) {
+		PyErr_Format(PyExc_ValueError, "nvio: queue_depth must be 1..%u "
+			     "(NVIO_MAX_QUEUE_DEPTH), not %lld", NVIO_MAX_QUEUE_DEPTH, depth);
+		return NULL;
+	}
+	if (par <= 0 || par > NVIO_MAX_PARALLELISM) {
+		PyErr_Format(PyExc_ValueError, "nvio: intra_op_parallelism must be 1..%u "
+			     "(NVIO_MAX_PARALLELISM), not %lld", NVIO_MAX_PARALLELISM, par);
+		return NULL;
+	}
+	if (staging < 0) {
+		PyErr_Format(PyExc_ValueError, "nvio: staging_bytes must be >= 0, not %lld",
+			     staging);
 		return NULL;
 	}
 	nvio_config_t cfg;
@@ -141,11 +190,11 @@ static PyObject *handle_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 	cfg.block_size = (uint64_t)block;
 	cfg.queue_depth = (uint32_t)depth;
 	cfg.intra_op_parallelism = (uint32_t)par;
-	cfg.single_submit = (uint32_t)single;
-	cfg.overlap_events = (uint32_t)overlap;
+	cfg.single_submit = (uint32_t)single.v;
+	cfg.overlap_events = (uint32_t)overlap.v;
 	if (staging)
 		cfg.staging_bytes = (uint64_t)staging;
-	if (gds)
+	if (gds.v)
 		cfg.flags |= NVIO_HANDLE_GDS;
 	if (ext_parse_engine(engine, &cfg.engine) < 0 || ext_parse_direct(direct, &cfg.direct) < 0)
 		return NULL;
@@ -256,11 +305,75 @@ int ext_parse_target(PyObject *filename, PyObject *fdobj, PyObject **pathb,
 enum { OP_READ, OP_WRITE, OP_READ_FILE, OP_WRITE_FILE };
 
 /*
+ * Opens the file of a blocking call: by path (a write creates it, noting
+ * so in *created) or over the caller's fd. NULL with an exception set.
+ */
+static nvio_file_t *open_for(ext_handle *self, int kind, const char *path, int fd,
+			     PyObject *shown, int *created)
+{
+	ext_state *st = ext_handle_state(self);
+	nvio_handle_t *h = self->h;
+	int is_write = kind == OP_WRITE || kind == OP_WRITE_FILE;
+	unsigned fl = kind == OP_WRITE_FILE ? NVIO_FILE_ATOMIC
+		    : is_write ? NVIO_FILE_WRITE : NVIO_FILE_READ;
+	nvio_file_t *f;
+	int err = 0;
+
+	*created = 0;
+	self->busy++;
+	Py_BEGIN_ALLOW_THREADS
+	if (!path) {
+		f = nvio_file_from_fd(h, fd, is_write ? NVIO_FILE_WRITE : NVIO_FILE_READ, &err);
+	} else {
+		f = nvio_file_open(h, path, fl, &err);
+		/* Not there: create it, knowing it is ours to remove on failure. */
+		for (int tries = 0; !f && err == -ENOENT && kind == OP_WRITE && tries < 3; tries++) {
+			f = nvio_file_open(h, path, NVIO_FILE_WRITE | NVIO_FILE_CREATE |
+					   NVIO_FILE_EXCL, &err);
+			if (f)
+				*created = 1;
+			else if (err == -EEXIST)
+				f = nvio_file_open(h, path, fl, &err);
+		}
+	}
+	Py_END_ALLOW_THREADS
+	self->busy--;
+	if (!f)
+		ext_raise_io(st, h, err ? err : -EIO, shown, fd, 0, 0, "open", is_write);
+	return f;
+}
+
+static void close_private(ext_handle *self, nvio_file_t *f, const char *path, int created,
+			  int failed)
+{
+	struct stat a, b;
+	int same = 0;
+	nvio_file_info_t fi;
+
+	memset(&fi, 0, sizeof(fi));
+	fi.struct_size = sizeof(fi);
+	self->busy++;
+	Py_BEGIN_ALLOW_THREADS
+	/* A file this call created and failed to fill is removed, if its
+	 * name still leads to it. */
+	if (created && failed && nvio_file_info(f, &fi) == 0 && fstat(fi.fd, &a) == 0 &&
+	    stat(path, &b) == 0)
+		same = a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+	(void)nvio_file_close(f);
+	if (same)
+		(void)unlink(path);
+	Py_END_ALLOW_THREADS
+	self->busy--;
+}
+
+/*
  * One I/O call. Returns 0 on success (with the op accepted or done),
- * or -1 with an exception set.
+ * or -1 with an exception set. *moved gets the bytes moved by a
+ * blocking call.
  */
 static int do_io(ext_handle *self, int kind, PyObject *bufobj, PyObject *filename,
-		 PyObject *fdobj, long long offset, unsigned flags)
+		 PyObject *fdobj, long long offset, unsigned flags, int allow_short,
+		 uint64_t *moved)
 {
 	static const char *names[] = { "pread", "pwrite", "read", "write" };
 	int is_write = kind == OP_WRITE || kind == OP_WRITE_FILE;
@@ -279,22 +392,22 @@ static int do_io(ext_handle *self, int kind, PyObject *bufobj, PyObject *filenam
 		PyErr_SetString(PyExc_TypeError, "nvio: read()/write() need a filename, not an fd");
 		return -1;
 	}
+	if (kind == OP_WRITE_FILE && offset != 0)
+		kind = OP_WRITE;	/* at an offset, write() is a pwrite */
 	ext_hold *x = ext_hold_new();
 	if (!x) {
 		Py_XDECREF(pathb);
 		return -1;
 	}
 	x->path = pathb;
-	if (ext_buf_get(st, bufobj, !is_write, &x->buf) < 0) {
-		ext_hold_free(x);
-		return -1;
-	}
+	int async = (flags & NVIO_ASYNC) != 0;
 	/* a torch tensor (its own keeper): for async ops, its storage too */
-	int torch = x->buf.keep == bufobj;
-	if (torch && (flags & NVIO_ASYNC) && ext_buf_keep_storage(&x->buf, bufobj) < 0) {
+	if (ext_buf_get(st, bufobj, !is_write, &x->buf) < 0 ||
+	    (async && x->buf.keep == bufobj && ext_buf_keep_storage(&x->buf, bufobj) < 0)) {
 		ext_hold_free(x);
 		return -1;
 	}
+	int torch = x->buf.keep == bufobj;
 	/* converting the arguments ran Python code: another thread may
 	 * have closed the handle meanwhile */
 	if (ext_handle_check_open(self) < 0) {
@@ -305,70 +418,132 @@ static int do_io(ext_handle *self, int kind, PyObject *bufobj, PyObject *filenam
 	nvio_handle_t *h = self->h;
 	void *ptr = x->buf.ptr;
 	uint64_t n = x->buf.nbytes;
-	int rc = 0, own_err = 0;	/* own_err: rc is the binding's */
+	int rc = 0;
 
-	self->busy++;
-	Py_BEGIN_ALLOW_THREADS
-	switch (kind) {
-	case OP_READ:
-		rc = path ? nvio_pread(h, ptr, n, path, offset, flags)
-			  : nvio_pread_fd(h, ptr, n, fd, offset, flags);
-		break;
-	case OP_WRITE:
-		rc = path ? nvio_pwrite(h, ptr, n, path, offset, flags)
-			  : nvio_pwrite_fd(h, ptr, n, fd, offset, flags);
-		break;
-	case OP_READ_FILE:
-		if (offset == 0) {
-			rc = nvio_read_file(h, ptr, n, path, NULL, flags);
-		} else {
-			int64_t sz = nvio_file_size(path);
-			if (sz < 0) {
-				rc = (int)sz;
-				own_err = 1;
-			} else {
-				uint64_t left = (uint64_t)sz > (uint64_t)offset
-					? (uint64_t)sz - (uint64_t)offset : 0;
-				own_err = left > n;
-				rc = left > n ? -EOVERFLOW
-					      : nvio_pread(h, ptr, left, path, offset, flags);
-			}
+	if (async) {
+		self->busy++;
+		Py_BEGIN_ALLOW_THREADS
+		if (kind == OP_READ)
+			rc = path ? nvio_pread(h, ptr, n, path, offset, flags)
+				  : nvio_pread_fd(h, ptr, n, fd, offset, flags);
+		else
+			rc = path ? nvio_pwrite(h, ptr, n, path, offset, flags)
+				  : nvio_pwrite_fd(h, ptr, n, fd, offset, flags);
+		Py_END_ALLOW_THREADS
+		self->busy--;
+		if (rc < 0) {
+			ext_raise_io(st, h, rc, shown, fd, offset, n, names[kind], is_write);
+			ext_hold_free(x);
+			return -1;
 		}
-		break;
-	case OP_WRITE_FILE:
-		rc = offset == 0 ? nvio_write_file(h, ptr, n, path, flags)
-				 : nvio_pwrite(h, ptr, n, path, offset, flags);
-		break;
-	}
-	Py_END_ALLOW_THREADS
-	self->busy--;
-
-	if (torch && !is_write && !(own_err && rc < 0))
-		ext_torch_bump_version(st, bufobj);
-	if (rc < 0) {
-		/* the handle's record describes this failure unless the
-		 * binding made it (it would still hold an older one) */
-		ext_raise_io(st, own_err ? NULL : h, rc, shown, fd, offset, n,
-			   names[kind], is_write);
-		ext_hold_free(x);
-		return -1;
-	}
-	if (flags & NVIO_ASYNC) {
 		if (ext_holds_add(&self->holds, x) < 0) {
 			/* The op is running: it must not lose its buffer. */
-			int w;
 			self->busy++;
 			Py_BEGIN_ALLOW_THREADS
-			w = nvio_wait(h);
+			(void)nvio_wait(h);
 			Py_END_ALLOW_THREADS
 			self->busy--;
-			(void)w;
 			ext_hold_free(x);
 			return -1;
 		}
 		return 0;
 	}
+
+	/* Blocking: the transfer runs as tagged ops reaped in slices, so
+	 * that Ctrl-C is seen while it runs (ext_run_sync). */
+	int created = 0;
+	nvio_file_t *f = open_for(self, kind, path, fd, shown, &created);
+	if (!f) {
+		ext_hold_free(x);
+		return -1;
+	}
+	nvio_error_t *rec = PyMem_Malloc(sizeof(*rec));
+	if (!rec) {
+		close_private(self, f, path, created, 1);
+		ext_hold_free(x);
+		PyErr_NoMemory();
+		return -1;
+	}
+	uint64_t count = n;
+	int own = 0;	/* a size mismatch found here, not by libnvio */
+	if (kind == OP_READ_FILE) {
+		nvio_file_info_t fi;
+		memset(&fi, 0, sizeof(fi));
+		fi.struct_size = sizeof(fi);
+		rc = nvio_file_info(f, &fi);
+		uint64_t left = rc == 0 && fi.size > (uint64_t)offset
+			? fi.size - (uint64_t)offset : 0;
+		PyObject *msg = NULL;
+		if (rc == 0 && left > n)
+			msg = PyUnicode_FromFormat(
+				"nvio: read(): %s has %llu bytes from offset %lld but the "
+				"buffer holds only %llu bytes", path, (unsigned long long)left,
+				offset, (unsigned long long)n);
+		else if (rc == 0 && left < n && !allow_short)
+			/* DeepSpeed's contract: buffer and file have one size.
+			 * A short file (a truncated checkpoint) must not load
+			 * silently with a stale tail. */
+			msg = PyUnicode_FromFormat(
+				"nvio: read(): %s has %llu bytes from offset %lld but the "
+				"buffer holds %llu bytes; sizes must match (allow_short=True "
+				"reads the %llu bytes there are and returns that count)",
+				path, (unsigned long long)left, offset, (unsigned long long)n,
+				(unsigned long long)left);
+		if (msg || PyErr_Occurred()) {
+			own = 1;
+			PyObject *e = msg ? PyObject_CallFunction(st->error, "iOO",
+				left > n ? EOVERFLOW : ENODATA, msg, shown) : NULL;
+			Py_XDECREF(msg);
+			if (e) {
+				PyErr_SetObject(st->error, e);
+				Py_DECREF(e);
+			}
+		}
+		count = left;
+	}
+	int r = 0;
+	if (!own) {
+		if (rc == 0) {
+			r = ext_run_sync(self, f, path, is_write, ptr, count, offset, flags,
+					 NULL, 0, rec);
+		} else {
+			r = rc;
+			memset(rec, 0, sizeof(*rec));
+			rec->struct_size = sizeof(*rec);
+			rec->err = rc;
+		}
+	}
+	if (r == 0 && !own && kind == OP_WRITE_FILE) {
+		/* in place only now that every byte is written */
+		self->busy++;
+		Py_BEGIN_ALLOW_THREADS
+		r = nvio_file_commit(f);
+		Py_END_ALLOW_THREADS
+		self->busy--;
+		if (r < 0) {
+			memset(rec, 0, sizeof(*rec));
+			rec->struct_size = sizeof(*rec);
+			if (nvio_last_error(h, rec) != r) {
+				memset(rec, 0, sizeof(*rec));
+				rec->struct_size = sizeof(*rec);
+				rec->err = r;
+			}
+		}
+	}
+	close_private(self, f, path, created, own || r != 0);
+	if (torch && !is_write && !own && r == 0 && ext_torch_bump_version(st, bufobj) < 0)
+		r = EXT_RAISED;
+	if (!own && r < 0) {
+		if (rec->what[0] || rec->path[0])
+			ext_raise_record(st, rec, shown);
+		else
+			ext_raise_io(st, NULL, r, shown, fd, offset, n, names[kind], is_write);
+	}
+	PyMem_Free(rec);
 	ext_hold_free(x);
+	if (own || r != 0)
+		return -1;
+	*moved = count;
 	return 0;
 }
 
@@ -378,11 +553,22 @@ static int resolve_async(PyObject *a, PyObject *b, int *out)
 		PyErr_SetString(PyExc_TypeError, "nvio: give async_op or async, not both");
 		return -1;
 	}
-	PyObject *v = a ? a : b;
-	int r = v ? PyObject_IsTrue(v) : 0;
-	if (r < 0)
+	*out = 0;
+	if (a)
+		return ext_parse_flag(a, "async_op", out);
+	if (b)
+		return ext_parse_flag(b, "async", out);
+	return 0;
+}
+
+/* NVIO_* op flags of the flag arguments; -1 (TypeError) for fsync on a read. */
+static int op_flags(int is_read, int validate, int as, int fs, unsigned *out)
+{
+	if (fs && is_read) {
+		PyErr_SetString(PyExc_TypeError, "nvio: fsync applies to writes only");
 		return -1;
-	*out = r;
+	}
+	*out = (validate ? NVIO_VALIDATE : 0) | (as ? NVIO_ASYNC : 0) | (fs ? NVIO_FSYNC : 0);
 	return 0;
 }
 
@@ -391,21 +577,20 @@ static PyObject *rw_generic(ext_handle *self, PyObject *args, PyObject *kw, int 
 	static char *kwlist[] = { "buffer", "filename", "validate", "async_op",
 		"file_offset", "async", "fd", "fsync", NULL };
 	PyObject *buf, *fn = Py_None, *a1 = NULL, *a2 = NULL, *fdobj = Py_None;
-	int validate = 0, fs = 0, as;
+	ext_flag_arg validate = { "validate", 0 }, fs = { "fsync", 0 };
+	int as;
 	long long off = 0;
+	unsigned flags;
+	uint64_t moved;
 	if (!PyArg_ParseTupleAndKeywords(args, kw,
-		kind == OP_READ ? "O|OpOL$OOp:pread" : "O|OpOL$OOp:pwrite", kwlist,
-		&buf, &fn, &validate, &a1, &off, &a2, &fdobj, &fs))
+		kind == OP_READ ? "O|OO&OL$OOO&:pread" : "O|OO&OL$OOO&:pwrite", kwlist,
+		&buf, &fn, ext_flag_converter, &validate, &a1, &off, &a2, &fdobj,
+		ext_flag_converter, &fs))
 		return NULL;
-	if (resolve_async(a1, a2, &as) < 0)
+	if (resolve_async(a1, a2, &as) < 0 ||
+	    op_flags(kind == OP_READ, validate.v, as, fs.v, &flags) < 0)
 		return NULL;
-	if (fs && kind == OP_READ) {
-		PyErr_SetString(PyExc_TypeError, "nvio: fsync applies to writes only");
-		return NULL;
-	}
-	unsigned flags = (validate ? NVIO_VALIDATE : 0) | (as ? NVIO_ASYNC : 0) |
-			 (fs ? NVIO_FSYNC : 0);
-	if (do_io(self, kind, buf, fn, fdobj, off, flags) < 0)
+	if (do_io(self, kind, buf, fn, fdobj, off, flags, 0, &moved) < 0)
 		return NULL;
 	return PyLong_FromLong(as ? 0 : 1);
 }
@@ -426,21 +611,20 @@ static PyObject *rw_fixed(ext_handle *self, PyObject *args, PyObject *kw, int ki
 		"validate", "fsync", NULL };
 	PyObject *buf, *fn = Py_None, *fdobj = Py_None;
 	long long off = 0;
-	int validate = 0, fs = 0;
+	ext_flag_arg validate = { "validate", 0 }, fs = { "fsync", 0 };
+	unsigned flags;
+	uint64_t moved;
 	static const char *const fmts[2][2] = {
-		{ "O|OL$Opp:sync_pread", "O|OL$Opp:async_pread" },
-		{ "O|OL$Opp:sync_pwrite", "O|OL$Opp:async_pwrite" },
+		{ "O|OL$OO&O&:sync_pread", "O|OL$OO&O&:async_pread" },
+		{ "O|OL$OO&O&:sync_pwrite", "O|OL$OO&O&:async_pwrite" },
 	};
 	if (!PyArg_ParseTupleAndKeywords(args, kw, fmts[kind == OP_WRITE][as != 0], kwlist,
-					 &buf, &fn, &off, &fdobj, &validate, &fs))
+					 &buf, &fn, &off, &fdobj, ext_flag_converter, &validate,
+					 ext_flag_converter, &fs))
 		return NULL;
-	if (fs && kind == OP_READ) {
-		PyErr_SetString(PyExc_TypeError, "nvio: fsync applies to writes only");
+	if (op_flags(kind == OP_READ, validate.v, as, fs.v, &flags) < 0)
 		return NULL;
-	}
-	unsigned flags = (validate ? NVIO_VALIDATE : 0) | (as ? NVIO_ASYNC : 0) |
-			 (fs ? NVIO_FSYNC : 0);
-	if (do_io(self, kind, buf, fn, fdobj, off, flags) < 0)
+	if (do_io(self, kind, buf, fn, fdobj, off, flags, 0, &moved) < 0)
 		return NULL;
 	return PyLong_FromLong(as ? 0 : 1);
 }
@@ -468,22 +652,28 @@ static PyObject *h_async_pwrite(PyObject *s, PyObject *a, PyObject *k)
 static PyObject *file_rw(ext_handle *self, PyObject *args, PyObject *kw, int kind)
 {
 	static char *kwlist[] = { "buffer", "filename", "validate", "file_offset",
-		"fsync", NULL };
+		"fsync", "allow_short", NULL };
 	PyObject *buf, *fn;
-	int validate = 0, fs = 0;
+	ext_flag_arg validate = { "validate", 0 }, fs = { "fsync", 0 };
+	ext_flag_arg short_ok = { "allow_short", 0 };
 	long long off = 0;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, kind == OP_READ_FILE ? "OO|pL$p:read" :
-					 "OO|pL$p:write", kwlist,
-					 &buf, &fn, &validate, &off, &fs))
+	unsigned flags;
+	uint64_t moved;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, kind == OP_READ_FILE ? "OO|O&L$O&O&:read" :
+					 "OO|O&L$O&O&:write", kwlist, &buf, &fn,
+					 ext_flag_converter, &validate, &off,
+					 ext_flag_converter, &fs, ext_flag_converter, &short_ok))
 		return NULL;
-	if (fs && kind == OP_READ_FILE) {
-		PyErr_SetString(PyExc_TypeError, "nvio: fsync applies to writes only");
+	if (short_ok.v && kind != OP_READ_FILE) {
+		PyErr_SetString(PyExc_TypeError, "nvio: allow_short applies to read() only");
 		return NULL;
 	}
-	unsigned flags = (validate ? NVIO_VALIDATE : 0) | (fs ? NVIO_FSYNC : 0);
-	if (do_io(self, kind, buf, fn, NULL, off, flags) < 0)
+	if (op_flags(kind == OP_READ_FILE, validate.v, 0, fs.v, &flags) < 0)
 		return NULL;
-	return PyLong_FromLong(0);
+	if (do_io(self, kind, buf, fn, NULL, off, flags, short_ok.v, &moved) < 0)
+		return NULL;
+	/* DeepSpeed returns 0; the opt-in short read says how much it read */
+	return PyLong_FromUnsignedLongLong(short_ok.v ? moved : 0);
 }
 
 static PyObject *h_read(PyObject *s, PyObject *a, PyObject *k)
@@ -694,9 +884,12 @@ static PyMethodDef handle_methods[] = {
 	  "Queue a write and return 0; wait() reports it. The buffer is kept alive\n"
 	  "until then; do not modify it before wait().\n" RW_DOC_TAIL },
 	{ "read", (PyCFunction)(void (*)(void))h_read, METH_VARARGS | METH_KEYWORDS,
-	  "read($self, buffer, filename, validate=False, file_offset=0)\n--\n\n"
+	  "read($self, buffer, filename, validate=False, file_offset=0, *, allow_short=False)\n--\n\n"
 	  "Blocking read of the whole file (from file_offset) into buffer, which must\n"
-	  "be at least that large (else NvioError(EOVERFLOW)). Returns 0.\n" },
+	  "have the same size (DeepSpeed's contract; else NvioError naming both sizes:\n"
+	  "ENODATA for a short file, EOVERFLOW for a long one). Returns 0.\n"
+	  "allow_short=True: a shorter file is read into the start of buffer and the\n"
+	  "byte count is returned.\n" },
 	{ "write", (PyCFunction)(void (*)(void))h_write, METH_VARARGS | METH_KEYWORDS,
 	  "write($self, buffer, filename, validate=False, file_offset=0, *, fsync=False)\n--\n\n"
 	  "Blocking write of the whole buffer. With file_offset=0 the file is replaced\n"
@@ -826,7 +1019,21 @@ static PyObject *m_load_tuned(PyObject *m, PyObject *args, PyObject *kw)
 	return config_dict(&c);
 }
 
+static PyObject *m_check_flag(PyObject *m, PyObject *args)
+{
+	PyObject *o;
+	const char *what;
+	int v;
+	if (!PyArg_ParseTuple(args, "Os:check_flag", &o, &what) ||
+	    ext_parse_flag(o, what, &v) < 0)
+		return NULL;
+	return PyBool_FromLong(v);
+}
+
 static PyMethodDef config_functions[] = {
+	{ "check_flag", m_check_flag, METH_VARARGS,
+	  "check_flag(value, name)\n--\n\nThe bool of a flag argument: True/False or 0/1;\n"
+	  "TypeError naming `name` for anything else (\"False\" is not False)." },
 	{ "engine_available", m_engine_available, METH_O,
 	  "engine_available(engine)\n--\n\n(available, why) for 'io_uring', 'libaio' or 'psync'." },
 	{ "load_tuned", (PyCFunction)(void (*)(void))m_load_tuned, METH_VARARGS | METH_KEYWORDS,

@@ -19,9 +19,11 @@ static PyObject *lb_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "nbytes", "require_locked", NULL };
 	long long n;
-	int require = 0;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "L|p:LockedBuffer", kwlist, &n, &require))
+	ext_flag_arg req = { "require_locked", 0 };
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "L|O&:LockedBuffer", kwlist, &n,
+					 ext_flag_converter, &req))
 		return NULL;
+	int require = req.v;
 	if (n < 0) {
 		PyErr_SetString(PyExc_ValueError, "nvio: nbytes must be >= 0");
 		return NULL;
