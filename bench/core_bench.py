@@ -48,6 +48,7 @@ import tempfile
 import time
 
 import guestmem  # bench/guestmem.py
+import hugepages  # bench/hugepages.py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -302,6 +303,8 @@ def result(size, secs, cpu, **extra):
 class Bench:
     def __init__(self, args):
         self.args = args
+        self.huge_path = None  # set by run_all (bench/hugepages.py)
+        self.huge_note = "fio sweep without huge-page buffers"
         self.nvio = None
         self.py = None
         self.ds_ok = False
@@ -396,6 +399,8 @@ class Bench:
                "--fallocate=none", "--invalidate=1", "--output-format=json"]
         if op == "write":
             cmd.append("--end_fsync=1")
+        if cfg.get("huge"):
+            cmd.append("--mem=mmaphuge:" + self.huge_path)
         return cmd
 
     def run_fio(self, op, path, size, cfg):
@@ -463,7 +468,11 @@ class Bench:
              dict(engine="libaio", block=128 << 10, qd=64, jobs=1),
              dict(engine="io_uring", block=MiB, qd=32, jobs=1),
              dict(engine="io_uring", block=8 * MiB, qd=128, jobs=2)]
-        return [s[0], s[2]] if self.args.quick else s
+        s = [s[0], s[2]] if self.args.quick else s
+        # each also with its buffers in huge pages (BENCHMARKING.md rule 3)
+        if self.huge_path:
+            s += [dict(c, huge=1) for c in s]
+        return s
 
     def ds_sweep(self):
         s = []
@@ -656,9 +665,10 @@ def cfg_str(kind, c):
             qd, par, eng, ", single submit" if single == "1" else "",
             "on" if overlap == "1" else "off")
     if kind == "fio":
-        return "%s, %s, qd%d, %d job%s" % (
+        return "%s, %s, qd%d, %d job%s%s" % (
             c["engine"], human(c["block"]).replace(" ", "").replace("MiB", "M").replace(
-                "KiB", "K"), c["qd"], c["jobs"], "s" if c["jobs"] > 1 else "")
+                "KiB", "K"), c["qd"], c["jobs"], "s" if c["jobs"] > 1 else "",
+            ", huge pages" if c.get("huge") else "")
     return "%s, qd%d, par%d, overlap %s" % (
         human(c["block"]).replace(" ", "").replace("MiB", "M"), c["qd"], c["par"],
         "on" if c["overlap"] else "off")
@@ -801,6 +811,7 @@ def machine_info(bench, dirs):
     if "reported_mib" in bench.guest:
         note += "; reported to the host during the run: %d MiB" % bench.guest["reported_mib"]
     info.append("- %s (bench/guestmem.py)" % note)
+    info.append("- %s (bench/hugepages.py)" % bench.huge_note)
     return info
 
 
@@ -900,6 +911,8 @@ def main():
     ap.add_argument("--build-dir", default="/tmp/nvio-core-bench",
                     help="where libnvio and the driver are built")
     ap.add_argument("--out", help="report path (default bench/results/core-DATE.md)")
+    ap.add_argument("--no-huge", action="store_true",
+                    help="leave fio's huge-page buffer runs out of its sweep")
     ap.add_argument("--keep-page-reporting", action="store_true",
                     help="leave the VM's free page reporting on (see bench/guestmem.py)")
     args = ap.parse_args()
@@ -937,6 +950,17 @@ def main():
 
 
 def run_all(bench, args, sizes, dirs, cells, out):
+    # fio's largest buffers: 8 MiB x qd 128 (its jobs map the same file)
+    with hugepages.reserved(0 if args.no_huge else 8 * MiB * 128 + 64 * MiB,
+                            bench.log) as bench.huge_path:
+        bench.huge_note = ("fio sweep with and without huge-page buffers "
+                           "(--mem=mmaphuge on hugetlbfs)" if bench.huge_path else
+                           "fio sweep WITHOUT huge-page buffers" +
+                           (" (--no-huge)" if args.no_huge else " (no huge pages to be had)"))
+        run_all_disks(bench, args, sizes, dirs, cells, out)
+
+
+def run_all_disks(bench, args, sizes, dirs, cells, out):
     ram_up = False
     try:
         bench.start_workers()

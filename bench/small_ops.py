@@ -12,6 +12,11 @@ Methods, each reading (or writing) SIZE bytes at a rotating offset:
   python-path   open(path, buffering=0), seek, readinto/write, close
   nvio-fd       AioHandle(direct=False).sync_pread(t, fd) (the same writes)
   nvio-path     the same by path (nvio opens and closes the file)
+  nvio-file     File.pread / File.pwrite on a file opened once
+                (AioHandle(direct=False).open(path, FILE_READ | FILE_WRITE),
+                libnvio 0.2's nvio_file_pread), torch tensor
+  nvio-file-np  the same with a NumPy array
+  nvio-file-mv  the same with a memoryview (the buffer os.preadv gets)
   nvio-np       nvio-path with a NumPy array instead of a torch tensor
   nvio-direct   AioHandle() (O_DIRECT where the file system has it), by path
   deepspeed     DeepSpeed's aio_handle().sync_pread / sync_pwrite by path
@@ -73,6 +78,7 @@ def make_methods(size, path, fd, ds):
     td = direct.new_cpu_locked_tensor(size, torch.empty(0, dtype=torch.uint8))
     a = t.numpy()
     mv = memoryview(a)
+    f = plain.open(path, nvio.FILE_READ | nvio.FILE_WRITE) if hasattr(plain, "open") else None
     m = {
         "python-fd": (lambda off: os.preadv(fd, [mv], off),
                       lambda off: os.pwritev(fd, [mv], off)),
@@ -87,11 +93,15 @@ def make_methods(size, path, fd, ds):
         "nvio-direct": (lambda off: direct.sync_pread(td, path, off),
                         lambda off: direct.sync_pwrite(td, path, off)),
     }
+    if f is not None:
+        m["nvio-file"] = (lambda off: f.pread(t, off), lambda off: f.pwrite(t, off))
+        m["nvio-file-np"] = (lambda off: f.pread(a, off), lambda off: f.pwrite(a, off))
+        m["nvio-file-mv"] = (lambda off: f.pread(mv, off), lambda off: f.pwrite(mv, off))
     if ds is not None:
         tds = ds.new_cpu_locked_tensor(size, torch.empty(0, dtype=torch.uint8))
         m["deepspeed"] = (lambda off: ds.sync_pread(tds, path, off),
                           lambda off: ds.sync_pwrite(tds, path, off))
-    keep = (plain, direct, t, td, a, mv) + ((tds,) if ds is not None else ())
+    keep = (plain, direct, t, td, a, mv, f) + ((tds,) if ds is not None else ())
     return m, keep
 
 
