@@ -378,28 +378,36 @@ static void submit_copied(struct wstate *s)
  * refuses them, and a pipe has no offsets to queue against) move right
  * here, through pread/pwrite, a buffer at a time.
  */
-static void move_here(struct nvio__op *op, const struct nvio__piece *pc)
+/*
+ * Moves [pos, pos + len) of the op's memory to or from file offset off
+ * through the buffered descriptor, one of its buffers at a time. 0 or
+ * -errno (-ENODATA where a read meets the end of the file).
+ */
+static int rw_parts(struct nvio__op *op, uint64_t pos, uint64_t off, uint64_t len)
 {
-	const char *what = op->is_write ? "pwrite" : "pread";
-	uint64_t pos = pc->pos, off = pc->off, left = pc->len;
 	int err = 0;
 
-	while (!err && left > 0) {
+	while (!err && len > 0) {
 		uint64_t k;
 		unsigned char *mem = nvio__op_at(op, pos, &k);
 
-		if (k > left)
-			k = left;
-		if (op->is_write)
-			err = nvio__pwrite_full(op->file->fd, mem, (size_t)k, off);
-		else
-			err = nvio__pread_full(op->file->fd, mem, (size_t)k, off);
+		if (k > len)
+			k = len;
+		err = op->is_write ? nvio__pwrite_full(op->file->fd, mem, (size_t)k, off) :
+				     nvio__pread_full(op->file->fd, mem, (size_t)k, off);
 		pos += k;
 		off += k;
-		left -= k;
+		len -= k;
 	}
+	return err;
+}
+
+static void move_here(struct nvio__op *op, const struct nvio__piece *pc)
+{
+	int err = rw_parts(op, pc->pos, pc->off, pc->len);
+
 	if (err)
-		nvio__op_fail(op, err, what, pc->off, pc->len);
+		nvio__op_fail(op, err, op->is_write ? "pwrite" : "pread", pc->off, pc->len);
 }
 
 /*
@@ -543,24 +551,9 @@ int nvio__finish_short(struct nvio__op *op, const struct nvio__io *io, size_t go
  * through the buffered descriptor. */
 static int finish_short_parts(struct nvio__op *op, struct slot *sl, size_t got)
 {
-	uint64_t pos = sl->pos + got, off = sl->io.off + got, left = sl->io.len - got;
-	int err = 0;
-
 	if (!sl->io.is_write && got == 0)
 		return -ENODATA;	/* end of file inside the range */
-	while (!err && left > 0) {
-		uint64_t k;
-		unsigned char *mem = nvio__op_at(op, pos, &k);
-
-		if (k > left)
-			k = left;
-		err = sl->io.is_write ? nvio__pwrite_full(op->file->fd, mem, (size_t)k, off) :
-					nvio__pread_full(op->file->fd, mem, (size_t)k, off);
-		pos += k;
-		off += k;
-		left -= k;
-	}
-	return err;
+	return rw_parts(op, sl->pos + got, sl->io.off + got, sl->io.len - got);
 }
 
 static void complete(struct wstate *s, struct nvio__io *io)

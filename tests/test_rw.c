@@ -348,6 +348,7 @@ static void test_staged_pipeline(int e, int d)
 		c.staging_bytes = ms[i].stage_blocks * c.block_size;
 		if (!T_OK(nvio_handle_create(&h, &c)))
 			continue;
+		got_cfg.struct_size = sizeof(got_cfg);
 		if (T_OK(nvio_handle_config(h, &got_cfg)))	/* 2 at least */
 			T_EQ_U64(got_cfg.staging_bytes, ms[i].stage_blocks < 2 ?
 				 2 * c.block_size : c.staging_bytes);
