@@ -815,6 +815,16 @@ def machine_info(bench, dirs):
     return info
 
 
+def emit(lines, path):
+    """Prints a report's markdown lines and, with a path, writes them there
+    (every bench script's last step)."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if path:
+        with open(path, "w") as f:
+            f.write(text)
+
+
 def write_report(bench, cells, dirs, path, argv):
     lines = ["# nvio core benchmark — %s" % datetime.date.today().isoformat(), ""]
     lines += machine_info(bench, dirs)

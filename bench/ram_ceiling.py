@@ -209,11 +209,7 @@ def main():
                                                        (j["end"] - t0) * 1e3, j["lo"] >> 20,
                                                        j["hi"] >> 20)
                 for k, j in enumerate(x["jobs"])), x["own"], x["gbps"]))
-    text = "\n".join(out) + "\n"
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
+    core_bench.emit(out, a.out)
 
 
 if __name__ == "__main__":

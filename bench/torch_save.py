@@ -207,11 +207,7 @@ def main():
                 med([x["gbps"] / y["gbps"] for x, y in zip(v, per["fio-best"])]),
                 " ".join("%.2f" % x for x in g)))
         out.append("")
-    text = "\n".join(out) + "\n"
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
+    core_bench.emit(out, a.out)
 
 
 if __name__ == "__main__":

@@ -230,11 +230,7 @@ def main():
                             " ".join("%.2f" % x for x in v))
                 for k, v in sorted(cell[op]["calib"].items(), key=lambda kv: -med(kv[1])))]
         out.append("")
-    text = "\n".join(out) + "\n"
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
+    core_bench.emit(out, a.out)
 
 
 if __name__ == "__main__":
