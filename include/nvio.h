@@ -401,8 +401,12 @@ NVIO_API int nvio_config_save_tuned(const nvio_config_t *cfg, const char *dir,
  *                      abandons it. Implies WRITE (and READ may be
  *                      added); starts empty. path must name a regular
  *                      file or nothing (-EINVAL for a device or FIFO).
- * Unknown flags, no READ/WRITE/ATOMIC, TRUNC/EXCL with ATOMIC, or EXCL
- * without CREATE are -EINVAL (CREATE with ATOMIC is allowed: implied). Returns the file, or NULL with *err set (the open's errno, or
+ *   NVIO_FILE_NOSYNC   with ATOMIC: nvio_file_commit renames without
+ *                      fsync of the data or the directory: the
+ *                      replacement stays all or nothing for a crash of
+ *                      the process, not for one of the machine.
+ * Unknown flags, no READ/WRITE/ATOMIC, TRUNC/EXCL with ATOMIC, NOSYNC
+ * without ATOMIC, or EXCL without CREATE are -EINVAL (CREATE with ATOMIC is allowed: implied). Returns the file, or NULL with *err set (the open's errno, or
  * -EISDIR for a directory); the failure is also the calling thread's
  * nvio_last_error() for the handle.
  */
@@ -412,6 +416,7 @@ NVIO_API int nvio_config_save_tuned(const nvio_config_t *cfg, const char *dir,
 #define NVIO_FILE_EXCL		(1u << 3)
 #define NVIO_FILE_TRUNC		(1u << 4)
 #define NVIO_FILE_ATOMIC	(1u << 5)
+#define NVIO_FILE_NOSYNC	(1u << 6)
 
 typedef struct nvio_file nvio_file_t;
 

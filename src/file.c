@@ -34,7 +34,8 @@
 #include "sys.h"
 
 #define KNOWN_FILE_FLAGS (NVIO_FILE_READ | NVIO_FILE_WRITE | NVIO_FILE_CREATE | \
-			  NVIO_FILE_EXCL | NVIO_FILE_TRUNC | NVIO_FILE_ATOMIC)
+			  NVIO_FILE_EXCL | NVIO_FILE_TRUNC | NVIO_FILE_ATOMIC | \
+			  NVIO_FILE_NOSYNC)
 
 /*
  * The name a write through path would reach, as open(2) follows it: the
@@ -276,6 +277,8 @@ static int check_flags(unsigned flags, int by_fd)
 		return -EINVAL;
 	if ((flags & NVIO_FILE_ATOMIC) && (flags & (NVIO_FILE_EXCL | NVIO_FILE_TRUNC)))
 		return -EINVAL;	/* CREATE is what ATOMIC does anyway */
+	if ((flags & NVIO_FILE_NOSYNC) && !(flags & NVIO_FILE_ATOMIC))
+		return -EINVAL;
 	if ((flags & NVIO_FILE_EXCL) && !(flags & NVIO_FILE_CREATE))
 		return -EINVAL;
 	return 0;
@@ -697,7 +700,8 @@ int nvio_file_commit(nvio_file_t *f)
 	if ((f->flags & NVIO_FILE_ATOMIC) && !f->committed) {
 		nvio__track_quiesce(f->h, f);
 		what = "commit (an op on the file failed)";
-		r = atomic_load(&f->failed) ? -EIO : commit(f, 1, &what);
+		r = atomic_load(&f->failed) ? -EIO :
+		    commit(f, !(f->flags & NVIO_FILE_NOSYNC), &what);
 	}
 	return r ? file_error(f, f->h, r, what, NULL) : 0;
 }

@@ -196,6 +196,23 @@ static void cases(nvio_handle_t *h)
 		check_content(path, old, sizeof(old));
 		T_EQ_INT(t_dir_count(t_tmpdir()), nfiles);
 	}
+	/* NVIO_FILE_NOSYNC: the commit never calls fsync (a failing fsync
+	 * cannot stop it), and the new content is in place */
+	t_ctx("%s NOSYNC commit does not fsync", t_combo());
+	T_ERR(nvio_file_open(h, path, NVIO_FILE_WRITE | NVIO_FILE_NOSYNC, &err) == NULL ?
+	      err : 0, -EINVAL);
+	f = nvio_file_open(h, path, NVIO_FILE_ATOMIC | NVIO_FILE_NOSYNC, &err);
+	if (T_TRUE(f != NULL)) {
+		T_OK(nvio_file_pwrite(f, nw, sizeof(nw), 0, 0));
+		arm(EIO);
+		nvio__sys.fsync = h_fsync;
+		T_OK(nvio_file_commit(f));
+		T_EQ_INT(atomic_load(&calls), 0);
+		nvio__sys_reset();
+		T_OK(nvio_file_close(f));
+		check_content(path, nw, sizeof(nw));
+		T_OK(t_write_file(path, old, sizeof(old)));
+	}
 	/* and without faults the same commit works */
 	t_ctx("%s commit after the faults", t_combo());
 	f = nvio_file_open(h, path, NVIO_FILE_ATOMIC, &err);

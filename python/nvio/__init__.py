@@ -18,6 +18,7 @@ from ._nvio import (
     FILE_ATOMIC,
     FILE_CREATE,
     FILE_EXCL,
+    FILE_NOSYNC,
     FILE_READ,
     FILE_TRUNC,
     FILE_WRITE,
@@ -80,6 +81,6 @@ __all__ = [
     "strerror", "version", "__version__", "cufile_set_library", "staging_limit",
     "staging_set_limit",
     "open", "NvioFile", "File", "Stream", "NvioFuture", "Completions", "completions",
-    "FILE_READ", "FILE_WRITE", "FILE_CREATE", "FILE_EXCL", "FILE_TRUNC", "FILE_ATOMIC",
+    "FILE_READ", "FILE_WRITE", "FILE_CREATE", "FILE_EXCL", "FILE_TRUNC", "FILE_ATOMIC", "FILE_NOSYNC",
     "OP_READ", "OP_WRITE", "VALIDATE", "FSYNC", "OFFSET_PER_IOV",
 ]

@@ -260,6 +260,7 @@ FILE_CREATE: Final[int]
 FILE_EXCL: Final[int]
 FILE_TRUNC: Final[int]
 FILE_ATOMIC: Final[int]
+FILE_NOSYNC: Final[int]  # with FILE_ATOMIC: commit without fsync
 OP_READ: Final[int]
 OP_WRITE: Final[int]
 VALIDATE: Final[int]

@@ -620,8 +620,10 @@ static PyObject *file_open_common(ext_handle *hd, PyObject *pathobj, int fd,
 		 * (nvio_file_open(3)); else it is about the file (an ATOMIC
 		 * write refuses a FIFO or a device): name the path. */
 		unsigned known = NVIO_FILE_READ | NVIO_FILE_WRITE | NVIO_FILE_CREATE |
-				 NVIO_FILE_EXCL | NVIO_FILE_TRUNC | NVIO_FILE_ATOMIC;
+				 NVIO_FILE_EXCL | NVIO_FILE_TRUNC | NVIO_FILE_ATOMIC |
+				 NVIO_FILE_NOSYNC;
 		int bad_flags = (flags & ~known) ||
+			((flags & NVIO_FILE_NOSYNC) && !(flags & NVIO_FILE_ATOMIC)) ||
 			!(flags & (NVIO_FILE_READ | NVIO_FILE_WRITE | NVIO_FILE_ATOMIC)) ||
 			((flags & NVIO_FILE_ATOMIC) &&
 			 (flags & (NVIO_FILE_TRUNC | NVIO_FILE_EXCL)));
@@ -1879,6 +1881,7 @@ int ext_files_exec(PyObject *m, ext_state *st)
 		{ "FILE_READ", NVIO_FILE_READ }, { "FILE_WRITE", NVIO_FILE_WRITE },
 		{ "FILE_CREATE", NVIO_FILE_CREATE }, { "FILE_EXCL", NVIO_FILE_EXCL },
 		{ "FILE_TRUNC", NVIO_FILE_TRUNC }, { "FILE_ATOMIC", NVIO_FILE_ATOMIC },
+		{ "FILE_NOSYNC", NVIO_FILE_NOSYNC },
 		{ "OP_READ", NVIO_OP_READ }, { "OP_WRITE", NVIO_OP_WRITE },
 		{ "VALIDATE", NVIO_VALIDATE }, { "FSYNC", NVIO_FSYNC },
 		{ "OFFSET_PER_IOV", NVIO_OFFSET_PER_IOV }, { "MAX_IOV", NVIO_MAX_IOV },
