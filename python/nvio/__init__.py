@@ -67,6 +67,18 @@ def available_engines():
     return [e for e in ENGINES if _nvio.engine_available(e)[0]]
 
 
+_CHECKPOINT = ("save", "load", "async_save", "AsyncCheckpointer", "CheckpointError")
+
+
+def __getattr__(name):
+    """nvio.save, nvio.load, nvio.async_save...: imported on first use, so
+    that ``import nvio`` does not import torch."""
+    if name in _CHECKPOINT:
+        from . import checkpoint
+        return getattr(checkpoint, name)
+    raise AttributeError("module 'nvio' has no attribute %r" % (name,))
+
+
 def version():
     """The libnvio version string, e.g. '0.1.0'."""
     return _nvio.version_string
@@ -80,7 +92,7 @@ __all__ = [
     "available_engines", "buffer_info", "file_size", "load_tuned", "probe",
     "strerror", "version", "__version__", "cufile_set_library", "staging_limit",
     "staging_set_limit",
-    "open", "NvioFile", "File", "Stream", "NvioFuture", "Completions", "completions",
+    "open", "NvioFile", "save", "load", "async_save", "AsyncCheckpointer", "CheckpointError", "File", "Stream", "NvioFuture", "Completions", "completions",
     "FILE_READ", "FILE_WRITE", "FILE_CREATE", "FILE_EXCL", "FILE_TRUNC", "FILE_ATOMIC", "FILE_NOSYNC",
     "OP_READ", "OP_WRITE", "VALIDATE", "FSYNC", "OFFSET_PER_IOV",
 ]

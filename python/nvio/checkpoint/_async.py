@@ -1,0 +1,297 @@
+"""nvio.async_save: snapshot now, write in the background, a future for the end.
+
+``async_save`` pickles the object and copies every storage into a buffer of
+page-locked memory laid out exactly as the file will be (each record's data
+at its aligned offset); then it returns an :class:`nvio.NvioFuture`, and the
+caller may change or free its tensors at once. A writer thread then fills
+in the CRCs, headers and directory and writes the whole image with one
+O_DIRECT write into an ATOMIC file, commits it (durable unless
+``durable=False``) and resolves the future with the file's size, or with
+the error. Saves are written one after another, in call order.
+
+The snapshot buffers form a pool that is reused by later saves: memory is
+allocated once for a state of a given size. ``pool_bytes`` bounds it; a save
+that does not fit waits for earlier saves to release their buffers (and is
+refused, with the sizes, when it could never fit).
+
+At interpreter exit pending saves are waited for (``on_exit="wait"``, the
+default) or abandoned (``"abandon"``: each is closed without a commit, so
+the destinations keep their old content and no temporary is left).
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import errno
+import os
+import threading
+import weakref
+
+import torch
+
+from .. import _nvio
+from .._futures import NvioFuture
+from ._plan import DEFAULT_ALIGN, Plan, crc_submit, u8
+
+__all__ = ["AsyncCheckpointer", "async_save", "default_checkpointer"]
+
+_ROUND = 2 << 20        # pool buffers are sized in multiples of this
+
+
+class _Abandoned(Exception):
+    pass
+
+
+class AsyncCheckpointer:
+    """Asynchronous, crash-safe checkpoint saves with a reusable snapshot pool.
+
+    ``pool_bytes``: most bytes of snapshot memory to keep (None: as much as
+    the saves in flight need). ``handle``: the :class:`nvio.AioHandle` to
+    write with (default: nvio's checkpoint handle). ``on_exit``: "wait" or
+    "abandon" (what interpreter exit does with saves not yet written).
+    """
+
+    def __init__(self, *, pool_bytes=None, handle=None, on_exit="wait"):
+        if on_exit not in ("wait", "abandon"):
+            raise ValueError("nvio: on_exit must be 'wait' or 'abandon', not %r" % (on_exit,))
+        if pool_bytes is not None and pool_bytes <= 0:
+            raise ValueError("nvio: pool_bytes must be > 0 or None, not %r" % (pool_bytes,))
+        self.pool_bytes = pool_bytes
+        self.on_exit = on_exit
+        self._handle = handle
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._free = []             # LockedBuffers not in use
+        self._held = 0              # bytes of all pool buffers
+        self._queue = collections.deque()
+        self._busy = 0              # jobs queued or being written
+        self._thread = None
+        self._abandon = False
+        self._closed = False
+        _all.add(self)
+
+    # -- the caller's side ----------------------------------------------------
+
+    def save(self, obj, path, *, durable=True, align=DEFAULT_ALIGN, pickle_protocol=2):
+        """Snapshot ``obj`` and queue its write to ``path``; a future of the
+        file's size in bytes (or of the error, which names the path)."""
+        durable = _nvio.check_flag(durable, "durable")
+        path = os.fspath(path)
+        plan = Plan(obj, path, align, pickle_protocol)
+        buf = self._acquire(plan.size)
+        try:
+            dst = torch.frombuffer(buf, dtype=torch.uint8, count=plan.size) \
+                if plan.size else None
+            for r, s in plan.data:
+                if r.size:
+                    dst[r.data_offset:r.end].copy_(u8(s))
+            del dst
+        except BaseException:
+            self._release(buf)
+            raise
+        fut = NvioFuture(path)
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._queue.append((plan, buf, path, durable, fut))
+                self._busy += 1
+            if not closed and self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="nvio-ckpt-writer",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+        if closed:
+            self._release(buf)
+            raise ValueError("nvio: save on a closed AsyncCheckpointer")
+        return fut
+
+    @property
+    def pending(self):
+        """Saves queued or being written."""
+        with self._lock:
+            return self._busy
+
+    def wait(self, timeout=None):
+        """Wait until every queued save has ended; False on timeout."""
+        with self._lock:
+            return self._cond.wait_for(lambda: self._busy == 0, timeout)
+
+    def close(self, abandon=False):
+        """Finish (or with ``abandon=True`` drop) pending saves, stop the
+        writer and free the pool. Idempotent."""
+        with self._lock:
+            self._closed = True
+            if abandon:
+                self._abandon = True
+            self._cond.notify_all()
+            t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join()
+        with self._lock:
+            self._free.clear()
+            self._held = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    # -- the pool -------------------------------------------------------------
+
+    def _acquire(self, n):
+        need = max(_ROUND, -(-n // _ROUND) * _ROUND)
+        with self._lock:
+            while True:
+                fits = [b for b in self._free if len(b) >= n]
+                if fits:
+                    b = min(fits, key=len)
+                    self._free.remove(b)
+                    return b
+                cap = self.pool_bytes
+                if cap is None or self._held + need <= cap:
+                    break
+                if self._free:          # too small to use: make room
+                    self._held -= len(self._free.pop())
+                    continue
+                if need > cap or self._busy == 0:
+                    raise ValueError(
+                        "nvio.async_save: the snapshot needs %d bytes but the pool is "
+                        "limited to %d (pool_bytes); raise pool_bytes or save synchronously "
+                        "with nvio.save" % (need, cap))
+                self._cond.wait()        # for an earlier save to release its buffer
+            self._held += need
+        try:
+            return _nvio.LockedBuffer(need)
+        except BaseException:
+            with self._lock:
+                self._held -= need
+            raise
+
+    def _release(self, buf):
+        with self._lock:
+            if self._closed:
+                self._held -= len(buf)
+            else:
+                self._free.append(buf)
+            self._cond.notify_all()
+
+    # -- the writer thread ----------------------------------------------------
+
+    def _run(self):
+        while True:
+            with self._lock:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    self._thread = None
+                    return
+                job = self._queue.popleft()
+            plan, buf, path, durable, fut = job
+            try:
+                size = self._write(plan, buf, path, durable)
+            except BaseException as e:  # noqa: BLE001 - it goes to the future
+                err = e
+                if isinstance(e, _Abandoned):
+                    err = _nvio.NvioError(errno.ECANCELED,
+                                          "nvio.async_save: abandoned at exit before it "
+                                          "was written; %s is unchanged" % path, path)
+                fut.set_exception(err)
+            else:
+                fut.set_result(size)
+            finally:
+                self._release(buf)
+                with self._lock:
+                    self._busy -= 1
+                    self._cond.notify_all()
+
+    def _check(self):
+        if self._abandon:
+            raise _Abandoned()
+
+    def _write(self, plan, buf, path, durable):
+        self._check()
+        recs = [r for r, _ in plan.data]
+        crcs = crc_submit([(buf.address + r.data_offset, r.size) for r in recs])()
+        for r, crc in zip(recs, crcs):
+            r.crc = crc
+        mv = memoryview(buf)
+        for off, b in plan.meta_pieces():
+            mv[off:off + len(b)] = b
+        self._check()
+        h = self._handle
+        if h is None:
+            from ._save import default_handle
+            h = default_handle()
+        flags = _nvio.FILE_ATOMIC | (0 if durable else _nvio.FILE_NOSYNC)
+        with h.open(path, flags) as f:
+            if plan.size >= 1 << 20:
+                try:
+                    f.allocate(0, plan.size)
+                except _nvio.NvioError as e:
+                    if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                        raise
+            if plan.size:
+                f.pwrite(mv[:plan.size], 0)
+            self._check()
+            f.commit()
+        return plan.size
+
+
+_all = weakref.WeakSet()
+_default = None
+_default_lock = threading.Lock()
+
+
+def default_checkpointer():
+    """The AsyncCheckpointer that :func:`async_save` uses."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = AsyncCheckpointer()
+        return _default
+
+
+def async_save(obj, path, *, durable=True, align=DEFAULT_ALIGN, pickle_protocol=2):
+    """Save like :func:`nvio.save`, in the background: returns a future once
+    the state is copied (the caller may then change its tensors); the
+    future's result is the file's size once it is in place (durably unless
+    ``durable=False``). Saves are written in call order; interpreter exit
+    waits for them (see :class:`AsyncCheckpointer` to change that or to
+    bound the snapshot memory)."""
+    return default_checkpointer().save(obj, path, durable=durable, align=align,
+                                       pickle_protocol=pickle_protocol)
+
+
+@atexit.register
+def _at_exit():
+    for c in list(_all):
+        c.close(abandon=c.on_exit == "abandon")
+
+
+def _after_fork_in_child():
+    """The writer thread did not survive fork; the parent's queued saves are
+    the parent's to write: fail their futures here, start afresh."""
+    global _default_lock
+    _default_lock = threading.Lock()
+    for c in list(_all):
+        c._lock = threading.Lock()
+        c._cond = threading.Condition(c._lock)
+        left = list(c._queue)
+        c._queue.clear()
+        c._busy = 0
+        c._thread = None
+        c._free = []
+        c._held = 0
+        for job in left:
+            try:
+                job[4].set_exception(_nvio.NvioError(
+                    errno.ECHILD, "nvio.async_save: queued in the parent process "
+                    "before fork; the parent writes it", job[2]))
+            except Exception:   # noqa: BLE001 - its lock was held at fork
+                pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,326 @@
+"""nvio.load: torch checkpoints read in parallel straight into the tensors.
+
+The zip directory is parsed in Python (a few small reads); the pickle is
+unpickled with torch's weights-only unpickler (or, when asked, the full one)
+whose persistent ids allocate each storage at its final place: page-aligned
+host memory (locked with ``pin_memory=True``) or the GPU that
+``map_location`` names. Then ONE vectored op reads every storage's record
+into its memory; records on page boundaries (nvio's files) move with
+O_DIRECT, others (torch.save's 64-byte alignment) are split by libnvio into
+a buffered head and tail around a direct middle.
+"""
+from __future__ import annotations
+
+import io
+import mmap as _mmap
+import os
+import pickle
+import sys
+
+import torch
+
+from .. import _nvio
+from . import _zip
+from ._plan import NVIO_FORMAT, NVIO_RECORD, CheckpointError, crc_submit, u8
+
+__all__ = ["load", "Index", "open_index"]
+
+#: Storages from this size on get their own page-aligned mapping (so that
+#: O_DIRECT reads land in them without a copy); smaller ones come from
+#: torch's allocator.
+ALIGNED_ALLOC_MIN = 64 << 10
+
+
+def _err(path, msg):
+    return CheckpointError("nvio.load: %s: %s" % (path, msg), path)
+
+
+class Index:
+    """The records of a zip checkpoint: name -> _zip.Entry with data_offset."""
+
+    def __init__(self, f, path):
+        self.f = f
+        self.path = path
+        self.size = f.size
+        self.entries = {}
+        self.prefix = ""
+
+    def read_bytes(self, off, n):
+        b = bytearray(n)
+        if n:
+            self.f.pread(b, off)
+        return b
+
+    def record(self, name):
+        """A small record's bytes (whole)."""
+        e = self.entries[self.prefix + name]
+        self._check_entry(e)
+        return bytes(self.read_bytes(e.data_offset, e.size))
+
+    def has(self, name):
+        return self.prefix + name in self.entries
+
+    def _check_entry(self, e):
+        if e.method != 0 or e.compressed != e.size:
+            raise _err(self.path, "record %s is compressed (method %d): torch "
+                       "checkpoints store records uncompressed" % (e.name, e.method))
+        if e.data_offset < 0 or e.data_offset + e.size > self.size:
+            raise _err(self.path, "record %s (%d bytes at offset %d) extends past the "
+                       "end of the file (%d bytes): the file is truncated"
+                       % (e.name, e.size, e.data_offset, self.size))
+
+
+def open_index(f, path):
+    """Parse the zip directory of an open nvio File; None if it is no zip
+    archive at all (a legacy torch.save file)."""
+    ix = Index(f, path)
+    size = ix.size
+    if size == 0:
+        raise _err(path, "the file is empty")
+    if size < _zip.EOCD_SIZE:
+        if bytes(ix.read_bytes(0, size)).startswith(b"PK"):
+            _raise_trunc(path)
+        return None
+    if bytes(ix.read_bytes(0, 4)) != b"PK\x03\x04":
+        return None
+    n = min(size, _zip.TAIL_BYTES)
+    tail = ix.read_bytes(size - n, n)
+    try:
+        cd_off, cd_size, count = _zip.find_directory(tail, size - n, size)
+        entries = _zip.parse_directory(ix.read_bytes(cd_off, cd_size), count)
+    except _zip.ZipFormatError as e:
+        raise _err(path, "%s (the file may be truncated or corrupt)" % e) from None
+    for e in entries:
+        ix.entries[e.name] = e
+    pkl = [e.name for e in entries if e.name == "data.pkl" or e.name.endswith("/data.pkl")]
+    if not pkl:
+        raise _err(path, "no data.pkl record: not a torch checkpoint")
+    ix.prefix = pkl[0][:-len("data.pkl")]
+    # the local headers tell where each record's data starts: read their
+    # fixed parts in one vectored op (in file order, as nvio wants them)
+    mine = sorted((e for e in entries if e.name.startswith(ix.prefix)),
+                  key=lambda e: e.header_offset)
+    for e in mine:
+        if e.header_offset + _zip.LOCAL_SIZE > size:
+            _raise_trunc(path, e)
+    hdrs = bytearray(_zip.LOCAL_SIZE * len(mine))
+    mv = memoryview(hdrs)
+    pieces = [(mv[i * _zip.LOCAL_SIZE:(i + 1) * _zip.LOCAL_SIZE], e.header_offset)
+              for i, e in enumerate(mine)]
+    _read_pieces(f, pieces)
+    for i, e in enumerate(mine):
+        try:
+            e.data_offset = _zip.data_offset(e, hdrs[i * _zip.LOCAL_SIZE:(i + 1) * _zip.LOCAL_SIZE])
+        except _zip.ZipFormatError as err:
+            raise _err(path, "%s: the file is corrupt" % err) from None
+    return ix
+
+
+def _raise_trunc(path, e=None):
+    where = " (record %s)" % e.name if e is not None else ""
+    raise _err(path, "the zip archive is truncated%s" % where)
+
+
+def _read_pieces(f, pieces):
+    """Read [(buffer, offset)] (offsets increasing, no overlap) in as few
+    vectored ops as nvio takes."""
+    step = _nvio.MAX_IOV
+    for i in range(0, len(pieces), step):
+        f.preadv(pieces[i:i + step], _nvio.OFFSET_PER_IOV)
+
+
+# --- where storages go -------------------------------------------------------
+
+
+def _alloc_host(nbytes, pin):
+    """An untyped CPU storage of nbytes whose memory suits O_DIRECT."""
+    if pin:
+        from ..handles import _locked_buffer
+        if nbytes == 0:
+            return torch.UntypedStorage(0)
+        return torch.frombuffer(_locked_buffer(nbytes, False), dtype=torch.uint8).untyped_storage()
+    if nbytes < ALIGNED_ALLOC_MIN:
+        return torch.UntypedStorage(nbytes)
+    m = _mmap.mmap(-1, nbytes)
+    if nbytes >= 2 << 20 and hasattr(m, "madvise") and hasattr(_mmap, "MADV_HUGEPAGE"):
+        try:
+            m.madvise(_mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
+    return torch.frombuffer(m, dtype=torch.uint8).untyped_storage()
+
+
+def _target(map_location, location):
+    """Where a storage saved at ``location`` is read to: (device string or
+    None for "read to the CPU, then restore", restore callable or None)."""
+    if map_location is None:
+        dev = location
+    elif isinstance(map_location, (str, torch.device)):
+        dev = str(map_location)
+    elif isinstance(map_location, dict):
+        dev = map_location.get(location, location)
+        dev = str(dev)
+    else:
+        return "cpu", map_location
+    d = torch.device(dev)
+    if d.type in ("cpu", "cuda"):
+        return str(d), None
+    return "cpu", lambda s, loc: torch.serialization.default_restore_location(s, dev)
+
+
+class _Reader:
+    """persistent_load for the unpickler: allocates storages, queues reads."""
+
+    def __init__(self, ix, map_location, pin, eager):
+        self.ix = ix
+        self.map_location = map_location
+        self.pin = pin
+        self.eager = eager
+        self.storages = {}      # key -> TypedStorage
+        self.reads = []         # (UntypedStorage, Entry)
+        self.restores = []      # (key, restore, location)
+
+    def __call__(self, saved_id):
+        if not isinstance(saved_id, tuple) or len(saved_id) != 5:
+            raise _err(self.ix.path, "bad persistent id in data.pkl: %r" % (saved_id,))
+        typename, stype, key, location, numel = saved_id
+        if isinstance(typename, bytes):
+            typename = typename.decode("ascii")
+        if typename != "storage":
+            raise _err(self.ix.path, "unknown persistent id type %r in data.pkl" % (typename,))
+        if isinstance(location, bytes):
+            location = location.decode("ascii")
+        key = str(key)
+        dtype = torch.uint8 if stype is torch.UntypedStorage else stype.dtype
+        if key in self.storages:
+            return self.storages[key]
+        nbytes = numel * torch._utils._element_size(dtype)
+        e = self.ix.entries.get(self.ix.prefix + "data/" + key)
+        if e is None:
+            raise _err(self.ix.path, "record data/%s (a storage of %d bytes) is missing"
+                       % (key, nbytes))
+        self.ix._check_entry(e)
+        if e.size != nbytes:
+            raise _err(self.ix.path, "record data/%s holds %d bytes but its storage "
+                       "needs %d: the file is corrupt" % (key, e.size, nbytes))
+        dev, restore = _target(self.map_location, location)
+        if dev == "cpu":
+            s = _alloc_host(nbytes, self.pin)
+        else:
+            s = torch.empty(nbytes, dtype=torch.uint8, device=dev).untyped_storage()
+        self.reads.append((s, e))
+        # restore() may copy the storage elsewhere: its bytes must be there
+        if (self.eager or restore is not None) and nbytes:
+            self.ix.f.pread(u8(s), e.data_offset)
+        if restore is not None:
+            s = restore(s, location)
+            if s is None:
+                s = torch.serialization.default_restore_location(self.reads[-1][0], location)
+        ts = torch.storage.TypedStorage(wrap_storage=s, dtype=dtype, _internal=True)
+        self.storages[key] = ts
+        return ts
+
+
+def _unpickler(data, weights_only):
+    if weights_only:
+        from torch import _weights_only_unpickler
+        return _weights_only_unpickler.Unpickler(io.BytesIO(data), encoding="utf-8")
+
+    class _Full(pickle.Unpickler):
+        def find_class(self, mod, name):
+            if type(name) is str and "Storage" in name:
+                try:
+                    return torch.serialization.StorageType(name)
+                except KeyError:
+                    pass
+            mod = {"torch.tensor": "torch._tensor"}.get(mod, mod)
+            return super().find_class(mod, name)
+    return _Full(io.BytesIO(data), encoding="utf-8")
+
+
+def _torch_load(path, map_location, weights_only, mmap):
+    return torch.load(path, map_location=map_location, weights_only=weights_only, mmap=mmap)
+
+
+def load(f, map_location=None, weights_only=True, mmap=False, *, handle=None,
+         pin_memory=False, verify=False):
+    """Load what ``torch.save`` or :func:`nvio.save` wrote, like ``torch.load``.
+
+    Reads files of both (torch's zip format; a legacy-format or TorchScript
+    file is handed to ``torch.load``). Tensor data is read in parallel by
+    libnvio straight into the final tensors' memory: page-aligned host
+    memory (page-locked with ``pin_memory=True``), or the GPU ``map_location``
+    names (a device, a string, a dict of locations, or a callable as for
+    torch.load). ``weights_only=True`` (the default) runs no arbitrary
+    pickle code; ``weights_only=False`` trusts the file and reads each storage
+    as the unpickler asks for it. ``mmap=True`` is ``torch.load(mmap=True)``.
+    ``verify=True`` checks every record's CRC-32 too. ``f`` that is a file
+    object is passed to ``torch.load``.
+    """
+    if not isinstance(f, (str, bytes, os.PathLike)):
+        return torch.load(f, map_location=map_location, weights_only=weights_only, mmap=mmap)
+    weights_only = _nvio.check_flag(weights_only, "weights_only")
+    pin = _nvio.check_flag(pin_memory, "pin_memory")
+    verify = _nvio.check_flag(verify, "verify")
+    path = os.fsdecode(f)
+    if _nvio.check_flag(mmap, "mmap"):
+        return _torch_load(path, map_location, weights_only, True)
+    if handle is None:
+        from ._save import default_handle
+        handle = default_handle()
+    with handle.open(path, _nvio.FILE_READ) as nf:
+        ix = open_index(nf, path)
+        if ix is None or ix.has("constants.pkl"):
+            nf.close()
+            return _torch_load(path, map_location, weights_only, False)
+        _check_versions(ix)
+        if ix.has("byteorder") and ix.record("byteorder").decode() != sys.byteorder:
+            nf.close()
+            return _torch_load(path, map_location, weights_only, False)
+        reader = _Reader(ix, map_location, pin, eager=not weights_only)
+        up = _unpickler(ix.record("data.pkl"), weights_only)
+        up.persistent_load = reader
+        tls = getattr(torch.serialization, "_serialization_tls", None)
+        if tls is not None:
+            tls.map_location = map_location
+        try:
+            result = up.load()
+        except pickle.UnpicklingError as e:
+            if weights_only:
+                raise pickle.UnpicklingError(
+                    "nvio.load: %s: weights_only=True refused the file: %s\nLoad it "
+                    "with weights_only=False only if you trust where it came from."
+                    % (path, e)) from None
+            raise
+        finally:
+            if tls is not None:
+                tls.map_location = None
+        if not reader.eager:
+            _read_pieces(nf, [(u8(s), e.data_offset) for s, e in
+                              sorted(reader.reads, key=lambda r: r[1].data_offset)
+                              if e.size and not s.nbytes() == 0])
+        if verify:
+            _verify_reads(path, reader.reads)
+    torch._utils._validate_loaded_sparse_tensors()
+    return result
+
+
+def _check_versions(ix):
+    if ix.has(NVIO_RECORD):
+        try:
+            v = int(ix.record(NVIO_RECORD))
+        except ValueError:
+            raise _err(ix.path, "corrupt %s record" % NVIO_RECORD) from None
+        if v > NVIO_FORMAT:
+            raise _err(ix.path, "written by a newer nvio (layout version %d; this "
+                       "nvio %s reads up to %d): upgrade nvio" % (v, _nvio.version_string,
+                                                                 NVIO_FORMAT))
+
+
+def _verify_reads(path, reads):
+    host = [(s if s.device.type == "cpu" else s.cpu(), e) for s, e in reads]
+    crcs = crc_submit([(s.data_ptr(), e.size) for s, e in host])()
+    for (s, e), crc in zip(host, crcs):
+        if crc != e.crc:
+            raise _err(path, "record %s: CRC-32 mismatch (stored %08x, data %08x): "
+                       "the file is corrupt" % (e.name, e.crc, crc))

@@ -1,0 +1,261 @@
+"""What a checkpoint file will hold: the pickle, the storages, their offsets.
+
+``plan(obj, path)`` pickles ``obj`` the way ``torch.save`` does (protocol 2,
+every storage replaced by the persistent id
+``("storage", storage_type, key, location, numel)``, one record per storage
+however many tensors view it) and lays out the records of torch's zip
+format with each storage's data on a multiple of ``align``. It neither
+opens nor writes a file, so an object that cannot be pickled fails before
+anything on disk is touched.
+
+CRC-32 of tensor bytes is computed by ``crc_records`` in threads (zlib
+releases the GIL), in chunks combined with ``crc32_combine``.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import io
+import os
+import pickle
+import secrets
+import sys
+import threading
+import zlib
+
+import torch
+
+from . import _zip
+
+#: Record data aligned to this by default: the page size (every O_DIRECT
+#: alignment Linux asks of a file on a local disk divides it).
+DEFAULT_ALIGN = 4096
+#: The zip format's version record, as torch writes it.
+ZIP_VERSION = "3\n"
+#: Bytes of tensor data per CRC task.
+CRC_CHUNK = 32 << 20
+#: nvio's own marker record: the version of nvio's layout rules.
+NVIO_FORMAT = 1
+NVIO_RECORD = ".data/nvio_format"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be written or read as asked: the message names the
+    file and what is wrong (truncated, corrupt, newer format, a bad object).
+    ``filename`` is the checkpoint's path."""
+
+    def __init__(self, msg, filename=None):
+        super().__init__(msg)
+        self.filename = filename
+
+
+def archive_name(path):
+    """The records' directory inside the zip, as torch names it: the file's
+    name up to its first dot."""
+    base = os.path.basename(os.fsdecode(path)).split(".", 1)[0]
+    return base or "archive"
+
+
+def u8(storage):
+    """A flat uint8 tensor over an untyped storage's bytes (no copy)."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(
+        storage, 0, (storage.nbytes(),), (1,))
+
+
+class _Pickler(pickle.Pickler):
+    """torch.save's pickling: storages become persistent ids."""
+
+    def __init__(self, file, protocol, storages):
+        super().__init__(file, protocol=protocol)
+        self._storages = storages      # key -> UntypedStorage, in key order
+        self._keys = {}                # storage._cdata -> key
+        self._dtypes = {}              # data_ptr -> dtype
+
+    def persistent_id(self, obj):
+        if isinstance(obj, torch.storage.TypedStorage):
+            storage = obj._untyped_storage
+            dtype = obj.dtype
+            stype = getattr(torch, obj._pickle_storage_type())
+            numel = obj._size()
+        elif isinstance(obj, torch.UntypedStorage):
+            storage = obj
+            dtype = torch.uint8
+            stype = torch.UntypedStorage
+            numel = storage.nbytes()
+        else:
+            return None
+        if storage.device.type != "meta" and storage.data_ptr() != 0:
+            seen = self._dtypes.setdefault(storage.data_ptr(), dtype)
+            if seen != dtype:
+                raise pickle.PicklingError(
+                    "cannot save two tensors or storages that view the same "
+                    "memory as different dtypes (%s and %s)" % (seen, dtype))
+        key = self._keys.get(storage._cdata)
+        if key is None:
+            key = self._keys[storage._cdata] = str(len(self._keys))
+            self._storages[key] = storage
+        fake = getattr(obj, "_fake_device", None)
+        location = str(fake) if fake is not None else \
+            torch.serialization.location_tag(storage)
+        return ("storage", stype, key, location, numel)
+
+
+class Plan:
+    """A checkpoint laid out: records with offsets, the small records' bytes,
+    and the storages whose bytes go to the data records."""
+
+    def __init__(self, obj, path, align=DEFAULT_ALIGN, protocol=2):
+        if align < 64 or align & (align - 1):
+            raise ValueError("nvio: align must be a power of two >= 64, not %r" % (align,))
+        self.path = os.fsdecode(path)
+        self.storages = {}
+        buf = io.BytesIO()
+        try:
+            _Pickler(buf, protocol, self.storages).dump(obj)
+        except (pickle.PicklingError, TypeError, AttributeError, RuntimeError) as e:
+            raise CheckpointError("nvio.save: %s: cannot pickle the object: %s"
+                                  % (self.path, e), self.path) from e
+        for key, s in self.storages.items():
+            if s.device.type == "meta":
+                raise CheckpointError("nvio.save: %s: storage %s is on the meta device "
+                                      "(it has no data to save)" % (self.path, key), self.path)
+        pre = archive_name(path) + "/"
+        self.align = align
+        self.layout = lay = _zip.Layout(align)
+        self.meta = {}         # record name -> bytes (the small records)
+        self.data = []         # (Record, UntypedStorage) in file order
+        small = [("data.pkl", buf.getvalue()), (".format_version", b"1"),
+                 (".storage_alignment", str(align).encode()),
+                 ("byteorder", sys.byteorder.encode())]
+        for name, b in small:
+            self._add_meta(pre + name, b)
+        for key, s in self.storages.items():
+            self.data.append((lay.add(pre + "data/" + key, s.nbytes()), s))
+        self._add_meta(pre + "version", ZIP_VERSION.encode())
+        self._add_meta(pre + NVIO_RECORD, str(NVIO_FORMAT).encode())
+        self._add_meta(pre + ".data/serialization_id",
+                       str(secrets.randbits(128)).zfill(40).encode())
+        # the directory's length does not depend on the CRCs: size it now
+        self.dir_offset = lay.cursor
+        self.size = lay.cursor + len(lay.directory())
+
+    def _add_meta(self, name, b):
+        r = self.layout.add(name, len(b))
+        r.crc = zlib.crc32(b)
+        self.meta[name] = b
+
+    @property
+    def data_bytes(self):
+        return sum(r.size for r, _ in self.data)
+
+    def meta_pieces(self):
+        """(offset, bytes) of everything that is not tensor data: headers,
+        small records, descriptors, the directory; runs merged. Needs every
+        data record's crc."""
+        runs = []
+
+        def put(off, b):
+            if runs and runs[-1][0] + len(runs[-1][1]) == off:
+                runs[-1][1].extend(b)
+            elif b:
+                runs.append((off, bytearray(b)))
+
+        for r in self.layout.records:
+            put(r.header_offset, r.local)
+            if r.name in self.meta:
+                put(r.data_offset, self.meta[r.name])
+            put(r.end, r.descriptor())
+        put(self.dir_offset, self.layout.directory())
+        return runs
+
+
+# --- CRC-32 -----------------------------------------------------------------
+
+_POLY = 0xEDB88320      # CRC-32 (zip, zlib), bit-reflected
+
+
+def _mulmod(a, b):
+    """a(x) * b(x) modulo the CRC polynomial, bit-reflected (x^0 is bit 31)."""
+    p = 0
+    m = 1 << 31
+    while a:
+        if a & m:
+            p ^= b
+            a ^= m
+        m >>= 1
+        b = (b >> 1) ^ _POLY if b & 1 else b >> 1
+    return p
+
+
+def _powers():
+    t = [1 << 30]                # x^1
+    for _ in range(31):
+        t.append(_mulmod(t[-1], t[-1]))   # x^(2^k)
+    return t
+
+
+_X2K = _powers()
+
+
+def crc32_combine(crc1, crc2, len2):
+    """CRC-32 of A + B from crc(A), crc(B) and len(B) (zlib's crc32_combine)."""
+    p = 1 << 31                  # x^0
+    n = len2 * 8
+    k = 0
+    while n:
+        if n & 1:
+            p = _mulmod(_X2K[k % 32], p)
+        n >>= 1
+        k += 1
+    return _mulmod(p, crc1) ^ crc2
+
+
+def _view(addr, n):
+    return memoryview((ctypes.c_ubyte * n).from_address(addr)).cast("B")
+
+
+_pool = None
+_pool_lock = threading.Lock()
+
+
+def _executor():
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=max(1, min(8, os.cpu_count() or 1)),
+                thread_name_prefix="nvio-crc")
+        return _pool
+
+
+def _reset_after_fork():
+    global _pool, _pool_lock
+    _pool = None
+    _pool_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def crc_submit(regions):
+    """Start CRC-32s of host memory regions [(address, nbytes)]; returns a
+    callable that waits and gives the list of CRCs, in order."""
+    ex = _executor()
+    jobs = []                    # per region: [(future, length)]
+    for addr, n in regions:
+        parts = []
+        for off in range(0, n, CRC_CHUNK):
+            k = min(CRC_CHUNK, n - off)
+            parts.append((ex.submit(zlib.crc32, _view(addr + off, k)), k))
+        jobs.append(parts)
+
+    def result():
+        out = []
+        for parts in jobs:
+            crc = 0
+            for fut, k in parts:
+                crc = crc32_combine(crc, fut.result(), k)
+            out.append(crc)
+        return out
+    return result

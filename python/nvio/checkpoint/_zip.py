@@ -1,0 +1,241 @@
+"""The zip container of torch checkpoints: layout for writing, index for reading.
+
+torch.save writes an uncompressed ("stored") zip archive: every record has a
+local header whose extra field pads its data to the storage alignment, a
+data descriptor after the data (general purpose flag bit 3: CRC-32 and sizes
+follow the data), a central directory and zip64 end records. nvio writes the
+same structure with a larger alignment (a multiple of the page size), so a
+loader can read every tensor record with O_DIRECT straight into place, and
+so that plain ``torch.load``, Python's ``zipfile`` and any other zip reader
+accept the file.
+
+Nothing here touches tensor bytes: the writer lays out offsets and builds the
+small metadata byte strings; the reader parses the directory.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+# Signatures and fixed sizes (PKWARE APPNOTE 6.3.x).
+LOCAL_SIG = 0x04034B50
+CENTRAL_SIG = 0x02014B50
+DESCRIPTOR_SIG = 0x08074B50
+EOCD_SIG = 0x06054B50
+ZIP64_EOCD_SIG = 0x06064B50
+ZIP64_LOCATOR_SIG = 0x07064B50
+LOCAL_SIZE = 30
+CENTRAL_SIZE = 46
+EOCD_SIZE = 22
+ZIP64_EOCD_SIZE = 56
+ZIP64_LOCATOR_SIZE = 20
+
+FLAG_DESCRIPTOR = 1 << 3        # CRC and sizes in a descriptor after the data
+FLAG_UTF8 = 1 << 11             # names are UTF-8
+ZIP64_EXTRA_ID = 0x0001
+PAD_EXTRA_ID = 0x4246           # b"FB": torch's padding field, filled with b"Z"
+
+#: Sizes and offsets from which a record needs zip64 fields (tests lower it
+#: to exercise those paths with small files).
+ZIP64_LIMIT = 0xFFFFFFFF
+
+
+class ZipFormatError(ValueError):
+    """The bytes are not a zip archive nvio can read (truncated, corrupt)."""
+
+
+# --- writing ---------------------------------------------------------------
+
+
+@dataclass
+class Record:
+    """One member of the archive being written."""
+
+    name: str                   # full name, archive prefix included
+    size: int                   # bytes of data
+    header_offset: int = 0      # where the local header starts
+    data_offset: int = 0        # where the data starts
+    crc: int = 0
+    local: bytes = b""          # the local header (fixed part, name, extra)
+
+    @property
+    def end(self):
+        return self.data_offset + self.size
+
+    @property
+    def zip64(self):
+        return self.size >= ZIP64_LIMIT
+
+    def descriptor(self):
+        """The data descriptor that follows the data (needs self.crc)."""
+        if self.zip64:
+            return struct.pack("<IIQQ", DESCRIPTOR_SIG, self.crc, self.size, self.size)
+        return struct.pack("<IIII", DESCRIPTOR_SIG, self.crc, self.size, self.size)
+
+    @property
+    def descriptor_size(self):
+        return 24 if self.zip64 else 16
+
+
+def _local_header(name_b, size, cursor, align):
+    """The local header of a record at cursor whose data must start on a
+    multiple of align: (header bytes, data offset)."""
+    zip64 = size >= ZIP64_LIMIT
+    extra = b""
+    if zip64:
+        # With a descriptor the local sizes are unknown-in-advance: 0xFFFFFFFF
+        # here and in the zip64 field, the real ones after the data.
+        extra = struct.pack("<HHQQ", ZIP64_EXTRA_ID, 16, 0, 0)
+    start = cursor + LOCAL_SIZE + len(name_b) + len(extra) + 4
+    pad = -start % align
+    extra += struct.pack("<HH", PAD_EXTRA_ID, pad) + b"Z" * pad
+    sz = 0xFFFFFFFF if zip64 else 0
+    fixed = struct.pack("<IHHHHHIIIHH", LOCAL_SIG, 45 if zip64 else 20,
+                        FLAG_DESCRIPTOR | FLAG_UTF8, 0, 0, 0, 0, sz, sz,
+                        len(name_b), len(extra))
+    return fixed + name_b + extra, start + pad
+
+
+@dataclass
+class Layout:
+    """Offsets of every record of an archive, in file order."""
+
+    align: int
+    records: list = field(default_factory=list)
+    cursor: int = 0
+
+    def add(self, name, size):
+        """Place the next record (data aligned to self.align); returns it."""
+        name_b = name.encode("utf-8")
+        local, data_off = _local_header(name_b, size, self.cursor, self.align)
+        r = Record(name, size, self.cursor, data_off, 0, local)
+        self.records.append(r)
+        self.cursor = r.end + r.descriptor_size
+        return r
+
+    def directory(self):
+        """Central directory and end records (needs every record's crc)."""
+        parts = []
+        for r in self.records:
+            name_b = r.name.encode("utf-8")
+            z = []
+            size32 = r.size
+            off32 = r.header_offset
+            if r.size >= ZIP64_LIMIT:
+                z += [r.size, r.size]
+                size32 = 0xFFFFFFFF
+            if r.header_offset >= ZIP64_LIMIT:
+                z.append(r.header_offset)
+                off32 = 0xFFFFFFFF
+            extra = struct.pack("<HH%dQ" % len(z), ZIP64_EXTRA_ID, 8 * len(z), *z) if z else b""
+            ver = 45 if z else 20
+            parts.append(struct.pack("<IHHHHHHIIIHHHHHII", CENTRAL_SIG, ver, ver,
+                                     FLAG_DESCRIPTOR | FLAG_UTF8, 0, 0, 0, r.crc,
+                                     size32, size32, len(name_b), len(extra), 0, 0, 0,
+                                     0, off32))
+            parts.append(name_b)
+            parts.append(extra)
+        cd = b"".join(parts)
+        cd_off = self.cursor
+        n = len(self.records)
+        z64_off = cd_off + len(cd)
+        tail = struct.pack("<IQHHIIQQQQ", ZIP64_EOCD_SIG, ZIP64_EOCD_SIZE - 12, 45, 45,
+                           0, 0, n, n, len(cd), cd_off)
+        tail += struct.pack("<IIQI", ZIP64_LOCATOR_SIG, 0, z64_off, 1)
+        tail += struct.pack("<IHHHHIIH", EOCD_SIG, 0, 0, min(n, 0xFFFF), min(n, 0xFFFF),
+                            min(len(cd), 0xFFFFFFFF), min(cd_off, 0xFFFFFFFF), 0)
+        return cd + tail
+
+
+# --- reading ---------------------------------------------------------------
+
+
+@dataclass
+class Entry:
+    """A member as the central directory describes it."""
+
+    name: str
+    size: int
+    compressed: int
+    method: int
+    crc: int
+    header_offset: int
+    data_offset: int = -1       # known once the local header was read
+
+
+#: Bytes at the end of the file that hold the end records (the EOCD may be
+#: followed by a comment of up to 65535 bytes).
+TAIL_BYTES = EOCD_SIZE + 0xFFFF + ZIP64_LOCATOR_SIZE + ZIP64_EOCD_SIZE
+
+
+def find_directory(tail, tail_offset, file_size):
+    """(offset, size, count) of the central directory from the file's last
+    bytes ``tail`` (which start at ``tail_offset``)."""
+    i = tail.rfind(struct.pack("<I", EOCD_SIG))
+    while i >= 0 and i + EOCD_SIZE > len(tail):
+        i = tail.rfind(struct.pack("<I", EOCD_SIG), 0, i)
+    if i < 0:
+        raise ZipFormatError("no end-of-central-directory record: not a zip "
+                             "archive, or truncated")
+    (_, disk, _, _, n, cd_size, cd_off, _) = struct.unpack_from("<IHHHHIIH", tail, i)
+    if disk != 0:
+        raise ZipFormatError("multi-disk zip archives are not supported")
+    j = i - ZIP64_LOCATOR_SIZE
+    if j >= 0 and struct.unpack_from("<I", tail, j)[0] == ZIP64_LOCATOR_SIG:
+        (_, _, z64_off, _) = struct.unpack_from("<IIQI", tail, j)
+        k = z64_off - tail_offset
+        if not 0 <= k <= len(tail) - ZIP64_EOCD_SIZE or \
+                struct.unpack_from("<I", tail, k)[0] != ZIP64_EOCD_SIG:
+            raise ZipFormatError("zip64 end record missing at offset %d" % z64_off)
+        (_, _, _, _, _, _, _, n, cd_size, cd_off) = struct.unpack_from("<IQHHIIQQQQ", tail, k)
+    if cd_off + cd_size > file_size:
+        raise ZipFormatError("central directory (offset %d, %d bytes) lies past the "
+                             "end of the file (%d bytes): truncated" % (cd_off, cd_size, file_size))
+    return cd_off, cd_size, n
+
+
+def parse_directory(cd, count):
+    """The entries of a central directory's bytes."""
+    out = []
+    p = 0
+    for _ in range(count):
+        if p + CENTRAL_SIZE > len(cd):
+            raise ZipFormatError("central directory ends inside an entry")
+        (sig, _, _, flags, method, _, _, crc, csize, usize, nlen, xlen, clen, _, _, _,
+         off) = struct.unpack_from("<IHHHHHHIIIHHHHHII", cd, p)
+        if sig != CENTRAL_SIG:
+            raise ZipFormatError("bad central directory entry signature at byte %d" % p)
+        name_b = cd[p + CENTRAL_SIZE:p + CENTRAL_SIZE + nlen]
+        extra = cd[p + CENTRAL_SIZE + nlen:p + CENTRAL_SIZE + nlen + xlen]
+        p += CENTRAL_SIZE + nlen + xlen + clen
+        if usize == 0xFFFFFFFF or csize == 0xFFFFFFFF or off == 0xFFFFFFFF:
+            usize, csize, off = _zip64_fields(extra, usize, csize, off)
+        name = name_b.decode("utf-8" if flags & FLAG_UTF8 else "cp437")
+        out.append(Entry(name, usize, csize, method, crc, off))
+    return out
+
+
+def _zip64_fields(extra, usize, csize, off):
+    q = 0
+    while q + 4 <= len(extra):
+        hid, hlen = struct.unpack_from("<HH", extra, q)
+        if hid == ZIP64_EXTRA_ID:
+            vals = list(struct.unpack_from("<%dQ" % (hlen // 8), extra, q + 4))
+            if usize == 0xFFFFFFFF:
+                usize = vals.pop(0)
+            if csize == 0xFFFFFFFF:
+                csize = vals.pop(0)
+            if off == 0xFFFFFFFF:
+                off = vals.pop(0)
+            return usize, csize, off
+        q += 4 + hlen
+    raise ZipFormatError("zip64 sizes announced but no zip64 extra field")
+
+
+def data_offset(entry, local):
+    """Where an entry's data starts, from its local header's fixed part."""
+    if len(local) < LOCAL_SIZE or struct.unpack_from("<I", local)[0] != LOCAL_SIG:
+        raise ZipFormatError("bad local header of %s at offset %d"
+                             % (entry.name, entry.header_offset))
+    nlen, xlen = struct.unpack_from("<HH", local, 26)
+    return entry.header_offset + LOCAL_SIZE + nlen + xlen
