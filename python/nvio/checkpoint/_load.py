@@ -270,6 +270,9 @@ def load(f, map_location=None, weights_only=True, mmap=False, *, handle=None,
         handle = default_handle()
     with handle.open(path, _nvio.FILE_READ) as nf:
         ix = open_index(nf, path)
+        if ix is None and not _legacy_magic(nf):
+            raise _err(path, "not a torch checkpoint (neither torch's zip format "
+                       "nor its legacy pickle format)")
         if ix is None or ix.has("constants.pkl"):
             nf.close()
             return _torch_load(path, map_location, weights_only, False)
@@ -303,6 +306,16 @@ def load(f, map_location=None, weights_only=True, mmap=False, *, handle=None,
             _verify_reads(path, reader.reads)
     torch._utils._validate_loaded_sparse_tensors()
     return result
+
+
+def _legacy_magic(f):
+    """Whether a file that is no zip starts as torch's legacy format does:
+    a pickle (protocol 2 or later) of its magic number."""
+    b = bytearray(2)
+    if f.size < 2:
+        return False
+    f.pread(b, 0)
+    return b[0] == 0x80 and 2 <= b[1] <= 5
 
 
 def _check_versions(ix):

@@ -1,0 +1,459 @@
+"""nvio.save / nvio.load / nvio.async_save: torch checkpoints.
+
+Every result is compared element by element with what torch.save/torch.load
+give for the same object; every file nvio writes is also read by plain
+torch.load (weights_only=True) and checked by Python's zipfile (CRC-32 of
+every record). I/O runs on every engine, direct I/O on and off.
+"""
+import collections
+import errno
+import os
+import pickle
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+import nvio
+from nvio.checkpoint import _zip
+
+torch = pytest.importorskip("torch")
+
+
+# --- comparing -----------------------------------------------------------------
+
+
+def same(a, b, path="obj"):
+    """a equals b: same structure, same tensors (dtype, shape, strides, bytes)."""
+    assert type(a) is type(b) or (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)), path
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape, path
+        assert a.stride() == b.stride() and a.storage_offset() == b.storage_offset(), path
+        assert a.requires_grad == b.requires_grad, path
+        assert type(a) is type(b), path
+        if a.is_sparse:
+            return same(a._indices(), b._indices(), path) and same(a._values(), b._values(), path)
+        ua, ub = a.untyped_storage(), b.untyped_storage()
+        assert ua.nbytes() == ub.nbytes(), path
+        assert bytes(ua) == bytes(ub), path        # bitwise: NaNs and -0.0 too
+    elif isinstance(a, (torch.UntypedStorage, torch.storage.TypedStorage)):
+        ua = a if isinstance(a, torch.UntypedStorage) else a._untyped_storage
+        ub = b if isinstance(b, torch.UntypedStorage) else b._untyped_storage
+        assert bytes(ua) == bytes(ub), path
+    elif isinstance(a, dict):
+        assert list(a.keys()) == list(b.keys()), path
+        for k in a:
+            same(a[k], b[k], "%s[%r]" % (path, k))
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            same(x, y, "%s[%d]" % (path, i))
+    else:
+        assert a == b, path
+    return True
+
+
+def sharing(obj):
+    """Which tensors share a storage: a canonical partition of tensor paths."""
+    groups = collections.defaultdict(list)
+
+    def walk(o, p):
+        if isinstance(o, torch.Tensor):
+            groups[o.untyped_storage().data_ptr()].append(p)
+        elif isinstance(o, dict):
+            for k, v in o.items():
+                walk(v, p + "/" + str(k))
+        elif isinstance(o, (list, tuple)):
+            for i, v in enumerate(o):
+                walk(v, p + "/" + str(i))
+    walk(obj, "")
+    return sorted(sorted(g) for g in groups.values() if len(g) > 1)
+
+
+# --- objects of every kind --------------------------------------------------------
+
+
+def gen(seed):
+    g = torch.Generator().manual_seed(seed)
+    return g
+
+
+def dtypes():
+    out = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
+           torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool,
+           torch.complex64, torch.complex128]
+    for name in ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64"):
+        if hasattr(torch, name):
+            out.append(getattr(torch, name))
+    return out
+
+
+def tensor_of(dtype, shape, seed):
+    raw = torch.randint(0, 256, (int(torch.tensor(shape).prod().item()) *
+                                 torch.empty(0, dtype=dtype).element_size(),),
+                        dtype=torch.uint8, generator=gen(seed))
+    return raw.view(dtype).reshape(shape)
+
+
+def objects():
+    """(name, object) pairs covering what torch.save accepts."""
+    base = torch.randn(64, 33, generator=gen(1))
+    objs = {
+        "every_dtype": {str(d): tensor_of(d, (3, 7), i) for i, d in enumerate(dtypes())},
+        "nested": {"a": [torch.arange(5), (torch.ones(2, 2), {"b": torch.zeros(3)})],
+                   "n": 3, "s": "text", "f": 1.5, "none": None, "t": (1, 2),
+                   "bytes": b"\x00\xff", "big": 1 << 70},
+        "views_share": {"base": base, "row": base[3], "col": base[:, 5], "t": base.t(),
+                        "slice": base[10:20:3, 1::4]},
+        "non_contiguous_alone": {"x": torch.randn(40, 40, generator=gen(2))[::2, 1::3]},
+        "empty_and_0dim": {"e": torch.empty(0), "e2": torch.empty(0, 5, dtype=torch.int64),
+                           "s": torch.tensor(3.5), "b": torch.tensor(True)},
+        "odd_sizes": [torch.randint(0, 255, (n,), dtype=torch.uint8, generator=gen(n))
+                      for n in (1, 511, 512, 513, 4095, 4096, 4097, 65537, (1 << 20) + 3)],
+        "requires_grad": {"p": torch.nn.Parameter(torch.randn(5, generator=gen(3))),
+                          "g": torch.randn(4, generator=gen(4)).requires_grad_()},
+        "list_top": [torch.full((3,), float(i)) for i in range(4)],
+        "tuple_top": (torch.ones(1), 2),
+        "untyped_storage": {"s": torch.arange(10, dtype=torch.int32).untyped_storage()},
+        "special_floats": torch.tensor([float("nan"), float("inf"), -0.0, -float("inf")]),
+    }
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32),
+                                torch.nn.Linear(32, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(8, 16)).sum().backward()
+    opt.step()
+    objs["module_state"] = model.state_dict()
+    objs["optimizer_state"] = opt.state_dict()
+    objs["model_and_optim"] = {"model": model.state_dict(), "optim": opt.state_dict(),
+                               "step": 7}
+    return objs
+
+
+OBJECTS = objects()
+
+
+@pytest.fixture(params=sorted(OBJECTS))
+def obj_case(request):
+    return request.param, OBJECTS[request.param]
+
+
+# --- round trips ---------------------------------------------------------------
+
+
+def test_save_round_trip_matches_torch(obj_case, handle, tmp_path):
+    name, obj = obj_case
+    p = tmp_path / (name + ".pt")
+    nvio.save(obj, p, handle=handle)
+    ref = tmp_path / "ref.pt"
+    torch.save(obj, ref)
+    expected = torch.load(ref, weights_only=True)
+    # plain torch.load, weights_only, reads nvio's file
+    got_torch = torch.load(p, weights_only=True)
+    same(expected, got_torch)
+    assert sharing(got_torch) == sharing(expected)
+    # and so does nvio.load, from both files
+    for f in (p, ref):
+        got = nvio.load(f, handle=handle, verify=True)
+        same(expected, got)
+        assert sharing(got) == sharing(expected)
+    # every record intact for any zip reader; data on page boundaries
+    with zipfile.ZipFile(p) as z:
+        assert z.testzip() is None
+        names = z.namelist()
+    assert all(n.startswith(name + "/") for n in names)
+    with nvio.AioHandle().open(p) as f:
+        ix = nvio.checkpoint._load.open_index(f, str(p))
+        for e in ix.entries.values():
+            if "/data/" in e.name:
+                assert e.data_offset % 4096 == 0, e.name
+
+
+def test_async_save_round_trip(obj_case, tmp_path):
+    name, obj = obj_case
+    p = tmp_path / (name + ".pt")
+    fut = nvio.async_save(obj, p)
+    assert fut.result(60) == os.path.getsize(p)
+    same(torch.load(p, weights_only=True), nvio.load(p))
+    with zipfile.ZipFile(p) as z:
+        assert z.testzip() is None
+
+
+def test_load_into_locked_memory(handle, tmp_path):
+    obj = {"w": torch.randn(300, 300), "b": torch.arange(7)}
+    p = tmp_path / "pin.pt"
+    torch.save(obj, p)
+    got = nvio.load(p, pin_memory=True, handle=handle)
+    same(obj, got)
+    for t in got.values():
+        flags = nvio._nvio.mem_query(t.data_ptr(), max(1, t.nbytes))
+        assert flags & nvio._nvio.MEM_LOCKED
+
+
+def test_map_location_forms(tmp_path):
+    obj = {"w": torch.randn(10, 10)}
+    p = tmp_path / "m.pt"
+    nvio.save(obj, p)
+    for ml in (None, "cpu", torch.device("cpu"), {"cpu": "cpu"},
+               lambda s, loc: s, lambda s, loc: None):
+        same(obj, nvio.load(p, map_location=ml))
+    same(obj, nvio.load(p, mmap=True))
+
+
+def test_nvio_file_equals_torch_save_record_by_record(tmp_path):
+    """Same records (names, except the archive's own id), same bytes."""
+    obj = OBJECTS["model_and_optim"]
+    a, b = tmp_path / "x.pt", tmp_path / "y.pt"
+    nvio.save(obj, a)
+    torch.save(obj, b)
+    with zipfile.ZipFile(a) as za, zipfile.ZipFile(b) as zb:
+        ra = {n.split("/", 1)[1]: za.read(n) for n in za.namelist()}
+        rb = {n.split("/", 1)[1]: zb.read(n) for n in zb.namelist()}
+    assert ra.pop(".storage_alignment") == b"4096"
+    assert rb.pop(".storage_alignment") == b"64"
+    assert ra.pop(".data/nvio_format") == b"1"
+    ra.pop(".data/serialization_id"), rb.pop(".data/serialization_id")
+    assert ra == rb
+
+
+class Thing:
+    def __init__(self, v):
+        self.v = v
+
+    def __eq__(self, other):
+        return type(other) is Thing and other.v == self.v
+
+
+def test_weights_only_refuses_arbitrary_objects(tmp_path):
+    p = tmp_path / "evil.pt"
+    obj = {"t": torch.ones(2), "c": Thing(5)}
+    nvio.save(obj, p)
+    with pytest.raises(pickle.UnpicklingError) as ei:
+        nvio.load(p)
+    assert str(p) in str(ei.value) and "weights_only" in str(ei.value)
+    got = nvio.load(p, weights_only=False)
+    same(obj["t"], got["t"])
+    assert got["c"] == obj["c"]
+
+
+def test_legacy_format_file_is_loaded(tmp_path):
+    obj = {"a": torch.randn(5), "b": [torch.arange(3)]}
+    p = tmp_path / "legacy.pt"
+    torch.save(obj, p, _use_new_zipfile_serialization=False)
+    same(obj, nvio.load(p))
+
+
+def test_file_objects_go_to_torch(tmp_path):
+    import io
+    obj = {"a": torch.randn(5)}
+    buf = io.BytesIO()
+    nvio.save(obj, buf)
+    buf.seek(0)
+    same(obj, nvio.load(buf))
+
+
+def test_zip64_records(tmp_path, monkeypatch):
+    """Records and offsets past 4 GiB take zip64 fields: exercised with the
+    limit lowered, read back by nvio, torch and zipfile."""
+    monkeypatch.setattr(_zip, "ZIP64_LIMIT", 1000)
+    obj = {"a": torch.randn(700), "b": torch.arange(5), "c": torch.randn(3000)}
+    p = tmp_path / "z64.pt"
+    nvio.save(obj, p)
+    with zipfile.ZipFile(p) as z:
+        assert z.testzip() is None
+    same(obj, torch.load(p, weights_only=True))
+    same(obj, nvio.load(p, verify=True))
+
+
+# --- crash safety and errors -------------------------------------------------------
+
+
+def test_error_leaves_old_checkpoint_and_no_temporary(tmp_path):
+    p = tmp_path / "ck.pt"
+    nvio.save({"old": torch.ones(3)}, p)
+    before = p.read_bytes()
+    with pytest.raises(nvio.CheckpointError) as ei:
+        nvio.save({"t": torch.ones(3), "bad": lambda: 0}, p)
+    assert str(p) in str(ei.value) and "pickle" in str(ei.value)
+    assert p.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["ck.pt"]
+
+
+def test_missing_directory_names_path(tmp_path):
+    p = tmp_path / "nope" / "ck.pt"
+    with pytest.raises(FileNotFoundError) as ei:
+        nvio.save({"a": torch.ones(1)}, p)
+    assert str(p) in str(ei.value) or ei.value.filename == str(p)
+    with pytest.raises(FileNotFoundError):
+        nvio.load(p)
+
+
+def test_enospc_leaves_old_checkpoint(tmp_path):
+    """A full file system (a small tmpfs) fails the save with ENOSPC."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount tmpfs here")
+    try:
+        p = mnt / "ck.pt"
+        nvio.save({"old": torch.ones(1000)}, p)
+        before = p.read_bytes()
+        with pytest.raises(OSError) as ei:
+            nvio.save({"new": torch.ones(1 << 20)}, p)     # 4 MiB > 2 MiB
+        assert ei.value.errno == errno.ENOSPC
+        assert p.read_bytes() == before
+        assert os.listdir(mnt) == ["ck.pt"]
+        st = os.statvfs(mnt)
+        assert st.f_bfree * st.f_frsize > (1 << 20)          # the space came back
+        fut = nvio.async_save({"new": torch.ones(1 << 20)}, p)
+        with pytest.raises(OSError) as ei:
+            fut.result(60)
+        assert ei.value.errno == errno.ENOSPC
+        assert p.read_bytes() == before
+        assert os.listdir(mnt) == ["ck.pt"]
+    finally:
+        subprocess.run(["umount", str(mnt)])
+
+
+def corrupt_cases(good):
+    size = len(good)
+    yield "truncated_half", good[:size // 2], "truncated"
+    yield "truncated_tail", good[:-10], "truncat"
+    yield "not_a_zip", b"hello world" * 100, None
+    yield "empty", b"", "empty"
+
+
+def test_truncated_and_corrupt_files_give_clear_errors(tmp_path):
+    obj = {"a": torch.randn(5000), "b": torch.randn(100)}
+    p = tmp_path / "good.pt"
+    nvio.save(obj, p)
+    good = p.read_bytes()
+    for name, data, word in corrupt_cases(good):
+        q = tmp_path / (name + ".pt")
+        q.write_bytes(data)
+        with pytest.raises(Exception) as ei:
+            nvio.load(q)
+        assert str(q) in str(ei.value) or "not a zip" in str(ei.value) or \
+            isinstance(ei.value, (pickle.UnpicklingError, RuntimeError)), name
+        if word:
+            assert word in str(ei.value), (name, str(ei.value))
+    # a flipped byte in a tensor record: verify=True names the record
+    with nvio.AioHandle().open(p) as f:
+        ix = nvio.checkpoint._load.open_index(f, str(p))
+        e = ix.entries["good/data/0"]
+    bad = bytearray(good)
+    bad[e.data_offset + 100] ^= 0xFF
+    q = tmp_path / "flipped.pt"
+    q.write_bytes(bad)
+    with pytest.raises(nvio.CheckpointError) as ei:
+        nvio.load(q, verify=True)
+    assert "good/data/0" in str(ei.value) and "CRC" in str(ei.value)
+
+
+def test_newer_nvio_format_is_refused(tmp_path):
+    p = tmp_path / "new.pt"
+    nvio.save({"a": torch.ones(3)}, p)
+    data = bytearray(p.read_bytes())
+    with nvio.AioHandle().open(p) as f:
+        ix = nvio.checkpoint._load.open_index(f, str(p))
+        e = ix.entries["new/.data/nvio_format"]
+    data[e.data_offset] = ord("9")      # same length, same CRC position
+    p.write_bytes(data)
+    with pytest.raises(nvio.CheckpointError) as ei:
+        nvio.load(p)
+    assert "newer nvio" in str(ei.value) and str(p) in str(ei.value)
+
+
+def test_durable_false_still_replaces_atomically(tmp_path):
+    p = tmp_path / "nd.pt"
+    nvio.save({"a": torch.ones(3)}, p)
+    nvio.save({"a": torch.zeros(4)}, p, durable=False)
+    same({"a": torch.zeros(4)}, nvio.load(p))
+    with pytest.raises(TypeError):
+        nvio.save({"a": torch.ones(1)}, p, durable="no")
+
+
+# --- async -----------------------------------------------------------------------
+
+
+def test_async_save_snapshots_at_call_time(tmp_path):
+    w = torch.randn(512, 512)
+    state = {"w": w, "step": torch.tensor(1)}
+    futs, snaps = [], []
+    for i in range(3):
+        snaps.append({k: v.clone() for k, v in state.items()})
+        futs.append(nvio.async_save(state, tmp_path / ("s%d.pt" % i)))
+        w.add_(1.0)                      # training goes on at once
+        state["step"].add_(1)
+    for i, f in enumerate(futs):
+        f.result(60)
+        got = nvio.load(tmp_path / ("s%d.pt" % i))
+        same(snaps[i], got)
+    assert not torch.equal(snaps[0]["w"], snaps[1]["w"])
+
+
+def test_async_saves_are_written_in_order_to_one_path(tmp_path):
+    p = tmp_path / "one.pt"
+    c = nvio.AsyncCheckpointer()
+    futs = [c.save({"i": torch.tensor(i), "x": torch.full((1000,), i)}, p) for i in range(5)]
+    for f in futs:
+        f.result(60)
+    assert c.pending == 0
+    same({"i": torch.tensor(4), "x": torch.full((1000,), 4)}, nvio.load(p))
+    c.close()
+
+
+def test_async_pool_is_reused_and_bounded(tmp_path):
+    c = nvio.AsyncCheckpointer(pool_bytes=8 << 20)
+    state = {"w": torch.randn(256, 1024)}        # 1 MiB
+    for i in range(4):
+        c.save(state, tmp_path / ("p%d.pt" % i)).result(60)
+    assert c._held <= 8 << 20
+    with pytest.raises(ValueError) as ei:
+        c.save({"w": torch.randn(3 << 20)}, tmp_path / "huge.pt")   # 12 MiB
+    assert "pool" in str(ei.value) and str(8 << 20) in str(ei.value)
+    assert not (tmp_path / "huge.pt").exists()
+    c.close()
+    with pytest.raises(ValueError):
+        c.save(state, tmp_path / "closed.pt")
+
+
+def test_async_error_goes_to_the_future(tmp_path):
+    fut = nvio.async_save({"a": torch.ones(2)}, tmp_path / "missing" / "x.pt")
+    with pytest.raises(FileNotFoundError):
+        fut.result(60)
+    with pytest.raises(nvio.CheckpointError):
+        nvio.async_save({"f": lambda: 1}, tmp_path / "x.pt")
+    assert not (tmp_path / "x.pt").exists()
+
+
+EXIT_SCRIPT = r"""
+import sys, torch, nvio
+from nvio.checkpoint import AsyncCheckpointer
+c = AsyncCheckpointer(on_exit=sys.argv[2])
+c.save({"w": torch.full((8 << 20,), 7.0)}, sys.argv[1])
+print("queued", flush=True)
+"""
+
+
+@pytest.mark.parametrize("policy", ["wait", "abandon"])
+def test_exit_waits_or_abandons_cleanly(tmp_path, policy):
+    p = tmp_path / "exit.pt"
+    torch.save({"old": torch.ones(1)}, p)
+    before = p.read_bytes()
+    r = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(p), policy],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "queued" in r.stdout
+    if policy == "wait":
+        got = nvio.load(p)
+        assert torch.equal(got["w"], torch.full((8 << 20,), 7.0))
+    else:
+        # abandoned before or after its commit: either state, never a mix
+        data = p.read_bytes()
+        if data != before:
+            assert torch.equal(nvio.load(p)["w"], torch.full((8 << 20,), 7.0))
+    assert os.listdir(tmp_path) == ["exit.pt"]
