@@ -219,3 +219,38 @@ def test_sigkill_during_saves_leaves_old_or_new(tmp_path):
     assert landed > KILL_ROUNDS // 4       # the kills landed at varied moments
     nvio.save(make_state(0), p)
     assert os.listdir(d) == ["ck.pt"]
+
+
+SIGINT_SCRIPT = r"""
+import sys, torch, nvio
+p = sys.argv[1]
+big = {"w": torch.full((64 << 20,), 2.0), "i": 2}
+try:
+    while True:
+        print("saving", flush=True)
+        (nvio.async_save(big, p).result() if sys.argv[2] == "async" else nvio.save(big, p))
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_ctrl_c_during_save(tmp_path, kind):
+    d = tmp_path / "c"
+    d.mkdir()
+    p = d / "ck.pt"
+    nvio.save({"w": torch.full((10,), 1.0), "i": 1}, p)
+    proc = subprocess.Popen([sys.executable, "-c", SIGINT_SCRIPT, str(p), kind],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "saving"
+        time.sleep(0.3 + random.random() * 0.5)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert "interrupted" in out and proc.returncode == 0
+    sd = nvio.load(p)
+    assert sd["i"] in (1, 2)
+    assert torch.equal(sd["w"], torch.full(sd["w"].shape, float(sd["i"])))
+    assert os.listdir(d) == ["ck.pt"]
