@@ -318,6 +318,29 @@ def test_enospc_leaves_old_checkpoint(tmp_path):
         subprocess.run(["umount", str(mnt)])
 
 
+def test_read_only_file_system(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount tmpfs here")
+    try:
+        p = mnt / "ck.pt"
+        nvio.save({"old": torch.ones(10)}, p)
+        before = p.read_bytes()
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        with pytest.raises(OSError) as ei:
+            nvio.save({"new": torch.zeros(10)}, p)
+        assert ei.value.errno == errno.EROFS
+        assert str(p) in str(ei.value)
+        assert p.read_bytes() == before
+        same({"old": torch.ones(10)}, nvio.load(p))
+    finally:
+        subprocess.run(["umount", str(mnt)])
+
+
 def corrupt_cases(good):
     size = len(good)
     yield "truncated_half", good[:size // 2], "truncated"
