@@ -104,7 +104,7 @@ class Plan:
     """A checkpoint laid out: records with offsets, the small records' bytes,
     and the storages whose bytes go to the data records."""
 
-    def __init__(self, obj, path, align=DEFAULT_ALIGN, protocol=2):
+    def __init__(self, obj, path, align=DEFAULT_ALIGN, protocol=2, archive=None):
         if align < 64 or align & (align - 1):
             raise ValueError("nvio: align must be a power of two >= 64, not %r" % (align,))
         self.path = os.fsdecode(path)
@@ -119,7 +119,7 @@ class Plan:
             if s.device.type == "meta":
                 raise CheckpointError("nvio.save: %s: storage %s is on the meta device "
                                       "(it has no data to save)" % (self.path, key), self.path)
-        pre = archive_name(path) + "/"
+        pre = (archive or archive_name(path)) + "/"
         self.align = align
         self.layout = lay = _zip.Layout(align)
         self.meta = {}         # record name -> bytes (the small records)

@@ -19,7 +19,7 @@ import torch
 from .. import _nvio
 from ._plan import DEFAULT_ALIGN, Plan, crc_submit, u8
 
-__all__ = ["save", "default_handle"]
+__all__ = ["save", "default_handle", "write_plan", "write_plans"]
 
 _handle = None
 _handle_lock = threading.Lock()
@@ -54,25 +54,33 @@ def _host(storage):
 
 def write_plan(plan, f):
     """Write a laid-out checkpoint into an open, empty, writable nvio File."""
-    hosts = [(r, _host(s)) for r, s in plan.data]
-    if plan.size >= 1 << 20:
+    write_plans(f, [(0, plan)], plan.size)
+
+
+def write_plans(f, placed, size):
+    """Write laid-out checkpoints [(base offset, Plan)] into an open writable
+    nvio File of ``size`` bytes (several torch.save images in one file, as
+    DCP stores them): tensor bytes in one vectored op straight from their
+    memory while threads compute the CRC-32s, then everything else."""
+    recs = [(base, r, _host(s)) for base, plan in placed for r, s in plan.data]
+    if size >= 1 << 20:
         try:
-            f.allocate(0, plan.size)      # ENOSPC now, before any data moves
+            f.allocate(0, size)           # ENOSPC now, before any data moves
         except _nvio.NvioError as e:
             if e.errno not in (95, 22):   # EOPNOTSUPP, EINVAL: no fallocate here
                 raise
-    pieces = [(u8(s), r.data_offset) for r, s in hosts if r.size]
-    crcs = crc_submit([(s.data_ptr(), r.size) for r, s in hosts])
+    pieces = [(u8(s), base + r.data_offset) for base, r, s in recs if r.size]
+    crcs = crc_submit([(s.data_ptr(), r.size) for _, r, s in recs])
     fut = f.pwritev_async(pieces, _nvio.OFFSET_PER_IOV) if pieces else None
     try:
-        for (r, _), crc in zip(hosts, crcs()):
+        for (_, r, _), crc in zip(recs, crcs()):
             r.crc = crc
     finally:
         if fut is not None:
             fut.result()                  # also on an error: buffers are busy
-    meta = plan.meta_pieces()
-    f.pwritev([(b, off) for off, b in meta], _nvio.OFFSET_PER_IOV)
-    del pieces, hosts
+    meta = [(b, base + off) for base, plan in placed for off, b in plan.meta_pieces()]
+    f.pwritev(meta, _nvio.OFFSET_PER_IOV)
+    del pieces, recs
 
 
 def save(obj, f, *, durable=True, handle=None, align=DEFAULT_ALIGN,
