@@ -23,7 +23,7 @@ from .. import _nvio
 from . import _zip
 from ._plan import NVIO_FORMAT, NVIO_RECORD, CheckpointError, crc_submit, u8
 
-__all__ = ["load", "Index", "open_index"]
+__all__ = ["load", "load_plain", "Index", "open_index"]
 
 #: Storages from this size on get their own page-aligned mapping (so that
 #: O_DIRECT reads land in them without a copy); smaller ones come from
@@ -243,7 +243,7 @@ def _torch_load(path, map_location, weights_only, mmap):
 
 
 def load(f, map_location=None, weights_only=True, mmap=False, *, handle=None,
-         pin_memory=False, verify=False):
+         pin_memory=False, verify=False, group=None, share=True):
     """Load what ``torch.save`` or :func:`nvio.save` wrote, like ``torch.load``.
 
     Reads files of both (torch's zip format; a legacy-format or TorchScript
@@ -256,9 +256,26 @@ def load(f, map_location=None, weights_only=True, mmap=False, *, handle=None,
     as the unpickler asks for it. ``mmap=True`` is ``torch.load(mmap=True)``.
     ``verify=True`` checks every record's CRC-32 too. ``f`` that is a file
     object is passed to ``torch.load``.
+
+    ``group`` (a torch.distributed process group; every rank calls load):
+    with ``share=True`` each rank reads an equal share of the tensor bytes
+    and broadcasts it to the others, so the file is read once in all; with
+    ``share=False`` every rank reads the whole file.
     """
     if not isinstance(f, (str, bytes, os.PathLike)):
         return torch.load(f, map_location=map_location, weights_only=weights_only, mmap=mmap)
+    kw = dict(map_location=map_location, weights_only=weights_only, mmap=mmap,
+              handle=handle, pin_memory=pin_memory, verify=verify)
+    if group is not None:
+        from ._dist import load_group
+        return load_group(f, group, share=_nvio.check_flag(share, "share"), **kw)
+    return load_plain(f, **kw)
+
+
+def load_plain(f, map_location=None, weights_only=True, mmap=False, handle=None,
+               pin_memory=False, verify=False, _read_all=None):
+    """load() on one process; _read_all(file, reads) replaces the one
+    vectored read of every storage (data-parallel loads share it out)."""
     weights_only = _nvio.check_flag(weights_only, "weights_only")
     pin = _nvio.check_flag(pin_memory, "pin_memory")
     verify = _nvio.check_flag(verify, "verify")
@@ -299,9 +316,11 @@ def load(f, map_location=None, weights_only=True, mmap=False, *, handle=None,
             if tls is not None:
                 tls.map_location = None
         if not reader.eager:
-            _read_pieces(nf, [(u8(s), e.data_offset) for s, e in
-                              sorted(reader.reads, key=lambda r: r[1].data_offset)
-                              if e.size and not s.nbytes() == 0])
+            reads = sorted(reader.reads, key=lambda r: r[1].data_offset)
+            if _read_all is not None:
+                _read_all(nf, reads)
+            else:
+                _read_pieces(nf, [(u8(s), e.data_offset) for s, e in reads if e.size])
         if verify:
             _verify_reads(path, reader.reads)
     torch._utils._validate_loaded_sparse_tensors()

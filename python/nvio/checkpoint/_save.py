@@ -84,7 +84,7 @@ def write_plans(f, placed, size):
 
 
 def save(obj, f, *, durable=True, handle=None, align=DEFAULT_ALIGN,
-         pickle_protocol=2):
+         pickle_protocol=2, group=None, writers_per_node=None, timeout=None):
     """Save ``obj`` like ``torch.save(obj, f)``, fast and crash-safe.
 
     ``f``: a path (str, bytes or os.PathLike). The file is torch's zip
@@ -103,10 +103,23 @@ def save(obj, f, *, durable=True, handle=None, align=DEFAULT_ALIGN,
     ``handle``: the :class:`nvio.AioHandle` to use (by default one made for
     throughput and shared by nvio's checkpoint functions). A file object
     instead of a path is passed to ``torch.save`` as is.
+
+    ``group`` (a torch.distributed process group whose ranks all hold the
+    same state and all call save): a data-parallel save of one file, each
+    rank writing an equal share of the tensor bytes (only the first
+    ``writers_per_node`` ranks of each host write, if set); the file replaces
+    ``f`` only once every rank's share is durable, and a failure on any rank
+    fails the save on every rank. ``timeout`` (seconds) bounds the waits for
+    other ranks where the backend can tell which rank is missing (gloo).
     """
     if not isinstance(f, (str, bytes, os.PathLike)):
         return torch.save(obj, f, pickle_protocol=pickle_protocol)
     durable = _nvio.check_flag(durable, "durable")
+    if group is not None:
+        from ._dist import save_group
+        return save_group(obj, f, group, durable=durable, handle=handle, align=align,
+                          pickle_protocol=pickle_protocol,
+                          writers_per_node=writers_per_node, timeout=timeout)
     plan = Plan(obj, f, align, pickle_protocol)
     h = handle if handle is not None else default_handle()
     flags = _nvio.FILE_ATOMIC | (0 if durable else _nvio.FILE_NOSYNC)

@@ -1,0 +1,377 @@
+"""Data-parallel save and load of replicated state over torch.distributed.
+
+``nvio.save(obj, path, group=pg)``: every rank of ``pg`` holds the same
+state. Each rank lays the file out (the layout is a pure function of the
+state, so it is the same everywhere, and the ranks check that it is). The
+tensor bytes, taken in file order, are cut into one contiguous share per
+writer, evenly by bytes with cuts on page boundaries; each writer writes its
+share of the one output file straight from its tensors and computes the
+CRC-32 of each piece. Rank 0 creates the file (a hidden temporary beside
+``path``, created exclusively), gathers the pieces' CRCs, combines them per
+record, writes the headers and directory, and, once every rank reported its
+writes durable, renames it over ``path`` and fsyncs the directory. Every
+step's outcome goes through a collective, so a failure on any rank fails the
+save on every rank, the temporary is removed and ``path`` keeps its old
+checkpoint. The file is an ordinary nvio checkpoint: plain ``torch.load``
+reads it on one process.
+
+``nvio.load(path, group=pg)``: every rank unpickles the (small) pickle and
+allocates the same storages; each rank reads one share of the tensor bytes
+from the file and broadcasts it to the others (``share=True``), or every
+rank reads the whole file (``share=False``).
+
+Only torch.distributed is used for coordination: collectives on ``pg``
+(gloo for CPU tensors), ``monitored_barrier`` where the backend has it, so
+that a rank that died is named.
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+import secrets
+import socket
+import stat
+
+import torch
+import torch.distributed as dist
+
+from .. import _nvio
+from ._plan import DEFAULT_ALIGN, CheckpointError, Plan, crc32_combine, crc_submit, u8
+
+__all__ = ["save_group", "load_group", "split_shares"]
+
+
+def split_shares(sizes, nshares, align=DEFAULT_ALIGN):
+    """Cut records of ``sizes`` bytes (in file order) into ``nshares``
+    contiguous shares of about equal bytes. Cuts fall on multiples of
+    ``align`` inside a record (records start aligned, so pieces do too).
+    Returns per share a list of (record index, offset in record, length)."""
+    total = sum(sizes)
+    starts = []
+    acc = 0
+    for s in sizes:
+        starts.append(acc)
+        acc += s
+    cuts = [0]
+    for j in range(1, nshares):
+        want = total * j // nshares
+        # the record holding byte `want`, and the aligned cut inside it
+        i = _bisect(starts, sizes, want)
+        if i is None:
+            cuts.append(total)
+            continue
+        local = (want - starts[i]) // align * align
+        cuts.append(max(cuts[-1], starts[i] + local))
+    cuts.append(total)
+    shares = []
+    for j in range(nshares):
+        lo, hi = cuts[j], cuts[j + 1]
+        pieces = []
+        for i, s in enumerate(sizes):
+            a, b = max(lo, starts[i]), min(hi, starts[i] + s)
+            if a < b:
+                pieces.append((i, a - starts[i], b - a))
+        shares.append(pieces)
+    return shares
+
+
+def _bisect(starts, sizes, pos):
+    lo, hi = 0, len(starts) - 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if pos < starts[mid]:
+            hi = mid - 1
+        elif pos >= starts[mid] + sizes[mid]:
+            lo = mid + 1
+        else:
+            return mid
+    return None
+
+
+class _Group:
+    """Collectives on a process group, every failure a CheckpointError that
+    names the file, the step and (where the backend can tell) the ranks."""
+
+    def __init__(self, group, path, timeout):
+        self.group = group
+        self.path = path
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        self.timeout = timeout
+        self.gloo = dist.get_backend(group) == "gloo"
+
+    def fail(self, what, e):
+        return CheckpointError("nvio.save: %s: %s failed on rank %d: %s; the previous "
+                               "checkpoint (if any) is unchanged" % (self.path, what, self.rank, e),
+                               self.path)
+
+    def gather(self, what, obj):
+        """Every rank's obj, in rank order."""
+        if self.gloo:
+            try:
+                dist.monitored_barrier(self.group, timeout=self.timeout, wait_all_ranks=True)
+            except RuntimeError as e:
+                raise self.fail(what + " (waiting for every rank)", e) from None
+        out = [None] * self.size
+        try:
+            dist.all_gather_object(out, obj, group=self.group)
+        except RuntimeError as e:
+            raise self.fail(what, e) from None
+        return out
+
+    def agree(self, what, err):
+        """Raise on every rank if any rank reports an error (a string)."""
+        errs = self.gather(what, err)
+        bad = [(r, e) for r, e in enumerate(errs) if e]
+        if bad:
+            r, e = bad[0]
+            raise CheckpointError("nvio.save: %s: %s failed on rank %d (of %d failing): %s; the "
+                                  "previous checkpoint (if any) is unchanged"
+                                  % (self.path, what, r, len(bad), e), self.path)
+
+
+def _writers(g, writers_per_node):
+    hosts = g.gather("finding the writers", socket.gethostname())
+    if not writers_per_node:
+        return list(range(g.size))
+    if writers_per_node < 1:
+        raise ValueError("nvio: writers_per_node must be >= 1 or None")
+    seen = {}
+    out = []
+    for r, h in enumerate(hosts):
+        if seen.get(h, 0) < writers_per_node:
+            seen[h] = seen.get(h, 0) + 1
+            out.append(r)
+    return out
+
+
+def _digest(plan):
+    h = hashlib.sha256()
+    for r in plan.layout.records:
+        if not r.name.endswith("/.data/serialization_id"):
+            h.update(r.name.encode() + b"\0%d\0%d\0" % (r.data_offset, r.size))
+    pkl = [b for n, b in plan.meta.items() if n.endswith("/data.pkl")][0]
+    h.update(pkl)
+    return h.hexdigest()
+
+
+def _temp_name(path):
+    d, base = os.path.split(os.path.abspath(path))
+    return os.path.join(d, ".%s.nvio-%d-%s" % (base, os.getpid(), secrets.token_hex(8)))
+
+
+def _create_temp(path, size):
+    tmp = _temp_name(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    try:
+        if size:
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as e:
+                if e.errno not in (95, 22):
+                    raise
+                os.ftruncate(fd, size)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    return tmp
+
+
+def _commit(tmp, path, durable):
+    """Give tmp the mode path has (or a new file's), rename it over path,
+    fsync the directory."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        um = os.umask(0)
+        os.umask(um)
+        mode = 0o666 & ~um
+    os.chmod(tmp, mode)
+    os.rename(tmp, path)
+    if durable:
+        dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def _err_text(e):
+    return "%s: %s" % (type(e).__name__, e)
+
+
+def save_group(obj, path, group, *, durable=True, handle=None, align=DEFAULT_ALIGN,
+               pickle_protocol=2, writers_per_node=None, timeout=None):
+    """nvio.save with ``group``: see the module's docstring."""
+    path = os.fsdecode(path)
+    if timeout is not None and not isinstance(timeout, datetime.timedelta):
+        timeout = datetime.timedelta(seconds=timeout)
+    g = _Group(group, path, timeout)
+    plan = err = None
+    try:
+        plan = Plan(obj, path, align, pickle_protocol)
+        digest = (_digest(plan), plan.size)
+    except Exception as e:  # noqa: BLE001 - every rank must hear of it
+        err, digest = _err_text(e), None
+    got = g.gather("laying out the checkpoint", (err, digest))
+    for r, (e, _) in enumerate(got):
+        if e:
+            raise CheckpointError("nvio.save: %s: rank %d could not lay out the state: %s"
+                                  % (path, r, e), path)
+    for r, (_, d) in enumerate(got):
+        if d != got[0][1]:
+            raise CheckpointError("nvio.save: %s: the state on rank %d differs from rank 0's "
+                                  "(tensor sizes, dtypes or structure); a data-parallel save "
+                                  "needs the same state on every rank" % (path, r), path)
+    writers = _writers(g, writers_per_node)
+    if handle is None:
+        from ._save import default_handle
+        handle = default_handle()
+
+    # rank 0 makes the file; the others learn its name
+    tmp = err = None
+    if g.rank == 0:
+        try:
+            tmp = _create_temp(path, plan.size)
+        except Exception as e:  # noqa: BLE001
+            err = _err_text(e)
+    made = g.gather("creating the file", (err, tmp))
+    if made[0][0]:
+        raise CheckpointError("nvio.save: %s: rank 0 could not create the file: %s"
+                              % (path, made[0][0]), path)
+    tmp = made[0][1]
+    try:
+        return _write_share(g, plan, tmp, path, handle, writers, durable)
+    finally:
+        if g.rank == 0 and os.path.lexists(tmp):
+            os.unlink(tmp)
+
+
+def _write_share(g, plan, tmp, path, handle, writers, durable):
+    sizes = [r.size for r, _ in plan.data]
+    shares = split_shares(sizes, len(writers), plan.align)
+    mine = shares[writers.index(g.rank)] if g.rank in writers else []
+    crcs, err = [], None
+    try:
+        with handle.open(tmp, _nvio.FILE_WRITE) as f:
+            hosts = {}
+            regions, pieces = [], []
+            for i, off, n in mine:
+                r, s = plan.data[i]
+                if i not in hosts:
+                    hosts[i] = s if s.device.type == "cpu" else s.cpu()
+                h = hosts[i]
+                regions.append((h.data_ptr() + off, n))
+                pieces.append((u8(h)[off:off + n], r.data_offset + off))
+            wait = crc_submit(regions)
+            fut = f.pwritev_async(pieces, _nvio.OFFSET_PER_IOV) if pieces else None
+            try:
+                crcs = [(i, off, n, c) for (i, off, n), c in zip(mine, wait())]
+            finally:
+                if fut is not None:
+                    fut.result()
+            if durable and pieces:
+                f.sync()
+    except Exception as e:  # noqa: BLE001 - every rank must hear of it
+        err = _err_text(e)
+    got = g.gather("writing the shares", (err, crcs))
+    bad = [(r, e) for r, (e, _) in enumerate(got) if e]
+    if bad:
+        r, e = bad[0]
+        raise CheckpointError("nvio.save: %s: rank %d failed writing its share: %s; the "
+                              "previous checkpoint (if any) is unchanged" % (path, r, e), path)
+    err = None
+    if g.rank == 0:
+        try:
+            parts = {}
+            for _, (_, lst) in enumerate(got):
+                for i, off, n, c in lst:
+                    parts.setdefault(i, []).append((off, n, c))
+            for i, (r, _) in enumerate(plan.data):
+                crc = 0
+                for off, n, c in sorted(parts.get(i, [])):
+                    crc = crc32_combine(crc, c, n)
+                r.crc = crc
+            with handle.open(tmp, _nvio.FILE_WRITE) as f:
+                f.pwritev([(b, off) for off, b in plan.meta_pieces()], _nvio.OFFSET_PER_IOV)
+                if durable:
+                    f.sync()
+            _commit(tmp, path, durable)
+        except Exception as e:  # noqa: BLE001
+            err = _err_text(e)
+    done = g.gather("committing", err)
+    if done[0]:
+        raise CheckpointError("nvio.save: %s: rank 0 could not commit the file: %s; the "
+                              "previous checkpoint (if any) is unchanged" % (path, done[0]), path)
+    return None
+
+
+def load_group(path, group, *, share=True, **kwargs):
+    """nvio.load with ``group``: see the module's docstring."""
+    from ._load import load_plain, _read_pieces
+    n = dist.get_world_size(group)
+    if not share or n == 1 or not _nvio.check_flag(kwargs.get("weights_only", True),
+                                                    "weights_only") or kwargs.get("mmap"):
+        return load_plain(path, **kwargs)
+    path = os.fsdecode(path)
+    g = _Group(group, path, None)
+    g.fail = lambda what, e: CheckpointError(
+        "nvio.load: %s: %s failed on rank %d: %s" % (path, what, g.rank, e), path)
+    entered = []
+
+    def read_all(nf, reads):
+        """Read my share, broadcast every share (reads: (storage, entry) in
+        file order, the same on every rank)."""
+        entered.append(True)
+        sizes = [e.size for _, e in reads]
+        _agree(g, "load: reading the pickle", None, (len(sizes), sum(sizes)))
+        shares = split_shares(sizes, n)
+        flats, err = [], None
+        for j, pieces in enumerate(shares):
+            flats.append((torch.empty(sum(k for _, _, k in pieces), dtype=torch.uint8), pieces))
+        try:
+            flat, pieces = flats[g.rank]
+            pos, vec = 0, []
+            for i, off, k in pieces:
+                vec.append((flat[pos:pos + k], reads[i][1].data_offset + off))
+                pos += k
+            _read_pieces(nf, vec)
+        except Exception as e:  # noqa: BLE001 - every rank must hear of it
+            err = _err_text(e)
+        _agree(g, "load: reading the shares", err, None)
+        for j, (flat, pieces) in enumerate(flats):
+            if flat.numel():
+                try:
+                    dist.broadcast(flat, src=j, group=group)
+                except RuntimeError as e:
+                    raise g.fail("broadcasting rank %d's share" % j, e) from None
+            pos = 0
+            for i, off, k in pieces:
+                u8(reads[i][0])[off:off + k].copy_(flat[pos:pos + k])
+                pos += k
+
+    try:
+        return load_plain(path, _read_all=read_all, **kwargs)
+    except Exception as e:
+        if not entered:                 # the others wait in read_all: tell them
+            _agree(g, "load: reading the pickle", _err_text(e), None)
+        raise
+
+
+def _agree(g, what, err, same):
+    """Every rank's (err, same): raise everywhere if any rank failed or
+    ``same`` differs between ranks."""
+    got = g.gather(what, (err, same))
+    for r, (e, _) in enumerate(got):
+        if e:
+            raise CheckpointError("nvio.%s failed on rank %d: %s: %s"
+                                  % (what, r, g.path, e), g.path)
+    for r, (_, s) in enumerate(got):
+        if s != got[0][1]:
+            raise CheckpointError("nvio.%s: %s: rank %d sees a different checkpoint "
+                                  "than rank 0 (%r vs %r)" % (what, g.path, r, s, got[0][1]),
+                                  g.path)

@@ -1,0 +1,206 @@
+"""Data-parallel nvio.save / nvio.load over torch.distributed (gloo, loopback).
+
+Each test starts N rank processes (fresh interpreters) that meet through a
+TCP store on 127.0.0.1 with a process-group timeout, run one scenario and
+print one JSON line; the test kills them if they overrun and checks what
+they printed and the file they left, in this process, with plain torch.load.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import nvio
+
+torch = pytest.importorskip("torch")
+if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+RANK_SCRIPT = r"""
+import datetime, errno, json, os, sys
+import torch, torch.distributed as dist
+import nvio
+from nvio.checkpoint import _dist
+
+rank, world, port, d, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % port, rank=rank,
+                        world_size=world, timeout=datetime.timedelta(seconds=60))
+path = os.path.join(d, "ck.pt")
+
+def state(seed):
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(1000, 37, generator=g)
+    return {"emb": torch.randn(3000, 64, generator=g),
+            "odd": [torch.randn(n, generator=g) for n in (1, 1023, 4097, 65537)],
+            "view": base[::7], "base": base, "bf16": torch.randn(777, generator=g).bfloat16(),
+            "empty": torch.empty(0), "step": 12}
+
+out = {"rank": rank}
+try:
+    if mode == "save":
+        nvio.save(state(1), path, group=dist.group.WORLD, timeout=30)
+        for share in (True, False):
+            got = nvio.load(path, group=dist.group.WORLD, share=share)
+            ref = state(1)
+            out["load_share_%s" % share] = bool(
+                torch.equal(got["emb"], ref["emb"]) and torch.equal(got["base"], ref["base"])
+                and torch.equal(got["view"], ref["view"]) and got["step"] == 12
+                and all(torch.equal(a, b) for a, b in zip(got["odd"], ref["odd"]))
+                and got["view"].untyped_storage().data_ptr() == got["base"].untyped_storage().data_ptr())
+    elif mode == "writers1":
+        nvio.save(state(1), path, group=dist.group.WORLD, writers_per_node=1)
+    elif mode == "mismatch":            # a different layout: one more row on rank 1
+        st = state(1)
+        if rank == 1:
+            st["emb"] = torch.randn(3001, 64)
+        nvio.save(st, path, group=dist.group.WORLD)
+    elif mode == "enospc":
+        if rank == world - 1:
+            from nvio.checkpoint import _save
+            h = _save.default_handle()
+            real = type(h).open
+            def bad_open(self, p, flags=nvio.FILE_READ):
+                raise OSError(errno.ENOSPC, "No space left on device (injected)", p)
+            type(h).open = bad_open
+        nvio.save(state(1), path, group=dist.group.WORLD)
+    elif mode == "die":
+        if rank == world - 1:
+            real = _dist._write_share
+            def die(*a, **k):
+                os._exit(3)
+            _dist._write_share = die
+        nvio.save(state(1), path, group=dist.group.WORLD, timeout=20)
+    out["ok"] = True
+except Exception as e:
+    out["ok"] = False
+    out["error"] = "%s: %s" % (type(e).__name__, e)
+print(json.dumps(out), flush=True)
+os._exit(0)      # no teardown collective with a rank that may be gone
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(world, d, mode, timeout=150):
+    port = free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(r), str(world),
+                               str(port), str(d), mode], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env)
+             for r in range(world)]
+    deadline = time.monotonic() + timeout
+    outs = []
+    try:
+        for p in procs:
+            left = max(1, deadline - time.monotonic())
+            o, e = p.communicate(timeout=left)
+            outs.append((p.returncode, o, e))
+    finally:
+        for p in procs:
+            p.kill()
+    res = {}
+    for rc, o, e in outs:
+        lines = [x for x in o.splitlines() if x.startswith("{")]
+        if lines:
+            r = json.loads(lines[-1])
+            r["rc"] = rc
+            res[r["rank"]] = r
+    return res, outs
+
+
+def expected_state():
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(1000, 37, generator=g)
+    return {"emb": torch.randn(3000, 64, generator=g),
+            "odd": [torch.randn(n, generator=g) for n in (1, 1023, 4097, 65537)],
+            "view": base[::7], "base": base, "bf16": torch.randn(777, generator=g).bfloat16(),
+            "empty": torch.empty(0), "step": 12}
+
+
+def same(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            assert torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype, k
+        elif isinstance(a[k], list):
+            assert all(torch.equal(x, y) for x, y in zip(a[k], b[k])), k
+        else:
+            assert a[k] == b[k], k
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_data_parallel_save_is_one_file_torch_loads(tmp_path, world):
+    res, outs = run_ranks(world, tmp_path, "save")
+    assert len(res) == world, outs
+    for r in res.values():
+        assert r["ok"], r
+        assert r["load_share_True"] and r["load_share_False"], r
+    got = torch.load(tmp_path / "ck.pt", weights_only=True)
+    same(expected_state(), got)
+    assert got["view"].untyped_storage().data_ptr() == got["base"].untyped_storage().data_ptr()
+    import zipfile
+    with zipfile.ZipFile(tmp_path / "ck.pt") as z:
+        assert z.testzip() is None
+    assert os.listdir(tmp_path) == ["ck.pt"]
+
+
+def test_writers_per_node(tmp_path):
+    res, outs = run_ranks(2, tmp_path, "writers1")
+    assert all(r["ok"] for r in res.values()) and len(res) == 2, outs
+    same(expected_state(), torch.load(tmp_path / "ck.pt", weights_only=True))
+
+
+@pytest.mark.parametrize("mode,word", [("mismatch", "differs"), ("enospc", "rank 1"),
+                                       ("die", "")])
+def test_failures_fail_every_rank_and_keep_the_old_file(tmp_path, mode, word):
+    p = tmp_path / "ck.pt"
+    nvio.save({"old": torch.arange(10)}, p)
+    before = p.read_bytes()
+    res, outs = run_ranks(2, tmp_path, mode)
+    alive = [r for r in res.values() if r["rc"] == 0]
+    assert alive, outs
+    for r in alive:
+        assert not r["ok"], r
+        assert str(p) in r["error"] and "CheckpointError" in r["error"], r
+        assert word in r["error"], r
+    if mode == "die":
+        assert res.get(1) is None            # it died
+        assert "rank" in res[0]["error"]
+    assert p.read_bytes() == before
+    assert os.listdir(tmp_path) == ["ck.pt"]
+
+
+def test_split_shares_cover_every_byte_once():
+    from nvio.checkpoint._dist import split_shares
+    import random
+    rng = random.Random(3)
+    for _ in range(200):
+        sizes = [rng.choice([0, 1, 100, 4096, 5000, 1 << 20, rng.randrange(1, 3 << 20)])
+                 for _ in range(rng.randrange(1, 30))]
+        n = rng.randrange(1, 9)
+        shares = split_shares(sizes, n)
+        assert len(shares) == n
+        seen = [[] for _ in sizes]
+        for sh in shares:
+            for i, off, k in sh:
+                assert k > 0 and off % 4096 == 0
+                seen[i].append((off, k))
+        for i, s in enumerate(sizes):
+            pos = 0
+            for off, k in sorted(seen[i]):
+                assert off == pos
+                pos += k
+            assert pos == s
+        total = sum(sizes)
+        if total > n * (8 << 20):
+            per = [sum(k for _, _, k in sh) for sh in shares]
+            assert max(per) - min(per) <= 2 * 4096 * max(1, len(sizes))
