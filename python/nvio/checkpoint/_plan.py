@@ -18,6 +18,7 @@ import ctypes
 import io
 import os
 import pickle
+import queue
 import secrets
 import sys
 import threading
@@ -214,6 +215,36 @@ def _view(addr, n):
     return memoryview((ctypes.c_ubyte * n).from_address(addr)).cast("B")
 
 
+class _CrcPool:
+    """Threads that compute CRC-32s (zlib releases the GIL). Not a
+    concurrent.futures executor: those refuse work once interpreter exit has
+    begun, and async saves still finish at exit."""
+
+    def __init__(self, n):
+        self.n = n
+        self.q = queue.SimpleQueue()
+        self.threads = []
+        self.lock = threading.Lock()
+
+    def submit(self, fn, *args):
+        fut = concurrent.futures.Future()
+        with self.lock:
+            if len(self.threads) < self.n:
+                t = threading.Thread(target=self._run, name="nvio-crc", daemon=True)
+                t.start()
+                self.threads.append(t)
+        self.q.put((fut, fn, args))
+        return fut
+
+    def _run(self):
+        while True:
+            fut, fn, args = self.q.get()
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as e:  # noqa: BLE001 - it goes to the future
+                fut.set_exception(e)
+
+
 _pool = None
 _pool_lock = threading.Lock()
 
@@ -222,9 +253,7 @@ def _executor():
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=max(1, min(8, os.cpu_count() or 1)),
-                thread_name_prefix="nvio-crc")
+            _pool = _CrcPool(max(1, min(8, os.cpu_count() or 1)))
         return _pool
 
 
