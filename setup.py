@@ -177,7 +177,10 @@ TOOL_SOURCES = sorted(glob.glob("tools/*.c"))
 MAN_PAGES = sorted(glob.glob("man/*.1") + glob.glob("man/man1/*.1") +
                    glob.glob("man/man3/*.3") + glob.glob("man/man7/*.7"))
 C_FLAGS = ["-std=c11", "-D_GNU_SOURCE", "-pthread", "-fvisibility=hidden",
-           "-O2", "-Wall", "-Wno-unused-parameter"]
+           "-O2", "-Wall", "-Wno-unused-parameter",
+           # A call outside the limited API must not build into a
+           # truncated pointer: gcc 12 only warns about an undeclared one.
+           "-Werror=implicit-function-declaration", "-Werror=int-conversion"]
 
 ext = Extension(
     "nvio._nvio",

@@ -618,12 +618,25 @@ static int bump(ext_state *st, PyObject *obj)
 		Py_XDECREF(name);
 		if (!torch)
 			return -1;
-		PyObject *graph = PyImport_ImportModule("torch.autograd.graph");
 		st->torch_tensor_type = PyObject_GetAttrString(torch, "Tensor");
-		st->torch_increment_version =
-			graph ? PyObject_GetAttrString(graph, "increment_version") : NULL;
+		/*
+		 * torch.autograd.graph.increment_version is a Python function
+		 * around torch._C._increment_version(tuple): calling the latter
+		 * with a tuple saves ~0.4 us per read into a tensor. The public
+		 * one stays the fallback should the private name go away.
+		 */
+		PyObject *c = PyObject_GetAttrString(torch, "_C");
+		PyObject *f = c ? PyObject_GetAttrString(c, "_increment_version") : NULL;
+		Py_XDECREF(c);
+		st->torch_incver_tuple = f != NULL;
+		if (!f) {
+			PyErr_Clear();
+			PyObject *graph = PyImport_ImportModule("torch.autograd.graph");
+			f = graph ? PyObject_GetAttrString(graph, "increment_version") : NULL;
+			Py_XDECREF(graph);
+		}
+		st->torch_increment_version = f;
 		Py_DECREF(torch);
-		Py_XDECREF(graph);
 		if (!st->torch_tensor_type || !st->torch_increment_version) {
 			Py_CLEAR(st->torch_tensor_type);
 			Py_CLEAR(st->torch_increment_version);
@@ -631,10 +644,13 @@ static int bump(ext_state *st, PyObject *obj)
 		}
 	}
 	int is = PyObject_IsInstance(obj, st->torch_tensor_type);
-	PyObject *r = is > 0 ? PyObject_CallFunctionObjArgs(st->torch_increment_version,
-							 obj, NULL) : NULL;
+	if (is <= 0)
+		return is;
+	PyObject *arg = st->torch_incver_tuple ? PyTuple_Pack(1, obj) : Py_NewRef(obj);
+	PyObject *r = arg ? PyObject_CallFunctionObjArgs(st->torch_increment_version, arg, NULL) : NULL;
+	Py_XDECREF(arg);
 	Py_XDECREF(r);
-	return is < 0 || (is > 0 && !r) ? -1 : 0;
+	return r ? 0 : -1;
 }
 
 /*

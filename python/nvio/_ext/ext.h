@@ -80,6 +80,7 @@ typedef struct ext_state {
 	PyObject *torch_strided;	/* torch.strided, once seen */
 	PyObject *torch_tensor_type;	/* torch.Tensor, once torch is imported */
 	PyObject *torch_increment_version;
+	int torch_incver_tuple;		/* it is torch._C's, taking a tuple */
 	/* errors.c: a failure's record (large); only touched with the GIL */
 	nvio_error_t scratch_error;
 } ext_state;
