@@ -70,7 +70,7 @@ LIB_OBJ = $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC))
 TEST_SRC = $(wildcard tests/*.c)
 TEST_BIN = $(patsubst tests/%.c,$(BUILD)/tests/%,$(filter-out tests/t.c,$(TEST_SRC)))
 
-.PHONY: all lib tool check check-symbols clean print-libs install uninstall
+.PHONY: all lib tool sim check check-symbols clean print-libs install uninstall
 all: lib tool
 
 lib: $(BUILD)/libnvio.a $(BUILD)/libnvio.so $(BUILD)/nvio.pc
@@ -105,23 +105,28 @@ $(BUILD)/nvio: $(wildcard tools/*.c) $(wildcard tools/*.h) $(BUILD)/libnvio.a
 		$(BUILD)/libnvio.a $(LIBS) -lm
 
 # Tests link the static library so they can reach the syscall table.
-$(BUILD)/tests/%: tests/%.c tests/t.c tests/t.h $(BUILD)/libnvio.a
+$(BUILD)/tests/%: tests/%.c tests/t.c tests/t.h tests/sim/sim.h $(BUILD)/libnvio.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(NVIO_CFLAGS) -Isrc -o $@ $< tests/t.c $(BUILD)/libnvio.a $(LIBS)
 
-# A stand-in CUDA driver for test_cuda (tests/stub/libcuda.c).
-STUB_CUDA = $(BUILD)/tests/stub/libcuda.so.1
-$(STUB_CUDA): tests/stub/libcuda.c
+# The simulated CUDA driver and cuFile the GPU tests load in place of
+# the real ones (tests/sim/: device memory that faults on host access,
+# asynchronous copies, per-thread contexts, failures by count).
+SIM_CUDA = $(BUILD)/tests/sim/libcuda.so.1
+SIM_CUFILE = $(BUILD)/tests/sim/libcufile.so.0
+$(SIM_CUDA): tests/sim/libcuda.c tests/sim/sim.h
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(NVIO_CFLAGS) -shared -o $@ $< -Wl,-soname,libcuda.so.1
+	$(CC) $(CFLAGS) $(NVIO_CFLAGS) -Wno-missing-prototypes -shared -o $@ $< -Wl,-soname,libcuda.so.1 -pthread
 
-# And one for cuFile (tests/stub/libcufile.c), found via NVIO_CUFILE_LIB.
-STUB_CUFILE = $(BUILD)/tests/stub/libcufile.so.0
-$(STUB_CUFILE): tests/stub/libcufile.c
+# Like the real one, the simulated cuFile needs the (simulated) driver.
+$(SIM_CUFILE): tests/sim/libcufile.c tests/sim/sim.h $(SIM_CUDA)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(NVIO_CFLAGS) -shared -o $@ $< -Wl,-soname,libcufile.so.0
+	$(CC) $(CFLAGS) $(NVIO_CFLAGS) -Wno-missing-prototypes -shared -o $@ $< \
+		-Wl,-soname,libcufile.so.0 -Wl,--no-as-needed $(SIM_CUDA) -Wl,-rpath,'$$ORIGIN' -ldl -pthread
 
-check: all $(TEST_BIN) $(STUB_CUDA) $(STUB_CUFILE)
+sim: $(SIM_CUDA) $(SIM_CUFILE)
+
+check: all $(TEST_BIN) $(SIM_CUDA) $(SIM_CUFILE)
 	@sh tests/run.sh $(BUILD)
 
 check-symbols: $(BUILD)/libnvio.so

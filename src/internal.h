@@ -371,6 +371,10 @@ int nvio__cuda_copy(void *dst, const void *src, size_t n, int to_device,
 		    const struct nvio__cuda_ctx *c);
 int nvio__cuda_host_register(void *p, size_t n);
 void nvio__cuda_host_unregister(void *p);
+/* Test hook, never set by the library: 1 leaves out the stream
+ * synchronisation after a staged copy, the bug tests/test_gpusim.c shows
+ * the simulated driver catches (wrong bytes). */
+extern int nvio__cuda_break_sync;
 void nvio__cuda_probe(nvio_probe_t *out);
 /*
  * cufile.c: GPUDirect Storage. nvio__cufile_usable() opens the driver

@@ -1,111 +1,100 @@
 /*
- * test_cuda.c - CUDA device buffers through a stand-in driver.
+ * test_cuda.c - CUDA device buffers through the simulated driver.
  *
- * tests/stub/libcuda.c is built as build/tests/stub/libcuda.so.1 and
+ * tests/sim/libcuda.c is built as build/tests/sim/libcuda.so.1 and
  * loaded by path after nvio has already run ops without it, as a
- * PyTorch program loads CUDA late: nvio must then see its "device
- * memory" (and must not have kept the absence it saw). On every engine,
- * direct on and off, parallelism 1 and 2, reads into and writes from
- * device buffers at unaligned offsets and sizes must move the right
- * bytes, through the driver's copies (counted: a host path would move
- * the same bytes), sync and async; a failing driver copy must fail the
- * op with -EIO naming the file, and the handle must work afterwards.
+ * PyTorch program loads CUDA late: nvio must then see its device memory
+ * (and must not have kept the absence it saw). The simulator's device
+ * memory faults on any host access and its copies are asynchronous, so
+ * a missing synchronisation or a host access shows as wrong bytes or a
+ * crash. On every engine, direct on and off, parallelism 1 and 2, reads
+ * into and writes from device buffers at unaligned offsets and sizes
+ * must move the right bytes, through the driver's copies (counted: a
+ * host path would move the same bytes), from registered bounce buffers,
+ * sync and async; a failing driver copy (at the call or when it
+ * executes) must fail the op with -EIO naming the file, and the handle
+ * must work afterwards. The simulator must see no misuse.
  *
- * tests/stub/libcufile.c stands in for cuFile (through NVIO_CUFILE_LIB):
+ * tests/sim/libcufile.c simulates cuFile (through NVIO_CUFILE_LIB):
  * a GDS handle must move the same bytes through cuFile's calls, and,
  * when cuFile refuses the file, through the bounce path instead.
  */
-#include <dlfcn.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "internal.h"
 #include "t.h"
+#define SIM_LOADER
+#include "sim/sim.h"
 
-static void *(*stub_alloc)(size_t);
-static void (*stub_free)(void *);
-static unsigned long (*stub_copies)(void);
-static long (*stub_ctx_refs)(void), (*stub_host_registered)(void);
-static void (*stub_fail_copies)(unsigned long);
-static void (*stub_refuse_files)(int);
-static unsigned long (*stub_ios)(void);
-static long (*stub_handles)(void);
-static char stub_dir[PATH_MAX];
+static struct sim_api sim;
+static char sim_dir[PATH_MAX];
 
 #define DEV_BYTES ((3u << 20) + 8192)
 
-/* The stubs' directory, beside the test's executable. */
-static int find_stubs(void)
+/* The simulators' directory, beside the test's executable. */
+static int find_sim(void)
 {
-	ssize_t n = readlink("/proc/self/exe", stub_dir, sizeof(stub_dir) - 8);
+	ssize_t n = readlink("/proc/self/exe", sim_dir, sizeof(sim_dir) - 8);
 	char *slash;
 
 	if (n <= 0) {
 		T_FAILF("readlink /proc/self/exe failed");
 		return -1;
 	}
-	stub_dir[n] = 0;
-	slash = strrchr(stub_dir, '/');
+	sim_dir[n] = 0;
+	slash = strrchr(sim_dir, '/');
 	if (slash)
 		*slash = 0;
-	strcat(stub_dir, "/stub");
+	strcat(sim_dir, "/sim");
 	return 0;
 }
 
-/* The stand-in cuFile, the very copy nvio loads (NVIO_CUFILE_LIB). */
-static int load_cufile_stub(const char *path)
+/* Device bytes [dev, dev+n) hold the random pattern seed at start:
+ * -1, else the first differing offset (t_check_random_at's answer). */
+static int64_t dev_check_random(const unsigned char *dev, size_t n, uint64_t seed,
+				uint64_t start)
 {
-	void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	unsigned char *host = malloc(n ? n : 1);
+	int64_t r = 0;
 
-	if (!lib) {
-		T_FAILF("cannot load the stub cuFile %s: %s (make check builds it)",
-			path, dlerror());
-		return -1;
-	}
-	stub_refuse_files = (void (*)(int))dlsym(lib, "stub_cufile_refuse_files");
-	stub_ios = (unsigned long (*)(void))dlsym(lib, "stub_cufile_ios");
-	stub_handles = (long (*)(void))dlsym(lib, "stub_cufile_handles");
-	if (!stub_refuse_files || !stub_ios || !stub_handles) {
-		T_FAILF("the stub cuFile lacks its stub_cufile_* functions");
-		return -1;
-	}
-	return 0;
+	if (!host || sim.peek(host, dev, n) < 0)
+		T_FAILF("cannot read back %zu device bytes", n);
+	else
+		r = t_check_random_at(host, n, seed, start);
+	free(host);
+	return r;
 }
 
-static int load_stub(void)
+static void dev_fill_random(unsigned char *dev, size_t n, uint64_t seed, uint64_t start)
 {
-	char path[PATH_MAX + 32];
-	void *lib;
+	unsigned char *host = malloc(n ? n : 1);
 
-	snprintf(path, sizeof(path), "%s/libcuda.so.1", stub_dir);
-	lib = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
-	if (!lib) {
-		T_FAILF("cannot load the stub driver %s: %s (make check builds it)",
-			path, dlerror());
-		return -1;
+	if (!host) {
+		T_FAILF("malloc");
+		return;
 	}
-	stub_alloc = (void *(*)(size_t))dlsym(lib, "stub_cuda_alloc");
-	stub_free = (void (*)(void *))dlsym(lib, "stub_cuda_free");
-	stub_copies = (unsigned long (*)(void))dlsym(lib, "stub_cuda_copies");
-	stub_fail_copies = (void (*)(unsigned long))dlsym(lib, "stub_cuda_fail_copies");
-	stub_ctx_refs = (long (*)(void))dlsym(lib, "stub_cuda_ctx_refs");
-	stub_host_registered = (long (*)(void))dlsym(lib, "stub_cuda_host_registered");
-	if (!stub_alloc || !stub_free || !stub_copies || !stub_fail_copies ||
-	    !stub_ctx_refs || !stub_host_registered) {
-		T_FAILF("the stub driver lacks its stub_cuda_* functions");
-		return -1;
-	}
-	return 0;
+	t_fill_random_at(host, n, seed, start);
+	T_EQ_INT(sim.poke(dev, host, n), 0);
+	free(host);
+}
+
+static int dev_byte(const unsigned char *dev)
+{
+	unsigned char b = 0;
+
+	return sim.peek(&b, dev, 1) < 0 ? -1 : b;
 }
 
 /* Bytes around [m, m+n) of dev must still be 0xee. */
 static void check_guards(const unsigned char *dev, size_t m, size_t n)
 {
 	if (m > 0)
-		T_EQ_INT(dev[m - 1], 0xee);
+		T_EQ_INT(dev_byte(dev + m - 1), 0xee);
 	if (m + n < DEV_BYTES)
-		T_EQ_INT(dev[m + n], 0xee);
+		T_EQ_INT(dev_byte(dev + m + n), 0xee);
 }
 
 /* Puts the read pattern (seed 21) back over [off, off+n). */
@@ -136,7 +125,7 @@ enum { VIA_BOUNCE, VIA_CUFILE };
 
 static unsigned long moves(int via)
 {
-	return via == VIA_CUFILE ? stub_ios() : stub_copies();
+	return via == VIA_CUFILE ? sim.cufile_ios() : sim.copies();
 }
 
 static void rw_cases(nvio_handle_t *h, unsigned char *dev, const char *path,
@@ -153,54 +142,63 @@ static void rw_cases(nvio_handle_t *h, unsigned char *dev, const char *path,
 	for (unsigned i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
 		size_t n = cs[i].n, m = cs[i].m;
 		int64_t off = cs[i].off;
-		unsigned long before;
+		unsigned long before, pageable;
 		int r;
 
 		t_ctx("%s: read %zu bytes at file offset %lld into device +%zu",
 		      async ? "async" : "sync", n, (long long)off, m);
-		memset(dev, 0xee, DEV_BYTES);
+		sim.fill(dev, 0xee, DEV_BYTES);
 		before = moves(via);
+		pageable = sim.pageable_copies();
 		r = finish(h, nvio_pread(h, dev + m, n, path, off,
 					 async ? NVIO_ASYNC : 0), async);
 		if (!T_OK(r))
 			continue;
 		T_TRUE(moves(via) > before);	/* the device path, not host */
-		T_EQ_INT(t_check_random_at(dev + m, n, 21, (uint64_t)off), -1);
+		T_EQ_U64(sim.pageable_copies(), pageable);	/* bounce registered */
+		T_EQ_INT(dev_check_random(dev + m, n, 21, (uint64_t)off), -1);
 		check_guards(dev, m, n);
 
 		t_ctx("%s: write %zu bytes at file offset %lld from device +%zu",
 		      async ? "async" : "sync", n, (long long)off, m);
-		t_fill_random_at(dev + m, n, 22, (uint64_t)off);
+		dev_fill_random(dev + m, n, 22, (uint64_t)off);
 		before = moves(via);
 		r = finish(h, nvio_pwrite(h, dev + m, n, path, off,
 					  async ? NVIO_ASYNC : 0), async);
 		if (!T_OK(r))
 			continue;
 		T_TRUE(moves(via) > before);
+		T_EQ_U64(sim.pageable_copies(), pageable);
 		T_OK(t_check_file_random(path, off, n, 22, (uint64_t)off));
 		T_EQ_INT(t_file_size(path), (int64_t)file_bytes);
 		restore(path, n, off);
 	}
 }
 
+/* A copy the driver refuses at the call, or fails when it executes
+ * (reported by the stream's synchronisation). */
 static void failing_copy(nvio_handle_t *h, unsigned char *dev, const char *path)
 {
-	nvio_error_t e = { .struct_size = sizeof(e) };
+	static const char *const how[] = { "cuMemcpyHtoDAsync_v2", "copy" };
 
-	t_ctx("a driver copy fails");
-	stub_fail_copies(1);
-	T_ERR(nvio_pread(h, dev, 1u << 20, path, 4096, 0), -EIO);
-	T_EQ_INT(nvio_last_error(h, &e), -EIO);
-	T_TRUE(strstr(e.path, path) != NULL);
-	T_EQ_INT(e.is_write, 0);
-	stub_fail_copies(0);
+	for (unsigned i = 0; i < 2; i++) {
+		nvio_error_t e = { .struct_size = sizeof(e) };
+
+		t_ctx("a driver copy fails (%s)", how[i]);
+		sim.fail(how[i], 0, 1, 999);	/* CUDA_ERROR_UNKNOWN */
+		T_ERR(nvio_pread(h, dev, 1u << 20, path, 4096, 0), -EIO);
+		T_EQ_INT(nvio_last_error(h, &e), -EIO);
+		T_TRUE(strstr(e.path, path) != NULL);
+		T_EQ_INT(e.is_write, 0);
+		sim.fail(how[i], 0, 0, 0);
+	}
 	t_ctx("the handle works after the failure");
-	memset(dev, 0, 8192);
+	sim.fill(dev, 0, 8192);
 	if (T_OK(nvio_pread(h, dev, 8192, path, 0, 0)))
-		T_EQ_INT(t_check_random_at(dev, 8192, 21, 0), -1);
+		T_EQ_INT(dev_check_random(dev, 8192, 21, 0), -1);
 	t_ctx("validate compares device memory");
 	T_OK(nvio_pread(h, dev + 1, 5000, path, 3, NVIO_VALIDATE));
-	T_EQ_INT(t_check_random_at(dev + 1, 5000, 21, 3), -1);
+	T_EQ_INT(dev_check_random(dev + 1, 5000, 21, 3), -1);
 	T_OK(nvio_pwrite(h, dev + 1, 5000, path, 3, NVIO_VALIDATE));
 }
 
@@ -224,13 +222,15 @@ static void test_gds(unsigned char *dev, const char *path)
 		T_EQ_INT(nvio_get_gds(h), 1);
 		rw_cases(h, dev, path, 0, VIA_CUFILE);
 		rw_cases(h, dev, path, 1, VIA_CUFILE);
-		stub_refuse_files(1);
+		sim.cufile_fail("cuFileHandleRegister", 0, SIM_ALWAYS,
+				5000 + 18);	/* CU_FILE_INVALID_FILE_TYPE */
 		rw_cases(h, dev, path, 0, VIA_BOUNCE);
 		rw_cases(h, dev, path, 1, VIA_BOUNCE);
-		stub_refuse_files(0);
+		sim.cufile_fail("cuFileHandleRegister", 0, 0, 0);
 		t_ctx("%s GDS handles released", t_combo());
-		T_EQ_INT(stub_handles(), 0);
+		T_EQ_INT(sim.cufile_handles(), 0);
 		nvio_handle_destroy(h);
+		T_EQ_U64(sim.violations() + sim.cufile_violations(), 0);
 	}
 }
 
@@ -238,33 +238,17 @@ int main(void)
 {
 	uint64_t file_bytes = (3u << 20) + 65536;
 	unsigned char *pattern, *dev, host[4096];
-	char path[T_PATH_MAX];
+	char path[T_PATH_MAX], cf[PATH_MAX + 32], why[PATH_MAX + 128];
 	nvio_handle_t *h;
 
 	t_init("cuda");
-	if (find_stubs() < 0)
-		return t_done();
-	{
-		char cf[PATH_MAX + 32];
-
-		snprintf(cf, sizeof(cf), "%s/libcufile.so.0", stub_dir);
-		/* A look before the path is known must not hide cuFile for
-		 * the rest of the process (where the system has none). */
-		t_ctx("cuFile path set after a probe");
-		unsetenv("NVIO_CUFILE_LIB");
-		if (nvio_gds_mode(NULL, 0) == NVIO_CUFILE_NONE) {
-			T_OK(nvio_cufile_set_library(cf));
-			T_TRUE(nvio_gds_mode(NULL, 0) != NVIO_CUFILE_NONE);
-			T_ERR(nvio_cufile_set_library("/nonexistent/libcufile.so.0"),
-			      -EBUSY);
-			T_OK(nvio_cufile_set_library(cf));	/* the same: fine */
-		} else {
-			t_note("a system cuFile is loaded: set_library not checked");
-		}
-		setenv("NVIO_CUFILE_LIB", cf, 1);
-		if (load_cufile_stub(cf) < 0)
-			return t_done();
+	/* The broken variant: the simulator must make this test fail. */
+	if (getenv("NVIO_TEST_BREAK_SYNC") && *getenv("NVIO_TEST_BREAK_SYNC") == '1') {
+		t_note("NVIO_TEST_BREAK_SYNC=1: stream synchronisation left out");
+		nvio__cuda_break_sync = 1;
 	}
+	if (find_sim() < 0)
+		return t_done();
 	t_path(path, "data");
 	pattern = malloc(file_bytes);
 	if (!pattern) {
@@ -282,11 +266,28 @@ int main(void)
 			T_EQ_INT(t_check_random_at(host, sizeof(host), 21, 0), -1);
 		nvio_handle_destroy(h);
 	}
-	if (load_stub() < 0)
+	/* A look before the path is known must not hide cuFile for the rest
+	 * of the process (where the system has none). The simulated cuFile
+	 * loads the simulated driver, as the real one loads libcuda. */
+	snprintf(cf, sizeof(cf), "%s/libcufile.so.0", sim_dir);
+	t_ctx("cuFile path set after a probe");
+	unsetenv("NVIO_CUFILE_LIB");
+	if (nvio_gds_mode(NULL, 0) == NVIO_CUFILE_NONE) {
+		T_OK(nvio_cufile_set_library(cf));
+		T_TRUE(nvio_gds_mode(NULL, 0) != NVIO_CUFILE_NONE);
+		T_ERR(nvio_cufile_set_library("/nonexistent/libcufile.so.0"), -EBUSY);
+		T_OK(nvio_cufile_set_library(cf));	/* the same: fine */
+	} else {
+		t_note("a system cuFile is loaded: set_library not checked");
+	}
+	if (sim_load(&sim, sim_dir, why, sizeof(why)) < 0) {
+		T_FAILF("%s", why);
 		return t_done();
-	dev = stub_alloc(DEV_BYTES);
+	}
+	setenv("NVIO_CUFILE_LIB", cf, 1);
+	dev = sim.alloc(0, DEV_BYTES);
 	if (!dev) {
-		T_FAILF("stub_cuda_alloc");
+		T_FAILF("sim_cuda_alloc");
 		return t_done();
 	}
 	T_FOR_EACH_COMBO(e, d) {
@@ -304,24 +305,26 @@ int main(void)
 			/* one context reference per worker, not per copy;
 			 * all let go, the bounce pool unpinned */
 			t_ctx("%s par %u contexts", t_combo(), par);
-			T_TRUE(stub_ctx_refs() <= (long)par);
+			T_TRUE(sim.ctx_refs() <= (long)par);
 			nvio_handle_destroy(h);
-			T_EQ_INT(stub_ctx_refs(), 0);
-			T_EQ_INT(stub_host_registered(), 0);
+			T_EQ_INT(sim.ctx_refs(), 0);
+			T_EQ_INT(sim.host_registered(), 0);
+			T_EQ_U64(sim.violations(), 0);
 		}
 	}
 	test_gds(dev, path);
 	/* Host memory is still host memory with the driver loaded. */
 	t_ctx("host buffer with the driver loaded");
 	if (t_handle(&h, NVIO_ENGINE_AUTO, NVIO_DIRECT_AUTO, 1, 0) == 0) {
-		unsigned long before = stub_copies();
+		unsigned long before = sim.copies();
 
 		if (T_OK(nvio_pread(h, host, sizeof(host), path, 0, 0)))
 			T_EQ_INT(t_check_random_at(host, sizeof(host), 21, 0), -1);
-		T_EQ_U64(stub_copies(), before);
+		T_EQ_U64(sim.copies(), before);
 		nvio_handle_destroy(h);
 	}
-	/* Streams copy with memcpy: GPU memory is refused, never touched. */
+	/* Streams copy with memcpy: GPU memory is refused, never touched
+	 * (a touch would fault). */
 	t_ctx("stream with a device buffer");
 	if (t_handle(&h, NVIO_ENGINE_AUTO, NVIO_DIRECT_AUTO, 1, 0) == 0) {
 		char spath[T_PATH_MAX];
@@ -347,6 +350,7 @@ int main(void)
 		nvio_file_close(f);
 		nvio_handle_destroy(h);
 	}
-	stub_free(dev);
+	T_EQ_U64(sim.violations() + sim.cufile_violations(), 0);
+	sim.free(dev);
 	return t_done();
 }

@@ -1,0 +1,164 @@
+"""The simulated CUDA driver and cuFile (tests/sim/) for the Python tests.
+
+torch's CPU build has no CUDA tensors, so where torch has no usable GPU
+the GPU tests use :class:`DeviceBuffer`: simulated device memory (a host
+access faults) behind the few tensor methods nvio's extension calls
+(data_ptr, numel, element_size, is_contiguous). libnvio finds it to be
+device memory through the simulated driver, loaded into the process as
+libcuda.so.1 (RTLD_GLOBAL, as torch loads the real one), and moves it
+through its bounce buffers or, for GdsHandle, the simulated cuFile.
+
+The libraries come from $NVIO_SIM_DIR, else build/tests/sim of this tree
+(``make sim``), else they are compiled here with $CC (cc). With
+NVIO_TEST_REQUIRE_SIM=1 (CI) a simulator that cannot be had fails the
+tests instead of skipping them.
+"""
+import ctypes
+import os
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+_sim = None
+
+
+def _build(src_dir):
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise RuntimeError("no C compiler to build the simulator (set CC)")
+    out = tempfile.mkdtemp(prefix="nvio-sim-")
+    cuda = os.path.join(out, "libcuda.so.1")
+    flags = ["-std=c11", "-D_GNU_SOURCE", "-O1", "-fPIC", "-shared", "-pthread"]
+    subprocess.run([cc, *flags, "-o", cuda, os.path.join(src_dir, "libcuda.c"),
+                    "-Wl,-soname,libcuda.so.1"], check=True)
+    subprocess.run([cc, *flags, "-o", os.path.join(out, "libcufile.so.0"),
+                    os.path.join(src_dir, "libcufile.c"), "-Wl,-soname,libcufile.so.0",
+                    "-Wl,--no-as-needed", cuda, "-Wl,-rpath,$ORIGIN", "-ldl"], check=True)
+    return out
+
+
+def _find():
+    d = os.environ.get("NVIO_SIM_DIR")
+    if d:
+        return d
+    d = os.path.join(ROOT, "build", "tests", "sim")
+    if all(os.path.exists(os.path.join(d, f)) for f in ("libcuda.so.1", "libcufile.so.0")):
+        return d
+    src = os.path.join(ROOT, "tests", "sim")
+    if not os.path.exists(os.path.join(src, "libcuda.c")):
+        raise RuntimeError("tests/sim/ not found beside the tests")
+    return _build(src)
+
+
+class Sim:
+    def __init__(self, d):
+        import nvio
+        self.dir = d
+        self.cuda = ctypes.CDLL(os.path.join(d, "libcuda.so.1"), mode=ctypes.RTLD_GLOBAL)
+        self.cufile_path = os.path.join(d, "libcufile.so.0")
+        self.cufile = ctypes.CDLL(self.cufile_path)
+        c = self.cuda
+        c.sim_cuda_alloc.restype = ctypes.c_void_p
+        c.sim_cuda_alloc.argtypes = [ctypes.c_int, ctypes.c_size_t]
+        c.sim_cuda_free.argtypes = [ctypes.c_void_p]
+        for f in ("peek", "poke"):
+            getattr(c, "sim_cuda_" + f).argtypes = [ctypes.c_void_p, ctypes.c_void_p,
+                                                   ctypes.c_size_t]
+        c.sim_cuda_fill.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+        for f in ("copies", "violations", "queued", "pageable_copies", "host_registered"):
+            getattr(c, "sim_cuda_" + f).restype = ctypes.c_ulong
+        c.sim_cuda_ctx_refs.restype = ctypes.c_long
+        for lib, name in ((c, "sim_cuda_fail"), (self.cufile, "sim_cufile_fail")):
+            getattr(lib, name).argtypes = [ctypes.c_char_p, ctypes.c_ulong,
+                                           ctypes.c_ulong, ctypes.c_int]
+        for f in ("ios", "violations"):
+            getattr(self.cufile, "sim_cufile_" + f).restype = ctypes.c_ulong
+        for f in ("handles", "bufs"):
+            getattr(self.cufile, "sim_cufile_" + f).restype = ctypes.c_long
+        try:
+            nvio.cufile_set_library(self.cufile_path)
+        except OSError:
+            pass    # loaded already (this one, or a system's: gds_mode says)
+
+    def alloc(self, n, device=0):
+        p = self.cuda.sim_cuda_alloc(device, n)
+        if not p:
+            raise MemoryError(f"simulated device memory: {n} bytes")
+        return p
+
+    def copies(self):
+        return self.cuda.sim_cuda_copies()
+
+    def violations(self):
+        return self.cuda.sim_cuda_violations() + self.cufile.sim_cufile_violations()
+
+    def cufile_ios(self):
+        return self.cufile.sim_cufile_ios()
+
+    def fail(self, fn, after=0, times=1, code=999):
+        self.cuda.sim_cuda_fail(fn.encode(), after, times, code)
+
+
+def load():
+    """The simulator, loaded once; skips (or fails, NVIO_TEST_REQUIRE_SIM=1)
+    where it cannot be had."""
+    global _sim
+    if _sim is None:
+        try:
+            _sim = Sim(_find())
+        except (OSError, RuntimeError, subprocess.CalledProcessError) as e:
+            if os.environ.get("NVIO_TEST_REQUIRE_SIM") == "1":
+                pytest.fail(f"CUDA simulator required (NVIO_TEST_REQUIRE_SIM=1): {e}")
+            pytest.skip(f"no CUDA simulator: {e}")
+    return _sim
+
+
+class DeviceBuffer:
+    """Simulated device memory that nvio takes as a (duck-typed) tensor.
+
+    Its bytes are read and written only through the simulator's back door
+    (``bytes()``, ``copy_from``); a slice shares the memory.
+    """
+
+    def __init__(self, sim, nbytes, element_size=1, _base=None, _off=0):
+        self.sim = sim
+        self._esize = element_size
+        self.nbytes = nbytes
+        self._base = _base
+        self._owner = _base is None
+        self.ptr = sim.alloc(max(nbytes, 1)) if _base is None else _base.ptr + _off
+
+    def data_ptr(self):
+        return self.ptr
+
+    def numel(self):
+        return self.nbytes // self._esize
+
+    def element_size(self):
+        return self._esize
+
+    def is_contiguous(self):
+        return True
+
+    def slice(self, off, n):
+        return DeviceBuffer(self.sim, n, 1, _base=self, _off=off)
+
+    def bytes(self):
+        b = ctypes.create_string_buffer(self.nbytes)
+        assert self.sim.cuda.sim_cuda_peek(b, ctypes.c_void_p(self.ptr), self.nbytes) == 0
+        return b.raw
+
+    def copy_from(self, data):
+        assert len(data) == self.nbytes
+        assert self.sim.cuda.sim_cuda_poke(ctypes.c_void_p(self.ptr), data, len(data)) == 0
+
+    def fill(self, byte):
+        assert self.sim.cuda.sim_cuda_fill(ctypes.c_void_p(self.ptr), byte, self.nbytes) == 0
+
+    def __del__(self):
+        if self._owner and self.ptr:
+            self.sim.cuda.sim_cuda_free(ctypes.c_void_p(self.ptr))
+            self.ptr = 0
