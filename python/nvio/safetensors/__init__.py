@@ -1,0 +1,26 @@
+"""nvio.safetensors: safetensors files read and written at the device's speed.
+
+    from nvio import safetensors as nst
+    sd = nst.load_file("model.safetensors")           # like safetensors.torch
+    nst.save_file(sd, "copy.safetensors")             # same bytes, crash-safe
+    with nst.safe_open("model.safetensors") as f:     # lazy: only what you ask
+        w = f.get_slice("lm_head.weight")[:1024]
+    sd = nst.load_model_dir("llama/")                 # sharded HF directories
+    nst.load_into(model, "llama/")                    # in place, no 2nd copy
+    for name, t in nst.stream("llama/", window_bytes=1 << 30): ...
+    model = nst.from_pretrained(AutoModelForCausalLM, "llama/")
+
+Same arguments, results and files as the safetensors library
+(``safetensors.torch``); nvio's additions are keyword-only. Malformed files
+raise :class:`SafetensorsError` (a ValueError, and the library's
+SafetensorError when it is installed) naming the file and the tensor.
+"""
+from ._dir import load_into, load_model_dir, stream
+from ._format import DTYPES, MAX_HEADER, SafetensorsError
+from ._hf import from_pretrained
+from ._io import load, load_file, save, save_file
+from ._lazy import safe_open
+
+__all__ = ["load_file", "load", "save_file", "save", "safe_open", "load_model_dir",
+           "load_into", "stream", "from_pretrained", "SafetensorsError", "DTYPES",
+           "MAX_HEADER"]

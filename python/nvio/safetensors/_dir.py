@@ -1,0 +1,298 @@
+"""Hugging Face model directories: sharded loads, in-place loads, streams.
+
+A directory holds ``model.safetensors`` or shards listed by
+``model.safetensors.index.json`` (``{"weight_map": {tensor: shard file}}``).
+Every shard's header is read and validated first; then every shard's data
+is read by ONE nvio handle (its workers and queue depth are the one bounded
+pool), all shards' ops in flight together.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+
+import torch
+
+from .. import _nvio
+from ..checkpoint._plan import u8
+from ..checkpoint._save import default_handle
+from ._format import SafetensorsError, _Dup, _no_dups
+from ._io import Region, _path, alloc, check_torch, read_header, target_device, tensors_from, view
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+#: Largest index file read (the biggest published ones are a few MB).
+MAX_INDEX = 64 << 20
+
+
+def _err(path, msg):
+    return SafetensorsError("nvio.safetensors: %s: %s" % (path, msg), path)
+
+
+def _index_shards(index_path, root):
+    """[shard path] (sorted) and {tensor: shard path} from an index file."""
+    try:
+        size = os.path.getsize(index_path)
+        if size > MAX_INDEX:
+            raise _err(index_path, "index file of %d bytes is over the limit of %d"
+                       % (size, MAX_INDEX))
+        with open(index_path, "rb") as f:
+            obj = json.loads(f.read().decode("utf-8"), object_pairs_hook=_no_dups)
+    except _Dup as e:
+        raise _err(index_path, "names %r twice" % (e.args[0],)) from None
+    except (ValueError, RecursionError) as e:
+        raise _err(index_path, "not a valid JSON index (%s)" % str(e)[:200]) from None
+    wm = obj.get("weight_map") if isinstance(obj, dict) else None
+    if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+        raise _err(index_path, "no weight_map object of tensor name -> shard file")
+    where = {}
+    for name, shard in wm.items():
+        parts = shard.replace("\\", "/").split("/")
+        if os.path.isabs(shard) or ".." in parts or not shard:
+            raise _err(index_path, "tensor %r: shard %r is not a file inside the directory"
+                       % (name, shard))
+        where[name] = os.path.join(root, shard)
+    return sorted(set(where.values())), where
+
+
+def resolve(path_or_dir):
+    """([shard paths] in load order, {tensor: shard} or None) for a file, or
+    a directory with an index or a single model.safetensors."""
+    p = _path(path_or_dir)
+    if not os.path.isdir(p):
+        if not os.path.exists(p):
+            raise FileNotFoundError(2, "nvio.safetensors: no such file or directory", p)
+        return [p], None
+    idx = os.path.join(p, INDEX)
+    if os.path.isfile(idx):
+        return _index_shards(idx, p)
+    if os.path.isfile(os.path.join(p, SINGLE)):
+        return [os.path.join(p, SINGLE)], None
+    idxs = sorted(n for n in os.listdir(p) if n.endswith(".safetensors.index.json"))
+    if len(idxs) == 1:
+        return _index_shards(os.path.join(p, idxs[0]), p)
+    files = sorted(n for n in os.listdir(p) if n.endswith(".safetensors"))
+    if len(files) == 1:
+        return [os.path.join(p, files[0])], None
+    raise _err(p, "no %s or %s here (and not exactly one other index or .safetensors file "
+               "to use instead)" % (INDEX, SINGLE))
+
+
+def _check_index(where, headers):
+    """Every tensor the index places in a shard is in that shard's header."""
+    if where is None:
+        return
+    for name, shard in where.items():
+        if name not in headers[shard].entries:
+            raise _err(shard, "the index places tensor %r in this shard, but its header "
+                       "does not list it" % name)
+
+
+class _Shards:
+    """Open files and validated headers of every shard (closed on exit)."""
+
+    def __init__(self, path_or_dir, handle):
+        self.paths, self.where = resolve(path_or_dir)
+        self.h = handle if handle is not None else default_handle()
+        self.files = {}
+        self.headers = {}
+
+    def __enter__(self):
+        try:
+            for p in self.paths:
+                self.files[p] = f = self.h.open(p, _nvio.FILE_READ)
+                self.headers[p] = read_header(f, p)
+                check_torch(self.headers[p], p)
+            _check_index(self.where, self.headers)
+            seen = {}
+            for p in self.paths:
+                for name in self.headers[p].entries:
+                    if name in seen:
+                        raise _err(p, "tensor %r is also in %s" % (name, seen[name]))
+                    seen[name] = p
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def close(self):
+        for f in self.files.values():
+            f.close()
+
+
+def _wait_all(futs):
+    """Wait for every future (also after a failure: buffers stay busy until
+    then), then raise the first error."""
+    first = None
+    for fu in futs:
+        try:
+            fu.result()
+        except BaseException as e:  # noqa: BLE001  (re-raised below)
+            if first is None:
+                first = e
+    if first is not None:
+        raise first
+
+
+def load_model_dir(path, device="cpu", *, pin_memory=False, handle=None):
+    """Every tensor of a Hugging Face model directory (sharded with
+    ``model.safetensors.index.json``, or one ``model.safetensors``) or of one
+    file: {name: tensor}, shards in name order, each in file order.
+
+    All shards are read at once by one nvio handle (its workers and queue
+    depth bound the I/O in flight), each into one page-aligned buffer (or
+    CUDA memory) of which its tensors are views.
+    """
+    dev = target_device(device, _path(path))
+    pin = _nvio.check_flag(pin_memory, "pin_memory")
+    with _Shards(path, handle) as sh:
+        bufs, futs = {}, []
+        try:
+            for p in sh.paths:
+                f, hd = sh.files[p], sh.headers[p]
+                reg = Region(hd, f.size)
+                bufs[p] = (alloc(reg.nbytes, dev, pin), reg)
+                if reg.nbytes:
+                    futs.append(f.pread_async(u8(bufs[p][0]), reg.start))
+        finally:
+            _wait_all(futs)
+    out = {}
+    for p in sh.paths:
+        storage, reg = bufs[p]
+        out.update(tensors_from(sh.headers[p], storage, reg.skip))
+    return out
+
+
+def _tied(sd, loaded):
+    """Names of state_dict tensors whose memory is that of a loaded one."""
+    ptrs = {(sd[n].device, sd[n].data_ptr()) for n in loaded if sd[n].numel()}
+    return {n for n, t in sd.items() if t.numel() and (t.device, t.data_ptr()) in ptrs}
+
+
+def load_into(module, path, *, strict=True, handle=None):
+    """Fill an existing module's parameters and buffers in place from a
+    model directory or file: each tensor's bytes are read straight into the
+    parameter's memory (no second copy of the model); a parameter of another
+    dtype is read into a temporary and converted.
+
+    Returns (missing, unexpected) names like
+    ``safetensors.torch.load_model``; with ``strict=True`` either raises
+    RuntimeError. Tied parameters (sharing memory with a loaded one) are not
+    missing. A shape mismatch raises SafetensorsError; a parameter on the
+    meta device raises ValueError (load with :func:`load_model_dir` and
+    ``module.load_state_dict(sd, assign=True)`` instead).
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError("nvio.safetensors.load_into: expected a torch.nn.Module, not %s"
+                        % type(module).__name__)
+    sd = module.state_dict()
+    with _Shards(path, handle) as sh:
+        loaded, unexpected, converts, futs = [], [], [], []
+        try:
+            for p in sh.paths:
+                f, hd = sh.files[p], sh.headers[p]
+                pieces = []
+                for e in hd.by_offset():
+                    t = sd.get(e.name)
+                    if t is None:
+                        unexpected.append(e.name)
+                        continue
+                    if tuple(t.shape) != e.torch_shape():
+                        raise _err(p, "tensor %r has shape %s in the file but %s in the module"
+                                   % (e.name, list(e.torch_shape()), list(t.shape)))
+                    if t.device.type == "meta":
+                        raise ValueError("nvio.safetensors.load_into: %r is on the meta device: "
+                                         "load_model_dir() and load_state_dict(assign=True) "
+                                         "instead" % e.name)
+                    loaded.append(e.name)
+                    if not e.nbytes:
+                        continue
+                    if t.dtype == e.dtype.torch and t.is_contiguous() and \
+                            t.device.type in ("cpu", "cuda"):
+                        dst = t
+                    else:
+                        dst = torch.empty(e.torch_shape(), dtype=e.dtype.torch, device=t.device)
+                        converts.append((t, dst))
+                    pieces.append((dst.reshape(-1).view(torch.uint8), hd.data_start + e.begin))
+                step = _nvio.MAX_IOV
+                for i in range(0, len(pieces), step):
+                    futs.append(f.preadv_async(pieces[i:i + step], _nvio.OFFSET_PER_IOV))
+        finally:
+            _wait_all(futs)
+    with torch.no_grad():
+        for t, tmp in converts:
+            t.copy_(tmp)
+    tied = _tied(sd, loaded)
+    missing = [n for n in sd if n not in loaded and n not in tied]
+    if strict and (missing or unexpected):
+        msg = "Error(s) in loading state_dict for %s:" % type(module).__name__
+        if missing:
+            msg += "\n    Missing key(s) in state_dict: %s" % ", ".join(
+                '"%s"' % k for k in sorted(missing))
+        if unexpected:
+            msg += "\n    Unexpected key(s) in state_dict: %s" % ", ".join(
+                '"%s"' % k for k in sorted(unexpected))
+        raise RuntimeError(msg)
+    return missing, unexpected
+
+
+def _chunks(header, window):
+    """Runs of consecutive tensors (file order) of at most window bytes
+    each (a larger tensor is a run of its own)."""
+    run, size = [], 0
+    for e in header.by_offset():
+        if run and size + e.nbytes > window:
+            yield run
+            run, size = [], 0
+        run.append(e)
+        size += e.nbytes
+    if run:
+        yield run
+
+
+def stream(path, *, window_bytes=256 << 20, device="cpu", pin_memory=False, handle=None):
+    """Yield (name, tensor) of a file or model directory in file order
+    (shards in name order) as their bytes arrive.
+
+    The tensors are read ahead in runs of up to ``window_bytes // 2`` bytes,
+    two runs in flight at most, so nvio holds at most ``window_bytes`` of
+    buffers beyond those whose tensors the caller still keeps (a tensor
+    larger than half the window is read alone). Each yielded tensor is a
+    view of its run's buffer, valid as long as the caller keeps it.
+    """
+    window = int(window_bytes)
+    if window < 2:
+        raise ValueError("nvio.safetensors.stream: window_bytes must be >= 2, not %r"
+                         % (window_bytes,))
+    dev = target_device(device, _path(path))
+    pin = _nvio.check_flag(pin_memory, "pin_memory")
+    pending = collections.deque()    # (future, storage, skip, entries)
+    with _Shards(path, handle) as sh:
+        try:
+            for p in sh.paths:
+                f, hd = sh.files[p], sh.headers[p]
+                for run in _chunks(hd, window // 2):
+                    while len(pending) >= 2:
+                        yield from _deliver(pending.popleft())
+                    lo = (hd.data_start + run[0].begin) & ~4095
+                    hi = hd.data_start + run[-1].end
+                    storage = alloc(hi - lo, dev, pin)
+                    fut = f.pread_async(u8(storage), lo) if hi > lo else None
+                    pending.append((fut, storage, hd.data_start - lo, run))
+            while pending:
+                yield from _deliver(pending.popleft())
+        finally:
+            _wait_all([p[0] for p in pending if p[0] is not None])
+
+
+def _deliver(item):
+    fut, storage, skip, run = item
+    if fut is not None:
+        fut.result()
+    for e in run:
+        yield e.name, view(storage, skip + e.begin, e)

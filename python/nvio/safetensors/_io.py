@@ -1,0 +1,340 @@
+"""Reading and writing one safetensors file through libnvio.
+
+Load: two small reads (length, header), the header validated whole, then
+ONE read of the data region into one page-aligned buffer (private memory
+with transparent huge pages, page-locked with ``pin_memory=True``, or CUDA
+memory) starting at the page below the data region, so that libnvio moves
+it with O_DIRECT; tensors are views into it. ``copy=True`` reads every
+tensor straight into memory of its own with one vectored op instead.
+
+Save: the layout (header bytes, offsets) is decided first (``_format``),
+then the file is an ATOMIC nvio file like nvio.save's: one vectored write
+of the header and every tensor's bytes from their memory, fsync, rename
+over the destination, fsync of the directory. Any error leaves the old
+file as it was.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from .. import _nvio
+from ..checkpoint._load import _alloc_host, _read_pieces
+from ..checkpoint._plan import u8
+from ..checkpoint._save import default_handle
+from ._format import (BY_TORCH, PACKED, PREFIX, SafetensorsError, header_length, layout,
+                      parse_header)
+
+#: Bytes of a file read with the length prefix in one go (most headers fit).
+FIRST_READ = 64 << 10
+PAGE = 4096
+
+
+def _path(filename):
+    if not isinstance(filename, (str, bytes, os.PathLike)):
+        raise TypeError("nvio.safetensors: filename must be a path (str, bytes or "
+                        "os.PathLike), not %s" % type(filename).__name__)
+    return os.fsdecode(filename)
+
+
+def target_device(device, path=None):
+    """torch.device for a device argument as safetensors takes it (a string,
+    an int meaning a CUDA device, a torch.device); only CPU and CUDA."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        device = torch.device("cuda", device)
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError("nvio.safetensors: bad device %r: %s" % (device, e)) from None
+    if d.type == "cpu":
+        return d
+    if d.type != "cuda":
+        raise ValueError("nvio.safetensors: device %r: only 'cpu' and CUDA devices are "
+                         "supported (load to 'cpu' and move the tensors)" % (device,))
+    if not torch.cuda.is_available():
+        raise RuntimeError("nvio.safetensors: %sdevice %r asked for, but CUDA is not "
+                           "available here (torch.cuda.is_available() is False)"
+                           % ("%s: " % path if path else "", str(d)))
+    return d
+
+
+def read_header(f, path):
+    """(Header, first bytes read) of an open nvio File."""
+    size = f.size
+    first = bytearray(min(size, FIRST_READ))
+    if first:
+        f.pread(first, 0)
+    n = header_length(first, size, path)
+    if PREFIX + n <= len(first):
+        raw = memoryview(first)[PREFIX:PREFIX + n]
+    else:
+        raw = bytearray(n)
+        f.pread(raw, PREFIX)
+    return parse_header(raw, size, path)
+
+
+def view(storage, byte_off, entry):
+    """A tensor of entry's dtype and shape over storage's bytes from
+    byte_off: a view when the offset suits the dtype's alignment, else a
+    copy (files not written by safetensors may place tensors anywhere)."""
+    dtype = entry.dtype.torch
+    shape = entry.torch_shape()
+    if entry.nbytes == 0:
+        return torch.empty(shape, dtype=dtype, device=storage.device)
+    es = torch._utils._element_size(dtype)
+    if byte_off % es == 0:
+        t = torch.empty(0, dtype=dtype, device=storage.device)
+        return t.set_(storage, byte_off // es, shape)
+    raw = u8(storage)[byte_off:byte_off + entry.nbytes].clone()
+    return raw.view(dtype).reshape(shape)
+
+
+def check_torch(header, path):
+    """Every tensor has a torch dtype and a shape torch can hold."""
+    for e in header.entries.values():
+        if e.dtype.torch is None:
+            raise SafetensorsError("nvio.safetensors: %s: tensor %r: dtype %s has no torch "
+                                   "dtype in torch %s" % (path, e.name, e.dtype.code,
+                                                          torch.__version__), path)
+        k = PACKED.get(e.dtype.code)
+        if k and (not e.shape or e.shape[-1] % k):
+            raise SafetensorsError("nvio.safetensors: %s: tensor %r: %s shape %r: the last "
+                                   "dimension must be a multiple of %d to load as %s"
+                                   % (path, e.name, e.dtype.code, e.shape, k, e.dtype.torch),
+                                   path)
+
+
+def alloc(nbytes, device, pin):
+    """An untyped storage of nbytes for O_DIRECT reads: page-aligned host
+    memory (locked with pin), or CUDA memory."""
+    if device.type == "cpu":
+        return _alloc_host(nbytes, pin)
+    return torch.empty(nbytes, dtype=torch.uint8, device=device).untyped_storage()
+
+
+class Region:
+    """Where a file's data region is read: the page-aligned file offset the
+    read starts at, and the buffer's length."""
+
+    def __init__(self, header, file_size):
+        self.start = header.data_start & ~(PAGE - 1)
+        self.skip = header.data_start - self.start
+        self.nbytes = file_size - self.start if header.data_size else 0
+
+
+def tensors_from(header, storage, skip, order=None):
+    """{name: view} of every tensor over a buffer holding the data region
+    from byte skip on, in file order."""
+    es = order if order is not None else header.by_offset()
+    return {e.name: view(storage, skip + e.begin, e) for e in es}
+
+
+def read_owned(f, header, device, pin):
+    """{name: tensor}, each tensor in memory of its own, filled by one
+    vectored read (in file order)."""
+    out = {}
+    pieces = []
+    for e in header.by_offset():
+        shape = e.torch_shape()
+        if device.type == "cpu" and e.nbytes >= (64 << 10):
+            t = view(_alloc_host(e.nbytes, pin), 0, e)
+        else:
+            t = torch.empty(shape, dtype=e.dtype.torch, device=device)
+        out[e.name] = t
+        if e.nbytes:
+            pieces.append((t.view(-1).view(torch.uint8) if t.dim() else t.reshape(1).view(torch.uint8),
+                           header.data_start + e.begin))
+    _read_pieces(f, pieces)
+    return out
+
+
+def load_file(filename, device="cpu", *, copy=False, pin_memory=False, handle=None):
+    """Load a safetensors file like ``safetensors.torch.load_file``: a dict
+    of tensors in file order.
+
+    The data region is read by libnvio in parallel with direct I/O into one
+    page-aligned buffer (locked with ``pin_memory=True``; CUDA memory for a
+    CUDA ``device``) and the tensors are views into it; with ``copy=True``
+    each tensor gets memory of its own (read straight into it).
+    ``handle``: the :class:`nvio.AioHandle` to use (by default the one
+    shared by nvio's checkpoint functions). Every malformed file raises
+    :class:`SafetensorsError` naming the file and the tensor.
+    """
+    path = _path(filename)
+    h = handle if handle is not None else default_handle()
+    with h.open(path, _nvio.FILE_READ) as f:
+        header = read_header(f, path)
+        check_torch(header, path)
+        dev = target_device(device, path)
+        pin = _nvio.check_flag(pin_memory, "pin_memory")
+        if _nvio.check_flag(copy, "copy"):
+            return read_owned(f, header, dev, pin)
+        reg = Region(header, f.size)
+        storage = alloc(reg.nbytes, dev, pin)
+        if reg.nbytes:
+            f.pread(u8(storage), reg.start)
+    return tensors_from(header, storage, reg.skip)
+
+
+def load(data, *, device="cpu"):
+    """``safetensors.torch.load``: tensors from the bytes of a whole file,
+    owning their memory (one copy of the data region)."""
+    mv = memoryview(data).cast("B")
+    n = header_length(mv[:PREFIX], len(mv))
+    header = parse_header(mv[PREFIX:PREFIX + n], len(mv))
+    check_torch(header, "<bytes>")
+    dev = target_device(device)
+    region = mv[header.data_start:]
+    storage = torch.frombuffer(bytearray(region), dtype=torch.uint8) if len(region) else \
+        torch.empty(0, dtype=torch.uint8)
+    if dev.type != "cpu":
+        storage = storage.to(dev)
+    return tensors_from(header, storage.untyped_storage(), 0)
+
+
+# --- saving -------------------------------------------------------------------
+
+
+def _storage_ptr(t):
+    try:
+        return t.untyped_storage().data_ptr()
+    except (NotImplementedError, RuntimeError):
+        return 0
+
+
+def _end(t):
+    return t.data_ptr() + t.numel() * t.element_size()
+
+
+def _shared_groups(tensors):
+    """Names of tensors whose bytes overlap (the safetensors library's rule:
+    same device and storage, and overlapping byte ranges)."""
+    by_storage = {}
+    for k, v in tensors.items():
+        if v.device.type == "meta":
+            continue
+        ptr = _storage_ptr(v)
+        n = v.untyped_storage().nbytes() if ptr else 0
+        if ptr and n:
+            by_storage.setdefault((v.device, ptr, n), []).append(k)
+    groups = []
+    for names in by_storage.values():
+        if len(names) < 2:
+            continue
+        areas = sorted((tensors[k].data_ptr(), _end(tensors[k]), k) for k in names)
+        cur = [areas[0][2]]
+        stop = areas[0][1]
+        for start, end, k in areas[1:]:
+            if start >= stop:
+                if len(cur) > 1:
+                    groups.append(sorted(cur))
+                cur = [k]
+            else:
+                cur.append(k)
+            stop = end
+        if len(cur) > 1:
+            groups.append(sorted(cur))
+    return groups
+
+
+def check_tensors(tensors):
+    """Refuse what the safetensors library refuses, with the same exception
+    types: not a dict of tensors, sparse tensors (ValueError), tensors
+    sharing memory (RuntimeError), non-contiguous tensors (ValueError)."""
+    if not isinstance(tensors, dict):
+        raise ValueError("nvio.safetensors: expected a dict of str to torch.Tensor, got %s"
+                         % type(tensors).__name__)
+    sparse = []
+    for k, v in tensors.items():
+        if not isinstance(k, str):
+            raise ValueError("nvio.safetensors: key %r is not a str" % (k,))
+        if not isinstance(v, torch.Tensor):
+            raise ValueError("nvio.safetensors: key %r: expected a torch.Tensor, got %s"
+                             % (k, type(v).__name__))
+        if v.layout != torch.strided:
+            sparse.append(k)
+    if sparse:
+        raise ValueError("nvio.safetensors: sparse tensors cannot be saved in safetensors: %s "
+                         "(.to_dense() them first, at the cost of their full size)" % sparse)
+    shared = _shared_groups(tensors)
+    if shared:
+        raise RuntimeError("nvio.safetensors: these tensors share memory, which safetensors "
+                           "cannot store (each would be written in full, and loading would "
+                           "not share them again): %s. Save one name per storage (as "
+                           "safetensors.torch.save_model does) or clone them." % shared)
+    for k, v in tensors.items():
+        if not v.is_contiguous():
+            raise ValueError("nvio.safetensors: tensor %r is not contiguous, which safetensors "
+                             "cannot store: call .contiguous() on it (or save the tensor it "
+                             "views)" % k)
+        if v.dtype not in BY_TORCH:
+            raise ValueError("nvio.safetensors: tensor %r: dtype %s has no safetensors dtype"
+                             % (k, v.dtype))
+        if v.device.type == "meta":
+            raise ValueError("nvio.safetensors: tensor %r is on the meta device (no data)" % k)
+
+
+def plan(tensors, metadata):
+    """(header bytes, [(name, data offset, host tensor)]) of a save."""
+    if sys.byteorder != "little":
+        raise NotImplementedError("nvio.safetensors: saving on a big-endian machine")
+    check_tensors(tensors)
+    specs = []
+    for k, v in tensors.items():
+        dt = BY_TORCH[v.dtype]
+        shape = list(v.shape)
+        if dt.code in PACKED:
+            shape[-1] *= PACKED[dt.code]
+        specs.append((k, dt, shape, v.numel() * v.element_size()))
+    head, placed = layout(specs, metadata)
+    data = []
+    for name, begin, end in placed:
+        t = tensors[name]
+        if end > begin:
+            t = t if t.device.type == "cpu" else t.cpu()
+            data.append((name, len(head) + begin, t.reshape(-1).view(torch.uint8)))
+    return head, data
+
+
+def save(tensors, metadata=None):
+    """``safetensors.torch.save``: the bytes of a safetensors file."""
+    head, data = plan(tensors, metadata)
+    size = len(head) + sum(t.numel() for _, _, t in data)
+    out = bytearray(size)
+    out[:len(head)] = head
+    dst = torch.frombuffer(out, dtype=torch.uint8) if size else None
+    for _, off, t in data:
+        dst[off:off + t.numel()].copy_(t)
+    return bytes(out)
+
+
+def save_file(tensors, filename, metadata=None, *, durable=True, handle=None):
+    """Save like ``safetensors.torch.save_file``: the same bytes, written by
+    libnvio straight from the tensors' memory, crash-safe.
+
+    The file replaces ``filename`` only once complete (an unnamed temporary
+    beside it, fsync, rename, fsync of the directory, as :func:`nvio.save`);
+    on any error (a refused tensor, ENOSPC, EIO, Ctrl-C) ``filename`` keeps
+    its old content and no temporary is left. ``durable=False`` skips the
+    fsyncs. Shared and non-contiguous tensors are refused as safetensors
+    refuses them (RuntimeError, ValueError).
+    """
+    path = _path(filename)
+    head, data = plan(tensors, metadata)
+    size = len(head) + sum(t.numel() for _, _, t in data)
+    h = handle if handle is not None else default_handle()
+    flags = _nvio.FILE_ATOMIC | (0 if _nvio.check_flag(durable, "durable") else _nvio.FILE_NOSYNC)
+    with h.open(path, flags) as f:         # an exception abandons the temporary
+        if size >= 1 << 20:
+            try:
+                f.allocate(0, size)          # ENOSPC now, before any data moves
+            except _nvio.NvioError as e:
+                if e.errno not in (95, 22):  # EOPNOTSUPP, EINVAL: no fallocate here
+                    raise
+        pieces = [(head, 0)] + [(t, off) for _, off, t in data]
+        step = _nvio.MAX_IOV
+        for i in range(0, len(pieces), step):
+            f.pwritev(pieces[i:i + step], _nvio.OFFSET_PER_IOV)
+        f.commit()
