@@ -666,6 +666,18 @@ NVIO_API uint64_t nvio_staging_limit(uint64_t *in_use);
  */
 NVIO_API int nvio_cufile_set_library(const char *path);
 
+/*
+ * CRC-32 as zip, gzip and zlib define it (reflected polynomial 0xEDB88320):
+ * nvio_crc32(crc, buf, len) continues crc (0 to start) over len bytes and
+ * equals zlib's crc32(); buf may be NULL only with len 0 (crc returned).
+ * It uses carry-less multiplication where the CPU has it (x86-64
+ * PCLMULQDQ, detected at run time), tables elsewhere. Pure and
+ * thread-safe. nvio_crc32_combine gives the CRC of A followed by B from
+ * crc(A), crc(B) and B's length, as zlib's crc32_combine(), in O(log len2).
+ */
+NVIO_API uint32_t nvio_crc32(uint32_t crc, const void *buf, size_t len);
+NVIO_API uint32_t nvio_crc32_combine(uint32_t crc1, uint32_t crc2, uint64_t len2);
+
 #ifdef __cplusplus
 }
 #endif

@@ -388,4 +388,12 @@ void nvio__cufile_close(void *fh);
 int nvio__cufile_rw(void *fh, int is_write, void *dev, uint64_t off,
 		    uint64_t len, const char **what);
 
+/*
+ * crc32.c: the table-driven CRC-32 alone (what nvio_crc32 gives on CPUs
+ * without PCLMULQDQ), and whether nvio_crc32 uses the folding code; for
+ * tests that compare the two.
+ */
+uint32_t nvio__crc32_portable(uint32_t crc, const void *buf, size_t len);
+int nvio__crc32_accelerated(void);
+
 #endif

@@ -36,6 +36,14 @@ _Target: TypeAlias = StrOrBytesPath | int
 def buffer_info(buffer: _BufferLike, writable: bool = False, /) -> tuple[int, int]:
     """(address, nbytes) of what nvio would use."""
 
+# --- CRC-32 (crc.c) ---------------------------------------------------------
+
+def crc32(buffer: _BufferLike, crc: int = 0) -> int:
+    """CRC-32 of a host buffer (zip's, zlib.crc32's), continuing crc."""
+
+def crc32_combine(crc1: int, crc2: int, len2: int, /) -> int:
+    """CRC-32 of A + B from crc(A), crc(B), len(B)."""
+
 # --- errors (errors.c) ----------------------------------------------------
 
 class NvioError(OSError):

@@ -186,6 +186,9 @@ void ext_holds_fini(ext_holds *hs);
 
 int ext_locked_exec(PyObject *m, ext_state *st);
 
+/* CRC-32 (crc.c) */
+int ext_crc_exec(PyObject *m, ext_state *st);
+
 /* ------------------------------------------------------------------ */
 /* Handle (handle.c)                                                   */
 /* ------------------------------------------------------------------ */

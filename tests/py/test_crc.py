@@ -1,0 +1,72 @@
+"""nvio's CRC-32 (libnvio's nvio_crc32 through the extension) against
+zlib: random lengths and alignments (0 and odd sizes included), every
+buffer kind the extension takes, continuation, combine, and the CRCs
+nvio.save stores checked by Python's zipfile."""
+import random
+import zipfile
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+import nvio
+from nvio import _nvio
+
+
+def _lengths():
+    rng = random.Random(18)
+    fixed = [0, 1, 2, 3, 7, 15, 16, 17, 63, 64, 65, 255, 256, 257, 1023, 4097,
+             65535, 65536, 65537, (1 << 20) + 3]
+    return fixed + [rng.randrange(0, 1 << 18) for _ in range(40)]
+
+
+def test_crc32_equals_zlib_over_lengths_and_alignments():
+    rng = np.random.default_rng(1)
+    data = rng.integers(0, 256, (1 << 20) + 64, dtype=np.uint8).tobytes()
+    mv = memoryview(data)
+    for n in _lengths():
+        for a in (0, 1, 3, 8, 13):
+            b = mv[a:a + n]
+            assert _nvio.crc32(b) == zlib.crc32(b), (n, a)
+            assert _nvio.crc32(b, 0x9ABCDEF0) == zlib.crc32(b, 0x9ABCDEF0), (n, a)
+
+
+def test_crc32_buffer_kinds():
+    t = torch.arange(300001, dtype=torch.int32)
+    want = zlib.crc32(t.numpy().tobytes())
+    assert _nvio.crc32(t) == want                      # tensor
+    assert _nvio.crc32(t.numpy()) == want              # buffer protocol
+    assert _nvio.crc32(bytearray(t.numpy().tobytes())) == want
+    assert _nvio.crc32(t[1:]) == zlib.crc32(t[1:].numpy().tobytes())   # offset view
+    assert _nvio.crc32(torch.empty(0)) == 0
+    with pytest.raises(ValueError):
+        _nvio.crc32(t[::2])                            # not contiguous
+    with pytest.raises(ValueError):
+        _nvio.crc32(b"x", 1 << 32)
+    with pytest.raises(TypeError):
+        _nvio.crc32(12)
+
+
+def test_crc32_continues_and_combines():
+    rng = np.random.default_rng(2)
+    data = rng.integers(0, 256, 3_000_017, dtype=np.uint8).tobytes()
+    whole = zlib.crc32(data)
+    for cut in (0, 1, 4095, 1_000_003, len(data)):
+        a, b = data[:cut], data[cut:]
+        assert _nvio.crc32(b, _nvio.crc32(a)) == whole
+        assert _nvio.crc32_combine(_nvio.crc32(a), _nvio.crc32(b), len(b)) == whole
+    assert _nvio.crc32_combine(whole, 0, 0) == whole
+
+
+def test_saved_checkpoint_crcs_pass_zipfile(tmp_path):
+    sd = {"w%d" % i: torch.randn(1000 * i + 7) for i in range(1, 20)}
+    sd["big"] = torch.randn(10 << 20)          # 40 MiB: two CRC chunks combined
+    p = tmp_path / "ck.pt"
+    nvio.save(sd, p)
+    with zipfile.ZipFile(p) as z:
+        assert z.testzip() is None             # reads every record, checks its CRC
+        for info in z.infolist():
+            assert info.CRC == zlib.crc32(z.read(info.filename))
+    got = torch.load(p)
+    assert all(torch.equal(got[k], sd[k]) for k in sd)
