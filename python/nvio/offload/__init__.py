@@ -1,0 +1,15 @@
+"""nvio.offload: training with optimizer state, gradients and weights on NVMe.
+
+    sw = nvio.offload.Swapper(["/nvme0", "/nvme1"], pool_bytes=1 << 30)
+    sw.swap_out("w", tensor); t = sw.swap_in("w"); sw.release("w")
+
+    opt = nvio.offload.NVMeOptimizer(torch.optim.AdamW(model.parameters()), "/nvme0")
+    om = nvio.offload.offload_model(model, "/nvme0")   # weights + grads on NVMe
+
+Everything here is plain PyTorch from the outside: hooks are removable, the
+wrapped optimizer is torch's own, results are bit-identical to in-memory
+training.
+"""
+from ._swapper import ALIGN, SwapError, Swapper
+
+__all__ = ["Swapper", "SwapError", "ALIGN"]
