@@ -359,6 +359,30 @@ NVIO_API int nvio_gds_register(void *dev_ptr, uint64_t nbytes);
 NVIO_API int nvio_gds_deregister(void *dev_ptr);
 
 /*
+ * Device memory without a CUDA runtime (the nvio tool's --gpu and --gds,
+ * tests, programs in C). The CUDA driver is loaded if the process has not
+ * loaded it yet: $NVIO_CUDA_LIB if set, else libcuda.so.1.
+ *
+ * nvio_cuda_alloc: size bytes (> 0) of memory on CUDA device `device`
+ * (cuMemAlloc in the device's primary context, which stays retained until
+ * nvio_cuda_free). The calling thread's current context is left as it
+ * was. Errors: -EINVAL (size 0, ptr NULL), -ENODEV (no CUDA driver, or no
+ * such device), -ENOMEM (the device is full), -EIO (any other driver
+ * error).
+ *
+ * nvio_cuda_free: frees memory from nvio_cuda_alloc. -EINVAL if ptr is
+ * not such memory.
+ *
+ * nvio_cuda_memcpy: copies size bytes, synchronously, between any two of
+ * host and device memory (the direction is found from the pointers; two
+ * host buffers are copied with memcpy). Errors: -EINVAL (NULL pointers
+ * with size > 0, or a range the driver refuses), -ENODEV, -EIO.
+ */
+NVIO_API int nvio_cuda_alloc(int device, uint64_t size, void **ptr);
+NVIO_API int nvio_cuda_free(void *ptr);
+NVIO_API int nvio_cuda_memcpy(void *dst, const void *src, uint64_t size);
+
+/*
  * Tuned defaults. `nvio tune` saves the best configuration it found for a
  * directory in one text file: $NVIO_TUNED_FILE if set, else
  * $XDG_CONFIG_HOME/nvio/tuned.conf (~/.config/nvio/tuned.conf).

@@ -16,6 +16,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -51,10 +52,17 @@ static struct {
 	CUresult (*MemHostRegister)(void *, size_t, unsigned);
 	CUresult (*MemHostUnregister)(void *);
 	CUresult (*GetErrorName)(CUresult, const char **);
+	/* optional: nvio_cuda_alloc and friends only */
+	CUresult (*CtxGetCurrent)(CUcontext *);
+	CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+	CUresult (*MemFree)(CUdeviceptr);
+	CUresult (*MemcpyHtoD)(CUdeviceptr, const void *, size_t);
+	CUresult (*MemcpyDtoH)(void *, CUdeviceptr, size_t);
+	CUresult (*MemcpyDtoD)(CUdeviceptr, CUdeviceptr, size_t);
 } cu;
 
 static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
-static int cu_noload;	/* 1: only use a driver the process already has */
+static _Atomic int cu_noload;	/* 1: only use a driver the process already has */
 
 static void *sym(const char *name)
 {
@@ -63,7 +71,12 @@ static void *sym(const char *name)
 
 static void cu_load(void)
 {
-	cu.lib = dlopen("libcuda.so.1", RTLD_NOW | (cu_noload ? RTLD_NOLOAD : 0));
+	const char *env = getenv("NVIO_CUDA_LIB");
+
+	if (!cu_noload && env && *env)
+		cu.lib = dlopen(env, RTLD_NOW | RTLD_GLOBAL);
+	if (!cu.lib)
+		cu.lib = dlopen("libcuda.so.1", RTLD_NOW | (cu_noload ? RTLD_NOLOAD : 0));
 	if (!cu.lib)
 		return;
 	cu.Init = sym("cuInit");
@@ -84,6 +97,12 @@ static void cu_load(void)
 	cu.MemHostRegister = sym("cuMemHostRegister_v2");
 	cu.MemHostUnregister = sym("cuMemHostUnregister");
 	cu.GetErrorName = sym("cuGetErrorName");
+	cu.CtxGetCurrent = sym("cuCtxGetCurrent");
+	cu.MemAlloc = sym("cuMemAlloc_v2");
+	cu.MemFree = sym("cuMemFree_v2");
+	cu.MemcpyHtoD = sym("cuMemcpyHtoD_v2");
+	cu.MemcpyDtoH = sym("cuMemcpyDtoH_v2");
+	cu.MemcpyDtoD = sym("cuMemcpyDtoD_v2");
 	cu.ok = cu.Init && cu.DriverGetVersion && cu.DeviceGetCount &&
 		cu.DeviceGet && cu.PointerGetAttribute &&
 		cu.DevicePrimaryCtxRetain && cu.DevicePrimaryCtxRelease &&
@@ -293,4 +312,115 @@ void nvio__cuda_probe(nvio_probe_t *out)
 				 "(check CUDA_VISIBLE_DEVICES)");
 	}
 	/* Keep the library loaded: unloading a CUDA driver is not safe. */
+}
+
+/* ---- device memory for tools and programs without a runtime ---- */
+
+/* The driver, loaded now if the process has none yet. */
+static int cu_load_now(void)
+{
+	if (!cu.ok && !cu_present()) {
+		cu_noload = 0;
+		pthread_once(&cu_once, cu_load);
+	}
+	if (!cu.ok)
+		return -ENODEV;
+	return cu.CtxGetCurrent && cu.MemAlloc && cu.MemFree && cu.MemcpyHtoD &&
+	       cu.MemcpyDtoH && cu.MemcpyDtoD ? 0 : -ENODEV;
+}
+
+/*
+ * Makes device's primary context current in this thread, retained; *old
+ * gets the context that was current, for ctx_leave. Returns 0 or -errno.
+ */
+static int ctx_enter(int device, CUcontext *old)
+{
+	CUcontext ctx;
+	CUdevice dev;
+	int r;
+
+	if ((r = cu_err(cu.CtxGetCurrent(old))))
+		return r;
+	if (cu.DeviceGet(&dev, device) != 0)
+		return -ENODEV;
+	if ((r = cu_err(cu.DevicePrimaryCtxRetain(&ctx, dev))))
+		return r;
+	if ((r = cu_err(cu.CtxSetCurrent(ctx)))) {
+		cu.DevicePrimaryCtxRelease(dev);
+		return r;
+	}
+	return 0;
+}
+
+/* Puts the caller's context back; keep: the retain stays (an allocation). */
+static void ctx_leave(int device, CUcontext old, int keep)
+{
+	CUdevice dev;
+
+	cu.CtxSetCurrent(old);
+	if (!keep && cu.DeviceGet(&dev, device) == 0)
+		cu.DevicePrimaryCtxRelease(dev);
+}
+
+int nvio_cuda_alloc(int device, uint64_t size, void **ptr)
+{
+	CUdeviceptr p = 0;
+	CUcontext old;
+	int r;
+
+	if (!ptr || size == 0 || size > SIZE_MAX)
+		return -EINVAL;
+	if (device < 0)
+		return -ENODEV;
+	if ((r = cu_load_now()) || (r = ctx_enter(device, &old)))
+		return r;
+	r = cu_err(cu.MemAlloc(&p, (size_t)size));
+	ctx_leave(device, old, r == 0);
+	if (!r)
+		*ptr = (void *)(uintptr_t)p;
+	return r;
+}
+
+int nvio_cuda_free(void *ptr)
+{
+	CUcontext old;
+	int device, r;
+
+	if (!ptr || cu_load_now() || !nvio__cuda_pointer_device(ptr, &device))
+		return -EINVAL;
+	if ((r = ctx_enter(device, &old)))
+		return r;
+	r = cu_err(cu.MemFree((CUdeviceptr)(uintptr_t)ptr));
+	ctx_leave(device, old, 0);	/* this call's retain */
+	if (!r)
+		ctx_leave(device, old, 0);	/* and the allocation's */
+	return r;
+}
+
+int nvio_cuda_memcpy(void *dst, const void *src, uint64_t size)
+{
+	int ddev = 0, sdev = 0, d, s, r;
+	CUcontext old;
+
+	if (size == 0)
+		return 0;
+	if (!dst || !src || size > SIZE_MAX)
+		return -EINVAL;
+	d = nvio__cuda_pointer_device(dst, &ddev);
+	s = nvio__cuda_pointer_device(src, &sdev);
+	if (!d && !s) {
+		memcpy(dst, src, (size_t)size);
+		return 0;
+	}
+	if ((r = cu_load_now()) || (r = ctx_enter(d ? ddev : sdev, &old)))
+		return r;
+	if (d && s)
+		r = cu.MemcpyDtoD((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src,
+				  (size_t)size);
+	else if (d)
+		r = cu.MemcpyHtoD((CUdeviceptr)(uintptr_t)dst, src, (size_t)size);
+	else
+		r = cu.MemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, (size_t)size);
+	ctx_leave(d ? ddev : sdev, old, 0);
+	return cu_err(r);
 }

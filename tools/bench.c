@@ -33,6 +33,10 @@ static const char bench_help[] =
 "                       locked: page-aligned locked memory from\n"
 "                       nvio_mem_alloc (default); pageable: malloc'd and\n"
 "                       deliberately not page aligned (the staging path)\n"
+"  --gpu[=N]            the buffer is device memory of CUDA device N\n"
+"                       (default 0), moved through locked bounce buffers\n"
+"  --gds[=N]            like --gpu, on a GDS handle: cuFile moves it where\n"
+"                       usable (nvio report says), else the bounce path\n"
 "  --no-tuned           ignore the entry `nvio tune` saved for the first\n"
 "                       --dir (NVIO_NO_TUNED=1 does the same)\n"
 "  --compare fio        run fio on the same files in the same rounds (best\n"
@@ -89,7 +93,7 @@ static const struct fio_job fio_jobs[] = {
 #define NFIO_JOBS ((int)(sizeof(fio_jobs) / sizeof(fio_jobs[0])))
 
 enum { OPT_DIR = OPT_HANDLE_LAST_, OPT_SIZE, OPT_READ, OPT_WRITE, OPT_LOOPS,
-       OPT_WARMUP, OPT_MEM, OPT_GPU, OPT_NO_TUNED, OPT_JSON, OPT_COMPARE };
+       OPT_WARMUP, OPT_MEM, OPT_GPU, OPT_GDS, OPT_NO_TUNED, OPT_JSON, OPT_COMPARE };
 
 static const struct option bench_longopts[] = {
 	{ "dir", required_argument, 0, OPT_DIR },
@@ -100,6 +104,7 @@ static const struct option bench_longopts[] = {
 	{ "warmup", required_argument, 0, OPT_WARMUP },
 	{ "mem", required_argument, 0, OPT_MEM },
 	{ "gpu", optional_argument, 0, OPT_GPU },
+	{ "gds", optional_argument, 0, OPT_GDS },
 	{ "no-tuned", no_argument, 0, OPT_NO_TUNED },
 	{ "json", no_argument, 0, OPT_JSON },
 	{ "compare", required_argument, 0, OPT_COMPARE },
@@ -137,8 +142,8 @@ static void bench_opt(struct bench_opts *o, int c, char **argv)
 			usage_error("--mem %s: use locked or pageable", optarg);
 		o->mem = strcmp(optarg, "locked") ? MEM_PAGEABLE : MEM_LOCKED;
 		break;
-	case OPT_GPU:
-		usage_error("--gpu: nvio is not built with GPU support yet");
+	case OPT_GPU: gpu_option(&o->mem, optarg, 0); break;
+	case OPT_GDS: gpu_option(&o->mem, optarg, 1); break;
 	case OPT_NO_TUNED: o->no_tuned = 1; break;
 	case OPT_JSON: o->json = 1; break;
 	case OPT_COMPARE:
@@ -423,6 +428,10 @@ static void summarize(const struct bench *b, const struct series *s,
 
 static const char *mem_text(const struct xfer *x)
 {
+	if (x->mem == MEM_GPU)
+		return tool_handle_flags & NVIO_HANDLE_GDS ?
+		       "CUDA device memory (nvio_cuda_alloc) on a GDS handle" :
+		       "CUDA device memory (nvio_cuda_alloc), bounce path";
 	if (x->mem == MEM_PAGEABLE)
 		return "pageable (malloc, deliberately 64 bytes past a page "
 		       "boundary: the staging path)";
@@ -579,7 +588,9 @@ static void bench_json(const struct bench *b, const struct summary *m)
 	json_close(&j, ']');
 	json_int(&j, "loops", b->o.loops);
 	json_int(&j, "warmup", b->o.warmup);
-	json_str(&j, "mem", b->x.mem == MEM_PAGEABLE ? "pageable" : "locked");
+	json_str(&j, "mem", b->x.mem == MEM_GPU ?
+		 (tool_handle_flags & NVIO_HANDLE_GDS ? "gds" : "gpu") :
+		 b->x.mem == MEM_PAGEABLE ? "pageable" : "locked");
 	json_bool(&j, "mem_locked", b->x.locked);
 	json_str(&j, "cold_reads", cold_name(b->cold));
 	json_str(&j, "write_sync", "NVIO_FSYNC");

@@ -13,7 +13,16 @@ int cmd_tune(int argc, char **argv);
 
 #define MAX_DIRS 32
 
-enum mem_kind { MEM_LOCKED, MEM_PAGEABLE };
+enum mem_kind { MEM_LOCKED, MEM_PAGEABLE, MEM_GPU };
+
+/*
+ * --gpu[=N] and --gds: the buffer is device memory of CUDA device N
+ * (nvio_cuda_alloc); with --gds every handle the tool opens is a GDS
+ * handle (cuFile, or the bounce path where cuFile is unusable).
+ */
+extern int tool_gpu_device;
+extern unsigned tool_handle_flags;
+void gpu_option(enum mem_kind *mem, const char *arg, int gds);
 
 /*
  * One striped transfer: `size` bytes of one buffer, cut into one range
@@ -32,6 +41,7 @@ struct xfer {
 	void *alloc;		/* what to free */
 	enum mem_kind mem;
 	int locked;		/* the pages really are locked */
+	int device;		/* MEM_GPU: the CUDA device */
 	uint64_t size;
 };
 

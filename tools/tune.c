@@ -33,7 +33,11 @@ static const char tune_help[] =
 "  --read-only          tune reads only\n"
 "  --write-only         tune writes only\n"
 "  --direct auto|on|off O_DIRECT policy for every measurement\n"
-"  --mem locked|pageable  buffer kind (default locked)\n"
+"  --mem locked|pageable\n"
+"                       buffer kind (default locked)\n"
+"  --gpu[=N]            device memory of CUDA device N (default 0),\n"
+"                       through the bounce path; implies --no-save\n"
+"  --gds[=N]            the same on GDS handles (cuFile where usable)\n"
 "  --plot FILE.svg      draw bandwidth over the explored space\n"
 "  --no-save            print, but do not save the winners\n"
 "  --json               one JSON object with every explored point\n"
@@ -84,7 +88,7 @@ struct tuner {
 };
 
 enum { OPT_DIR = 2000, OPT_SIZE, OPT_BUDGET, OPT_REPEAT, OPT_READ_ONLY,
-       OPT_WRITE_ONLY, OPT_TDIRECT, OPT_MEM, OPT_PLOT, OPT_NO_SAVE, OPT_JSON };
+       OPT_WRITE_ONLY, OPT_TDIRECT, OPT_MEM, OPT_GPU, OPT_GDS, OPT_PLOT, OPT_NO_SAVE, OPT_JSON };
 
 static const struct option tune_longopts[] = {
 	{ "dir", required_argument, 0, OPT_DIR },
@@ -95,6 +99,8 @@ static const struct option tune_longopts[] = {
 	{ "write-only", no_argument, 0, OPT_WRITE_ONLY },
 	{ "direct", required_argument, 0, OPT_TDIRECT },
 	{ "mem", required_argument, 0, OPT_MEM },
+	{ "gpu", optional_argument, 0, OPT_GPU },
+	{ "gds", optional_argument, 0, OPT_GDS },
 	{ "plot", required_argument, 0, OPT_PLOT },
 	{ "no-save", no_argument, 0, OPT_NO_SAVE },
 	{ "json", no_argument, 0, OPT_JSON },
@@ -134,6 +140,9 @@ static void tune_opt(struct tune_opts *o, int c, char **argv)
 			usage_error("--mem %s: use locked or pageable", optarg);
 		o->mem = strcmp(optarg, "locked") ? MEM_PAGEABLE : MEM_LOCKED;
 		break;
+	/* the tuned file is for host memory: device runs do not save */
+	case OPT_GPU: gpu_option(&o->mem, optarg, 0); o->no_save = 1; break;
+	case OPT_GDS: gpu_option(&o->mem, optarg, 1); o->no_save = 1; break;
 	case OPT_PLOT: o->plot = optarg; break;
 	case OPT_NO_SAVE: o->no_save = 1; break;
 	case OPT_JSON: o->json = 1; break;

@@ -33,10 +33,62 @@ static void fill_pattern(unsigned char *p, uint64_t n)
 		p[i] = (unsigned char)i;
 }
 
+int tool_gpu_device;
+unsigned tool_handle_flags;
+
+void gpu_option(enum mem_kind *mem, const char *arg, int gds)
+{
+	if (arg)
+		tool_gpu_device = (int)opt_u64("--gpu", arg, 0, 1023);
+	*mem = MEM_GPU;
+	if (gds)
+		tool_handle_flags |= NVIO_HANDLE_GDS;
+}
+
+/* Device memory, filled from host memory a piece at a time. */
+static int alloc_gpu(struct xfer *x)
+{
+	uint64_t piece = x->size < (64u << 20) ? x->size : 64u << 20;
+	unsigned char *host = malloc(piece);
+	char b[32];
+	int r;
+
+	if (!host) {
+		msg("cannot allocate %s of memory", fmt_bytes(piece, b, sizeof(b)));
+		return EXIT_RUNTIME;
+	}
+	x->device = tool_gpu_device;
+	r = nvio_cuda_alloc(x->device, x->size, &x->alloc);
+	if (r) {
+		msg("--gpu %d: nvio_cuda_alloc(%s): %s%s", x->device,
+		    fmt_bytes(x->size, b, sizeof(b)), nvio_strerror(r),
+		    r == -ENODEV ? " (no CUDA driver or no such device: "
+		    "see nvio report)" : "");
+		free(host);
+		x->alloc = NULL;
+		return EXIT_RUNTIME;
+	}
+	x->buf = x->alloc;
+	for (uint64_t off = 0; off < x->size && !r; off += piece) {
+		uint64_t n = x->size - off < piece ? x->size - off : piece;
+
+		fill_pattern(host, n);
+		r = nvio_cuda_memcpy(x->buf + off, host, n);
+	}
+	free(host);
+	if (r) {
+		msg("--gpu %d: nvio_cuda_memcpy: %s", x->device, nvio_strerror(r));
+		return EXIT_RUNTIME;
+	}
+	return 0;
+}
+
 static int alloc_buffer(struct xfer *x)
 {
 	char b[32];
 
+	if (x->mem == MEM_GPU)
+		return alloc_gpu(x);
 	if (x->mem == MEM_PAGEABLE) {
 		x->alloc = malloc(x->size + 4096 + PAGEABLE_SKEW);
 		if (!x->alloc)
@@ -112,6 +164,8 @@ void xfer_teardown(struct xfer *x)
 {
 	if (x->mem == MEM_PAGEABLE)
 		free(x->alloc);
+	else if (x->mem == MEM_GPU && x->alloc)
+		nvio_cuda_free(x->alloc);
 	else if (x->alloc)
 		nvio_mem_free(x->alloc);
 	x->alloc = NULL;
@@ -259,6 +313,12 @@ nvio_handle_t *handle_open(const nvio_config_t *cfg, const char *what)
 
 	if (!cfg) {
 		nvio_config_init(&def);
+		cfg = &def;
+	}
+	if (tool_handle_flags && !(cfg->flags & tool_handle_flags)) {
+		if (cfg != &def)
+			def = *cfg;
+		def.flags |= tool_handle_flags;
 		cfg = &def;
 	}
 	signals_block(1);

@@ -241,10 +241,16 @@ def test_bench_compare_fio(work, env):
     assert_empty(work)
 
 
-def test_bench_gpu_not_yet(work, env):
-    p = run(["bench", "--dir", work, "--gpu"], env)
-    assert p.returncode == 2
-    assert "not built with GPU support" in p.stderr
+def test_bench_gpu_without_a_driver_fails_clearly(work, env):
+    """(test_cli_gpu.py runs --gpu and --gds against the simulated driver.)"""
+    if any(os.path.exists(os.path.join(d, "libcuda.so.1"))
+           for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")):
+        pytest.skip("this machine has a CUDA driver")
+    env["NVIO_CUDA_LIB"] = str(work / "no-such-libcuda.so.1")
+    p = run(["bench", "--dir", work, "--gpu"] + SMALL, env)
+    assert p.returncode == 1, p.stderr
+    assert "nvio_cuda_alloc" in p.stderr and "No such device" in p.stderr
+    assert_empty(work)
 
 
 # ---- tune ----
