@@ -6,10 +6,14 @@
     opt = nvio.offload.NVMeOptimizer(torch.optim.AdamW(model.parameters()), "/nvme0")
     om = nvio.offload.offload_model(model, "/nvme0")   # weights + grads on NVMe
 
+    m = nvio.offload.stream_model(model, "/nvme0/store")  # inference, weights streamed
+
 Everything here is plain PyTorch from the outside: hooks are removable, the
 wrapped optimizer is torch's own, results are bit-identical to in-memory
 training.
 """
 from ._swapper import ALIGN, SwapError, Swapper
+from ._stream import StreamError, stream_model, streamed, unstream
 
 __all__ = ["Swapper", "SwapError", "ALIGN"]
+__all__ += ["stream_model", "unstream", "streamed", "StreamError"]

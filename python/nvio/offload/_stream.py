@@ -1,0 +1,779 @@
+"""Stream a model's weights from NVMe, block by block (ZeRO-Inference on nvio).
+
+``stream_model(model, dir)`` changes the model in place: the weights of its
+repeated blocks (a transformer's decoder layers) leave memory; a pool of
+``prefetch + 1`` page-aligned locked slots, each sized for the largest
+block, takes their place. A forward pre-hook on each block makes sure its
+weights are in a slot (one vectored read per weight file, submitted as a
+tagged op whose future comes from nvio._futures) and points the block's
+parameters and buffers at views of that slot; the forward hook points them
+back at meta placeholders and starts reading the next block into the slot
+just released, so ``prefetch`` blocks are read while one computes.
+Everything else (embeddings, norms, lm_head, rotary buffers, whatever the
+user pins) stays resident; the KV cache and activations are untouched.
+
+Peak resident weight memory = resident tensors + (prefetch + 1) slots
+(``model._nvio_streamer.stats()`` states and measures both).
+
+The weights come from the model's safetensors (``save_pretrained``) when
+they match it, else from nvio's own weight store written once to ``dir``
+(see _weights.py for both layouts). ``unstream(model)`` (or the
+``streamed(...)`` context manager) reads the weights back and removes every
+hook, leaving the model as it was.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import itertools
+import os
+import time
+import warnings
+
+import torch
+from torch import nn
+
+from .. import _nvio
+from .._futures import completions
+from . import _weights as W
+
+__all__ = ["stream_model", "unstream", "streamed", "StreamError"]
+
+_ATTR = "_nvio_streamer"
+_HF_PATHS = ("model.layers", "model.decoder.layers", "transformer.h", "transformer.layers",
+             "transformer.blocks", "gpt_neox.layers", "model.language_model.layers", "layers", "h")
+
+
+class StreamError(OSError):
+    """A streamed block's weights could not be read (names the layer and the
+    file; the original NvioError is the ``__cause__``)."""
+
+
+# --- public API ---------------------------------------------------------------
+
+
+def stream_model(model, dir=None, device="cpu", prefetch=1, pool_bytes=None, blocks=None, *,
+                 pin=(), source="auto", rebuild=False, handle=None, engine="auto",
+                 direct="auto"):
+    """Stream ``model``'s block weights from disk; returns the same model.
+
+    ``dir``: a ``save_pretrained`` directory whose safetensors hold the
+    weights (by default the model's ``name_or_path`` when it is a local
+    directory), and where nvio writes its weight store when they do not.
+    ``device``: "cpu", or "cuda"/"cuda:N" (weights bounce through the locked
+    slots to the GPU on a side stream; the resident parts move there too).
+    ``prefetch``: blocks read ahead while one computes (0: read each block
+    when it is about to run). ``pool_bytes``: a cap on the slots' memory
+    (fewer slots lower the prefetch; less than one block is an error).
+    ``blocks``: the blocks, found automatically if None (a Hugging Face
+    causal LM's decoder layers, else the longest ModuleList/Sequential run
+    of same-type children); a name of such a container, or a list of
+    module names or modules. ``pin``: names (of modules or tensors) kept
+    resident. ``source``: "auto", "safetensors" or "store". ``rebuild``:
+    rewrite nvio's store even if it looks current. ``handle`` (an
+    nvio.AioHandle) or ``engine``/``direct``: how reads are done.
+
+    Inference only: a block run with autograd recording an input that
+    requires grad raises RuntimeError.
+    """
+    if hasattr(model, _ATTR):
+        raise RuntimeError("nvio: the model is streamed already (nvio.offload.unstream first)")
+    if not isinstance(model, nn.Module):
+        raise TypeError("nvio: stream_model takes an nn.Module, not %s" % type(model).__name__)
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+        raise ValueError("nvio: prefetch must be an int >= 0, not %r" % (prefetch,))
+    if source not in ("auto", "safetensors", "store"):
+        raise ValueError("nvio: source must be 'auto', 'safetensors' or 'store', not %r" % (source,))
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("nvio: stream_model(device=%r): CUDA is not available "
+                               "(torch.cuda.is_available() is False)" % (device,))
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    elif dev.type != "cpu":
+        raise ValueError("nvio: device must be 'cpu' or 'cuda', not %r" % (device,))
+    s = _Streamer(model, dir, dev, prefetch, pool_bytes, blocks, pin, source, rebuild,
+                  handle, engine, direct)
+    object.__setattr__(model, _ATTR, s)
+    return model
+
+
+def unstream(model):
+    """Read the streamed weights back into ordinary tensors, remove the
+    hooks and free the pool: the model is as it was before stream_model."""
+    s = model.__dict__.get(_ATTR)
+    if s is None:
+        raise ValueError("nvio: the model is not streamed")
+    s.restore()
+    del model.__dict__[_ATTR]
+    return model
+
+
+@contextlib.contextmanager
+def streamed(model, *args, **kwargs):
+    """``with streamed(model, dir) as m:`` streams inside the block and
+    restores the model on the way out."""
+    stream_model(model, *args, **kwargs)
+    try:
+        yield model
+    finally:
+        unstream(model)
+
+
+# --- finding blocks -----------------------------------------------------------
+
+
+def _get(model, path):
+    m = model
+    for part in path.split("."):
+        m = getattr(m, part, None)
+        if not isinstance(m, nn.Module):
+            return None
+    return m
+
+
+def _children_blocks(container, name):
+    return [("%s.%s" % (name, k) if name else k, c) for k, c in container.named_children()]
+
+
+def find_blocks(model, blocks=None):
+    """[(qualified name, module)] in execution order."""
+    names = {m: n for n, m in model.named_modules(remove_duplicate=False)}
+    if blocks is not None:
+        if isinstance(blocks, str):
+            c = model.get_submodule(blocks) if blocks else model
+            if not isinstance(c, (nn.ModuleList, nn.Sequential)):
+                raise ValueError("nvio: blocks=%r names a %s, not a ModuleList or Sequential"
+                                 % (blocks, type(c).__name__))
+            out = _children_blocks(c, blocks)
+        else:
+            out = []
+            for b in blocks:
+                if isinstance(b, str):
+                    out.append((b, model.get_submodule(b)))
+                elif isinstance(b, nn.Module) and b in names:
+                    out.append((names[b], b))
+                else:
+                    raise ValueError("nvio: blocks: %r is no module name or submodule of the model"
+                                     % (b,))
+    else:
+        out = None
+        for p in _HF_PATHS:
+            c = _get(model, p)
+            if isinstance(c, (nn.ModuleList, nn.Sequential)) and len(c) > 1:
+                out = _children_blocks(c, p)
+                break
+        if out is None:
+            out = _longest_run(model)
+    if not out:
+        raise ValueError("nvio: no blocks to stream were found in %s; name them with blocks="
+                         % type(model).__name__)
+    seen = set()
+    for n, m in out:
+        for o, om in out:
+            if o != n and o.startswith(n + "."):
+                raise ValueError("nvio: blocks %r and %r are nested" % (n, o))
+        if id(m) in seen:
+            raise ValueError("nvio: block %r is listed twice" % n)
+        seen.add(id(m))
+    return out
+
+
+def _longest_run(model):
+    """The longest run of consecutive same-type children with parameters in
+    any ModuleList/Sequential (ties: more parameter bytes)."""
+    best, best_key = None, (1, 0)
+    for cname, c in model.named_modules():
+        if not isinstance(c, (nn.ModuleList, nn.Sequential)):
+            continue
+        kids = _children_blocks(c, cname)
+        i = 0
+        while i < len(kids):
+            j = i
+            while j + 1 < len(kids) and type(kids[j + 1][1]) is type(kids[i][1]):
+                j += 1
+            run = kids[i:j + 1]
+            size = sum(p.numel() * p.element_size() for _, m in run for p in m.parameters())
+            key = (len(run), size)
+            if size > 0 and key > best_key:
+                best, best_key = run, key
+            i = j + 1
+    return best
+
+
+# --- the streamer -------------------------------------------------------------
+
+
+class _Piece:
+    """One streamed tensor: where it hangs in the model."""
+
+    __slots__ = ("owner", "attr", "is_param", "name", "dtype", "shape", "requires_grad",
+                 "orig", "meta")
+
+    def __init__(self, owner, attr, is_param, name, t):
+        self.owner, self.attr, self.is_param, self.name = owner, attr, is_param, name
+        self.dtype, self.shape = t.dtype, tuple(t.shape)
+        self.requires_grad = bool(getattr(t, "requires_grad", False))
+        self.orig = t
+        m = torch.empty(self.shape, dtype=self.dtype, device="meta")
+        self.meta = nn.Parameter(m, requires_grad=False) if is_param else m
+
+    def put(self, t):
+        (self.owner._parameters if self.is_param else self.owner._buffers)[self.attr] = t
+
+
+class _Block:
+    __slots__ = ("idx", "name", "module", "pieces", "lay", "views", "hooks", "nbytes")
+
+    def __init__(self, idx, name, module):
+        self.idx, self.name, self.module = idx, name, module
+        self.pieces, self.lay, self.views, self.hooks, self.nbytes = [], None, {}, [], 0
+
+
+class _Slot:
+    __slots__ = ("idx", "buf", "host", "mv", "dev", "owner", "futs", "ready", "last",
+                 "copied", "copy_ev", "free_ev")
+
+    def __init__(self, idx, nbytes, dev):
+        from ..handles import _locked_buffer
+        self.idx = idx
+        try:
+            self.buf = _locked_buffer(nbytes, False)
+        except OSError:
+            self.buf = _locked_buffer(nbytes, True)   # RLIMIT_MEMLOCK: page-aligned still
+        self.host = torch.frombuffer(self.buf, dtype=torch.uint8) if nbytes else \
+            torch.empty(0, dtype=torch.uint8)
+        self.mv = memoryview(self.buf)
+        self.dev = torch.empty(nbytes, dtype=torch.uint8, device=dev) if dev.type == "cuda" else None
+        self.owner, self.futs, self.ready, self.last = None, [], False, 0
+        self.copied, self.copy_ev, self.free_ev = False, None, None
+
+
+def _tensors_of(model):
+    """[(state-dict-like name, owner module, attr, is_param, tensor, persistent)]
+    of every parameter and buffer, duplicates (tied weights) included."""
+    out = []
+    for mname, m in model.named_modules(remove_duplicate=False):
+        pre = mname + "." if mname else ""
+        for k, p in m._parameters.items():
+            if p is not None:
+                out.append((pre + k, m, k, True, p, True))
+        for k, b in m._buffers.items():
+            if b is not None:
+                out.append((pre + k, m, k, False, b, k not in m._non_persistent_buffers_set))
+    return out
+
+
+def _materialised(t):
+    return t.device.type != "meta"
+
+
+class _Streamer:
+    def __init__(self, model, dir, dev, prefetch, pool_bytes, blocks, pin, source, rebuild,
+                 handle, engine, direct):
+        self.model, self.dev = model, dev
+        self.dir = dir if dir is not None else _model_dir(model)
+        bl = find_blocks(model, blocks)
+        self.blocks = [_Block(i, n, m) for i, (n, m) in enumerate(bl)]
+        self._split(model, pin)
+        self._stats = dict(bytes_read=0, block_reads=0, wait_s=0.0, reads_failed=0)
+        self._clock = itertools.count(1)
+        self.running = set()
+        own = handle is None
+        if own:
+            from ..handles import AioHandle
+            handle = AioHandle(block_size=8 << 20, queue_depth=32, engine=engine, direct=direct,
+                               intra_op_parallelism=max(1, min(4, os.cpu_count() or 1)))
+        self.handle, self._own_handle = handle, own
+        self.comps = completions(handle)
+        self.files = {}
+        self.slots = []
+        try:
+            self._choose_source(source, rebuild)
+            self._fill_resident_meta()
+            self._make_pool(prefetch, pool_bytes)
+            self._attach_hooks()
+        except BaseException:
+            self._close_files()
+            raise
+
+    # -- what is streamed, what stays --------------------------------------
+
+    def _split(self, model, pin):
+        pin = tuple(pin) if not isinstance(pin, str) else (pin,)
+        block_of = {}
+        for b in self.blocks:
+            for mname, m in b.module.named_modules(remove_duplicate=False):
+                block_of.setdefault(id(m), b)
+        everything = _tensors_of(model)
+        uses = {}       # id(tensor) -> how many places hold it (tied weights: > 1)
+        for name, m, k, isp, t, pers in everything:
+            uses[id(t)] = uses.get(id(t), 0) + 1
+        self.resident = []          # (name, owner, attr, is_param, tensor, persistent)
+        seen = set()
+        for name, m, k, isp, t, pers in everything:
+            b = block_of.get(id(m))
+            pinned = any(name == p or name.startswith(p + ".") for p in pin)
+            if (b is None or pinned or not pers or uses[id(t)] > 1
+                    or t.numel() == 0 or (self.dev.type == "cpu" and t.device.type == "cuda")):
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    self.resident.append((name, m, k, isp, t, pers))
+                continue
+            seen.add(id(t))
+            b.pieces.append(_Piece(m, k, isp, name, t))
+        self.blocks = [b for b in self.blocks if b.pieces]
+        if not self.blocks:
+            raise ValueError("nvio: the blocks found hold no tensors to stream")
+        for b in self.blocks:
+            b.nbytes = sum(W._nbytes(p.dtype, p.shape) for p in b.pieces)
+        for name, m, k, isp, t, pers in self.resident:
+            if not _materialised(t) and not pers:
+                raise ValueError("nvio: buffer %r is on the meta device and is not saved with "
+                                 "the weights: build the model with buffers materialised "
+                                 "(accelerate.init_empty_weights(include_buffers=False))" % name)
+
+    def _tensor_list(self, b):
+        return [(p.name, p.dtype, p.shape) for p in b.pieces]
+
+    # -- the source ---------------------------------------------------------
+
+    def _choose_source(self, source, rebuild):
+        why = None
+        if source != "store" and not rebuild:
+            entries = W.find_safetensors(self.dir)
+            if entries is None:
+                why = "no safetensors files in %s" % (self.dir,)
+            else:
+                why = self._check_safetensors(entries)
+                if why is None:
+                    return self._use_safetensors(entries)
+            if source == "safetensors":
+                raise W.WeightsError("nvio: cannot stream from safetensors: %s" % why)
+        self._use_store(rebuild, why)
+
+    def _check_safetensors(self, entries):
+        """None if the files hold every streamed tensor (and every resident
+        one still on the meta device) as the model has it, else why not."""
+        need = [(p.name, p.dtype, p.shape, p.orig) for b in self.blocks for p in b.pieces]
+        need += [(n, t.dtype, tuple(t.shape), t) for n, _, _, _, t, _ in self.resident
+                 if not _materialised(t)]
+        for name, dt, shape, t in need:
+            e = entries.get(name)
+            if e is None:
+                return "tensor %r is in none of the files" % name
+            if e.dtype != dt or e.shape != tuple(shape):
+                return ("tensor %r is %s %s in %s but %s %s in the model"
+                        % (name, W.dtype_name(e.dtype), list(e.shape), e.path,
+                           W.dtype_name(dt), list(shape)))
+        for name, dt, shape, t in need:
+            if not _materialised(t):
+                continue
+            e = entries[name]
+            hm, hf = hashlib.sha256(), hashlib.sha256()
+            W.sample_tensor(hm, t)
+            with open(e.path, "rb") as f:
+                W.sample_file(hf, f, e.start, e.end - e.start)
+            if hm.digest() != hf.digest():
+                return "tensor %r in memory differs from %s" % (name, e.path)
+        return None
+
+    def _use_safetensors(self, entries):
+        self.source = "safetensors"
+        paths = sorted({entries[p.name].path for b in self.blocks for p in b.pieces}
+                       | {entries[n].path for n, *_r in self.resident if n in entries})
+        sizes = {p: os.path.getsize(p) for p in paths}
+        for b in self.blocks:
+            b.lay = W.layout_safetensors(self._tensor_list(b), entries, sizes)
+        self._entries = entries
+        self._resident_src = {n: (entries[n].path, entries[n].start)
+                              for n, *_r in self.resident if n in entries}
+
+    def _use_store(self, rebuild, why):
+        if self.dir is None:
+            raise ValueError("nvio: stream_model needs dir=, a directory for nvio's weight store "
+                             "(%s)" % (why or "no safetensors to stream from"))
+        os.makedirs(self.dir, exist_ok=True)
+        persistent = [r for r in self.resident if r[5]]
+        lists = [self._tensor_list(b) for b in self.blocks]
+        lists.append([(n, t.dtype, tuple(t.shape)) for n, _, _, _, t, _ in persistent])
+        names = [b.name for b in self.blocks] + ["<resident>"]
+        fp = W.fingerprint(names, lists)
+        layout, size = W.layout_store(lists)
+        tensors = [[p.orig for p in b.pieces] for b in self.blocks] + [[r[4] for r in persistent]]
+        all_mat = all(_materialised(t) for ts in tensors for t in ts)
+        data = os.path.join(self.dir, W.STORE_DATA)
+        m = W.read_manifest(self.dir)
+        stale = self._store_stale(m, fp, size, data, layout, tensors, all_mat)
+        if stale or rebuild:
+            if not all_mat:
+                raise W.WeightsError(
+                    "nvio: cannot stream: %s, and the model's weights are not in memory to "
+                    "write nvio's weight store %s (%s)"
+                    % (why or "no safetensors", data, stale or "rebuild requested"))
+            self._write_store(data, fp, layout, size, tensors, names)
+        self.source = "store"
+        for b, (off, lay) in zip(self.blocks, layout):
+            lay.reads = {data: [(0, off, lay.size)]}
+            b.lay = lay
+        roff, rlay = layout[-1]
+        self._resident_src = {n: (data, roff + rlay.slices[n].off) for n, *_r in persistent}
+
+    def _store_stale(self, m, fp, size, data, layout, tensors, all_mat):
+        """None if the store in dir holds this model, else why not."""
+        if m is None:
+            return "no weight store in %s yet" % self.dir
+        if m.get("fingerprint") != fp:
+            return "the weight store %s was written for another model" % data
+        try:
+            fsize = os.path.getsize(data)
+        except OSError as e:
+            return "the weight store's data file %s: %s" % (data, e.strerror)
+        if fsize != size or m.get("data_size") != size:
+            return ("the weight store's data file %s has %d bytes, its manifest says %d"
+                    % (data, fsize, size))
+        hf = hashlib.sha256()
+        with open(data, "rb") as f:
+            for (off, lay), ts in zip(layout, tensors):
+                for s in lay.slices.values():
+                    W.sample_file(hf, f, off + s.off, s.nbytes)
+        if hf.hexdigest() != m.get("sample"):
+            return "the weight store's data file %s does not hold what its manifest says" % data
+        if all_mat:
+            hm = hashlib.sha256()
+            for ts in tensors:
+                for t in ts:
+                    W.sample_tensor(hm, t)
+            if hm.hexdigest() != m.get("sample"):
+                return "the model's weights changed since the weight store %s was written" % data
+        return None
+
+    def _write_store(self, data, fp, layout, size, tensors, names):
+        """Write every block (and the resident tensors) once, all or nothing,
+        then the manifest."""
+        biggest = max((lay.size for _, lay in layout), default=0)
+        stage = _Slot(-1, biggest, torch.device("cpu"))
+        hm = hashlib.sha256()
+        mv = memoryview(stage.buf)
+        with self.handle.open(data, _nvio.FILE_ATOMIC) as f:
+            f.truncate(size)
+            for (off, lay), ts in zip(layout, tensors):
+                stage.host[:lay.size].zero_()
+                for s, t in zip(lay.slices.values(), ts):
+                    src = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+                    stage.host[s.off:s.off + s.nbytes].copy_(src)
+                    W.sample_tensor(hm, t)
+                if lay.size:
+                    f.pwrite(mv[:lay.size], off)
+            f.commit()
+        W.write_manifest(self.dir, {
+            "format": W.STORE_FORMAT, "version": W.STORE_VERSION, "fingerprint": fp,
+            "sample": hm.hexdigest(), "data": W.STORE_DATA, "data_size": size,
+            "blocks": [{"name": n, "offset": off, "nbytes": lay.size,
+                        "tensors": [[s.name, W.dtype_name(s.dtype), list(s.shape), s.off]
+                                    for s in lay.slices.values()]}
+                       for n, (off, lay) in zip(names, layout)],
+        })
+
+    def _file(self, path):
+        f = self.files.get(path)
+        if f is None:
+            f = self.files[path] = self.handle.open(path, _nvio.FILE_READ)
+        return f
+
+    def _fill_resident_meta(self):
+        """Resident tensors still on the meta device are read from the source."""
+        for name, m, k, isp, t, pers in self.resident:
+            if _materialised(t):
+                continue
+            src = self._resident_src.get(name)
+            if src is None:
+                raise W.WeightsError("nvio: tensor %r is on the meta device and not in the "
+                                     "weights (%s)" % (name, self.source))
+            path, off = src
+            new = torch.empty(tuple(t.shape), dtype=t.dtype)
+            n = new.numel() * new.element_size()
+            if n:
+                got = self._file(path).pread(new.view(-1).view(torch.uint8), off)
+                if got != n:
+                    raise W.WeightsError("nvio: %s: %d of %d bytes of tensor %r at offset %d: "
+                                         "the file is truncated" % (path, got, n, name, off))
+            (m._parameters if isp else m._buffers)[k] = (
+                nn.Parameter(new, requires_grad=t.requires_grad) if isp else new)
+        if self.dev.type == "cuda":
+            for name, m, k, isp, t, pers in self.resident:
+                cur = (m._parameters if isp else m._buffers)[k]
+                if cur.device != self.dev:
+                    if isp:
+                        cur.data = cur.data.to(self.dev)
+                    else:
+                        m._buffers[k] = cur.to(self.dev)
+
+    # -- the pool -------------------------------------------------------------
+
+    def _make_pool(self, prefetch, pool_bytes):
+        self.slot_bytes = max(b.lay.size for b in self.blocks)
+        big = max(self.blocks, key=lambda b: b.lay.size)
+        want = prefetch + 1
+        if pool_bytes is not None:
+            fit = pool_bytes // self.slot_bytes if self.slot_bytes else want
+            if fit < 1:
+                raise ValueError(
+                    "nvio: pool_bytes=%d is too small for one block: block %r needs %d bytes "
+                    "in the pool (%d of weights)" % (pool_bytes, big.name, big.lay.size, big.nbytes))
+            want = min(want, fit)
+        self.prefetch = want - 1
+        self.slots = [_Slot(i, self.slot_bytes, self.dev) for i in range(want)]
+        if self.dev.type == "cuda":
+            self.side = torch.cuda.Stream(self.dev)
+            self._registered = []
+            for s in self.slots:
+                if s.buf.nbytes and torch.cuda.cudart().cudaHostRegister(
+                        s.buf.address, s.buf.nbytes, 0) == 0:
+                    self._registered.append(s.buf.address)
+        with torch.inference_mode(False):
+            for b in self.blocks:
+                for s in self.slots:
+                    b.views[s.idx] = self._views(b, s)
+
+    def _views(self, b, s):
+        base = s.dev if s.dev is not None else s.host
+        out = []
+        for p in b.pieces:
+            sl = b.lay.slices[p.name]
+            t = base[sl.off:sl.off + sl.nbytes].view(p.dtype).view(p.shape)
+            out.append(nn.Parameter(t, requires_grad=False) if p.is_param else t)
+        return out
+
+    # -- hooks ----------------------------------------------------------------
+
+    def _attach_hooks(self):
+        for b in self.blocks:
+            for p in b.pieces:
+                p.put(p.meta)
+                if _materialised(p.orig) and isinstance(p.orig, nn.Parameter):
+                    p.orig.data = torch.empty(0, dtype=p.dtype, device=p.orig.device)
+                elif _materialised(p.orig):
+                    p.orig = p.orig.new_empty(0)  # a buffer: drop the memory
+            b.hooks.append(b.module.register_forward_pre_hook(
+                self._pre_hook(b), with_kwargs=True))
+            b.hooks.append(b.module.register_forward_hook(self._post_hook(b), always_call=True))
+
+    def _pre_hook(self, b):
+        def hook(module, args, kwargs):
+            if torch.is_grad_enabled() and any(
+                    isinstance(a, torch.Tensor) and a.requires_grad
+                    for a in itertools.chain(args, kwargs.values())):
+                raise RuntimeError("nvio: block %r is streamed (inference only) but autograd is "
+                                   "recording: run under torch.no_grad()" % b.name)
+            self.before(b)
+        return hook
+
+    def _post_hook(self, b):
+        def hook(module, args, output):
+            self.after(b)
+        return hook
+
+    def before(self, b):
+        self.running.add(b.idx)
+        try:
+            win = self._window(b.idx)
+            s = self._load(b, protect=win)
+            for k in range(1, self.prefetch + 1):
+                nb = self.blocks[(b.idx + k) % len(self.blocks)]
+                if nb.idx == b.idx or self._load(nb, protect=win, optional=True) is None:
+                    break
+            self._wait(s, b)
+            if self.dev.type == "cuda":
+                self._copy(s)
+                torch.cuda.current_stream(self.dev).wait_event(s.copy_ev)
+            s.last = next(self._clock)
+            for p, v in zip(b.pieces, b.views[s.idx]):
+                p.put(v)
+        except BaseException:
+            self.running.discard(b.idx)
+            raise
+
+    def after(self, b):
+        for p in b.pieces:
+            p.put(p.meta)
+        self.running.discard(b.idx)
+        s = self._slot_of(b.idx)
+        if s is not None and self.dev.type == "cuda":
+            s.free_ev = torch.cuda.Event()
+            s.free_ev.record(torch.cuda.current_stream(self.dev))
+        # the slot just released takes the block prefetch + 1 ahead
+        win = self._window(b.idx + 1)
+        for k in range(1, self.prefetch + 2):
+            nb = self.blocks[(b.idx + k) % len(self.blocks)]
+            if nb.idx == b.idx or self._load(nb, protect=win, optional=True) is None:
+                break
+        if self.dev.type == "cuda":
+            for s2 in self.slots:
+                if s2.owner is not None and not s2.copied and all(f.done() for f, *_ in s2.futs):
+                    self._copy(s2)
+
+    def _window(self, start):
+        """The blocks that should be in the pool while block start runs."""
+        n = len(self.blocks)
+        return {(start + k) % n for k in range(self.prefetch + 1)}
+
+    def _slot_of(self, idx):
+        for s in self.slots:
+            if s.owner == idx:
+                return s
+        return None
+
+    def _load(self, b, protect, optional=False):
+        """The slot holding (or reading) block b; submits its reads if
+        needed. None (optional) when no slot can be taken now."""
+        s = self._slot_of(b.idx)
+        if s is not None:
+            return s
+        free = [s for s in self.slots if s.owner is None]
+        if not free:
+            free = sorted((s for s in self.slots
+                           if s.owner not in self.running and s.owner not in protect),
+                          key=lambda s: s.last)
+        if not free:
+            if optional:
+                return None
+            raise RuntimeError("nvio: no free slot for block %r (%d slots, blocks running: %s)"
+                               % (b.name, len(self.slots), sorted(self.running)))
+        s = free[0]
+        self._settle(s)
+        s.owner, s.ready, s.copied, s.last = b.idx, False, False, next(self._clock)
+        ops, want = [], []
+        for path, reads in b.lay.reads.items():
+            f = self._file(path)
+            for i in range(0, len(reads), _nvio.MAX_IOV):
+                chunk = reads[i:i + _nvio.MAX_IOV]
+                vec = [(s.mv[so:so + n], fo) for so, fo, n in chunk]
+                ops.append((_nvio.OP_READ, f, vec, _nvio.OFFSET_PER_IOV))
+                want.append((sum(n for _, _, n in chunk), path, chunk[0][1]))
+        try:
+            futs = self.comps.submit(ops)
+        except Exception as e:
+            s.futs = [(f, *w) for f, w in zip(getattr(e, "futures", []), want)]
+            self._settle(s)
+            s.owner = None
+            self._stats["reads_failed"] += 1
+            raise self._error(b, want[len(s.futs)][1] if want else None, e) from e
+        s.futs = [(f, *w) for f, w in zip(futs, want)]
+        self._stats["block_reads"] += 1
+        return s
+
+    def _settle(self, s):
+        """Wait for whatever still uses slot s's host memory (reads, copies)."""
+        for f, *_ in s.futs:
+            try:
+                f.result()
+            except Exception:
+                pass
+        s.futs = []
+        if s.copy_ev is not None:
+            s.copy_ev.synchronize()
+
+    def _wait(self, s, b):
+        if s.ready:
+            return
+        t0 = time.perf_counter()
+        err = None
+        for f, n, path, off in s.futs:
+            try:
+                got = f.result()
+            except Exception as e:
+                err = err or (path, e)
+                continue
+            if got != n and err is None:
+                err = (path, W.WeightsError(
+                    "nvio: %s: read %d of %d bytes at offset %d: the file is truncated"
+                    % (path, got, n, off)))
+            self._stats["bytes_read"] += got
+        self._stats["wait_s"] += time.perf_counter() - t0
+        s.futs = []
+        if err is not None:
+            s.owner = None
+            self._stats["reads_failed"] += 1
+            raise self._error(b, err[0], err[1]) from err[1]
+        s.ready = True
+
+    def _copy(self, s):
+        if s.copied:
+            return
+        with torch.cuda.stream(self.side):
+            if s.free_ev is not None:
+                self.side.wait_event(s.free_ev)
+            s.dev.copy_(s.host, non_blocking=True)
+            s.copy_ev = torch.cuda.Event()
+            s.copy_ev.record(self.side)
+        s.copied = True
+
+    def _error(self, b, path, e):
+        en = getattr(e, "errno", None) or errno.EIO
+        return StreamError(en, "nvio: reading the weights of layer %r from %s failed: %s"
+                           % (b.name, path, e), path)
+
+    # -- stats, restore -------------------------------------------------------
+
+    def stats(self):
+        """Memory bound and I/O so far. resident_bytes + pool_bytes is the
+        peak resident weight memory (weights outside the pool are never
+        materialised)."""
+        res = sum(t.numel() * t.element_size() for _, m, k, isp, t, _ in self.resident
+                  if _materialised((m._parameters if isp else m._buffers)[k]))
+        d = dict(self._stats)
+        d.update(source=self.source, blocks=len(self.blocks), prefetch=self.prefetch,
+                 slots=len(self.slots), slot_bytes=self.slot_bytes,
+                 pool_bytes=self.slot_bytes * len(self.slots), resident_bytes=res,
+                 streamed_bytes=sum(b.nbytes for b in self.blocks),
+                 peak_weight_bytes=res + self.slot_bytes * len(self.slots),
+                 files=sorted(self.files), device=str(self.dev))
+        return d
+
+    def restore(self):
+        for b in self.blocks:
+            for h in b.hooks:
+                h.remove()
+            b.hooks = []
+        try:
+            for b in self.blocks:
+                s = self._load(b, protect=set())
+                self._wait(s, b)
+                for p in b.pieces:
+                    src = s.host[b.lay.slices[p.name].off:][:W._nbytes(p.dtype, p.shape)]
+                    new = src.view(p.dtype).view(p.shape).clone().to(self.dev)
+                    if isinstance(p.orig, nn.Parameter) and p.orig.device == new.device:
+                        p.orig.data = new
+                        p.put(p.orig)
+                    elif p.is_param:
+                        p.put(nn.Parameter(new, requires_grad=p.requires_grad))
+                    else:
+                        p.put(new)
+        finally:
+            self._close_files()
+
+    def _close_files(self):
+        for s in self.slots:
+            self._settle(s)
+        if self.dev.type == "cuda":
+            for a in getattr(self, "_registered", []):
+                torch.cuda.cudart().cudaHostUnregister(a)
+            self._registered = []
+        for f in self.files.values():
+            f.close()
+        self.files = {}
+        if self._own_handle:
+            self.handle.close()
+        self.slots = []
+
+
+def _model_dir(model):
+    for obj in (model, getattr(model, "config", None)):
+        for a in ("name_or_path", "_name_or_path"):
+            p = getattr(obj, a, None)
+            if isinstance(p, str) and p and os.path.isdir(p):
+                return p
+    return None

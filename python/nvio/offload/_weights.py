@@ -1,0 +1,340 @@
+"""Where a streamed model's weights live on disk, and how a block's weights
+land in a pool slot (private to nvio.offload._stream).
+
+Two sources:
+
+* **safetensors** written by ``save_pretrained`` (one file, or shards with a
+  ``model.safetensors.index.json``): each tensor's bytes sit at
+  ``8 + header_len + begin`` of its file. Direct I/O wants offsets, lengths
+  and memory aligned to 4 KiB, so a block is read as the aligned superset
+  of its tensors' byte ranges (runs of tensors that lie together in the
+  file, each run widened to 4 KiB boundaries and clamped to the file's
+  end) placed at 4 KiB-aligned offsets of the slot; a tensor is then a view
+  at ``slot_run + (file_offset - run_start)``. The slot pays up to 8 KiB of
+  padding per run (runs, not tensors: a block's tensors lie together).
+* **nvio's weight store** (``nvio-weights.bin`` + ``nvio-weights.json`` in
+  ``dir``), written once from a model in memory: every block contiguous
+  and starting on a 4 KiB boundary, each tensor 64-byte aligned inside it,
+  so a block is one aligned read and the slot layout is the file layout.
+  The resident tensors are stored too, so that a model built on the meta
+  device can be filled from the store. The manifest carries a fingerprint
+  (names, shapes, dtypes, block names, layout version) and a sample hash
+  of the contents (64 bytes at the head, middle and tail of every tensor),
+  checked against the model and against the data file before reuse.
+
+Everything here is pure layout or small buffered reads of headers and
+samples; the bulk bytes move through libnvio in _stream.py.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+
+import torch
+
+__all__ = []
+
+ALIGN = 4096            # file offset / length / memory alignment of direct reads
+TENSOR_ALIGN = 64       # a tensor's start inside a store block
+RUN_GAP = 64 << 10      # tensors closer than this in a file are read as one run
+HEADER_MAX = 100 << 20  # largest safetensors JSON header accepted
+SAMPLE = 64             # bytes sampled at each of head, middle, tail
+STORE_DATA = "nvio-weights.bin"
+STORE_MANIFEST = "nvio-weights.json"
+STORE_FORMAT = "nvio-weight-store"
+STORE_VERSION = 1
+
+_ST_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+    "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
+    "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}
+for _n, _a in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2"),
+               ("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64")):
+    if hasattr(torch, _a):
+        _ST_DTYPES[_n] = getattr(torch, _a)
+
+
+class WeightsError(ValueError):
+    """A weight file that cannot be used as it is (names the file)."""
+
+
+def align_up(n, a=ALIGN):
+    return (n + a - 1) // a * a
+
+
+def align_down(n, a=ALIGN):
+    return n // a * a
+
+
+def dtype_name(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+# --- safetensors ------------------------------------------------------------
+
+
+class StEntry:
+    """One tensor of a safetensors file: absolute byte range [start, end)."""
+
+    __slots__ = ("path", "dtype", "shape", "start", "end")
+
+    def __init__(self, path, dtype, shape, start, end):
+        self.path, self.dtype, self.shape, self.start, self.end = path, dtype, shape, start, end
+
+
+def read_safetensors_header(path):
+    """{name: StEntry} of a safetensors file, validated completely (sizes,
+    dtypes, ranges inside the file) before anything is read by it."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise WeightsError("nvio: %s: %d bytes, too short for a safetensors file"
+                                   % (path, size))
+            (n,) = struct.unpack("<Q", head)
+            if n > HEADER_MAX or 8 + n > size:
+                raise WeightsError(
+                    "nvio: %s: safetensors header of %d bytes (file of %d bytes, limit %d): "
+                    "truncated or not a safetensors file" % (path, n, size, HEADER_MAX))
+            raw = f.read(n)
+    except OSError as e:
+        raise WeightsError("nvio: cannot read safetensors file %s: %s" % (path, e)) from e
+    try:
+        hdr = json.loads(raw)
+    except ValueError as e:
+        raise WeightsError("nvio: %s: bad safetensors header: %s" % (path, e)) from None
+    if not isinstance(hdr, dict):
+        raise WeightsError("nvio: %s: the safetensors header is no JSON object" % path)
+    base, data = 8 + n, size - 8 - n
+    out = {}
+    for name, v in hdr.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dt = _ST_DTYPES[v["dtype"]]
+            shape = tuple(int(s) for s in v["shape"])
+            b, e = (int(x) for x in v["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise WeightsError("nvio: %s: tensor %r: bad or unsupported entry %r"
+                               % (path, name, v)) from None
+        numel = 1
+        for s in shape:
+            if s < 0:
+                raise WeightsError("nvio: %s: tensor %r has a negative dimension" % (path, name))
+            numel *= s
+        if not 0 <= b <= e or e - b != numel * dt.itemsize:
+            raise WeightsError("nvio: %s: tensor %r: data_offsets %r do not hold %s %s"
+                               % (path, name, [b, e], dtype_name(dt), list(shape)))
+        if e > data:
+            raise WeightsError("nvio: %s: tensor %r ends at byte %d of the data but the file "
+                               "holds %d: the file is truncated" % (path, name, e, data))
+        out[name] = StEntry(path, dt, shape, base + b, base + e)
+    return out
+
+
+def find_safetensors(dir):
+    """The safetensors files of a save_pretrained directory: {name: StEntry}
+    over all shards, or None when dir holds none."""
+    if dir is None or not os.path.isdir(dir):
+        return None
+    index = os.path.join(dir, "model.safetensors.index.json")
+    if os.path.exists(index):
+        try:
+            with open(index) as f:
+                wmap = json.load(f)["weight_map"]
+            files = sorted(set(wmap.values()))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise WeightsError("nvio: bad safetensors index %s: %s" % (index, e)) from None
+        for fn in files:
+            if os.path.basename(fn) != fn:
+                raise WeightsError("nvio: %s names a shard outside its directory: %r"
+                                   % (index, fn))
+    else:
+        files = sorted(f for f in os.listdir(dir) if f.endswith(".safetensors"))
+        wmap = None
+    if not files:
+        return None
+    out = {}
+    for fn in files:
+        p = os.path.join(dir, fn)
+        if not os.path.exists(p):
+            raise WeightsError("nvio: shard %s named by %s is missing" % (p, index))
+        for name, e in read_safetensors_header(p).items():
+            if wmap is not None and wmap.get(name) != fn:
+                continue
+            out[name] = e
+    if wmap is not None:
+        missing = [k for k in wmap if k not in out]
+        if missing:
+            raise WeightsError("nvio: tensor %r is in %s but not in its shard %s"
+                               % (missing[0], index, wmap[missing[0]]))
+    return out
+
+
+# --- layouts ----------------------------------------------------------------
+
+
+class Slice:
+    """Where one tensor of a block sits in a slot: bytes [off, off + nbytes)."""
+
+    __slots__ = ("name", "off", "nbytes", "dtype", "shape")
+
+    def __init__(self, name, off, nbytes, dtype, shape):
+        self.name, self.off, self.nbytes, self.dtype, self.shape = name, off, nbytes, dtype, shape
+
+
+class BlockLayout:
+    """A block's slot layout and its reads.
+
+    slices: {tensor name: Slice}; reads: {path: [(slot_off, file_off, nbytes)]}
+    sorted by file offset, no overlap; size: slot bytes the block needs."""
+
+    __slots__ = ("slices", "reads", "size", "file_bytes")
+
+    def __init__(self):
+        self.slices, self.reads, self.size, self.file_bytes = {}, {}, 0, 0
+
+
+def layout_safetensors(tensors, entries, file_sizes, align=ALIGN, gap=RUN_GAP):
+    """Lay a block's tensors [(name, dtype, shape)] out in a slot from their
+    safetensors entries: the aligned superset of each run of neighbouring
+    tensors, each run at an aligned slot offset. A tensor whose file offset
+    does not suit its dtype gets an exact read of its own."""
+    lay = BlockLayout()
+    by_file = {}
+    for name, _dt, _shape in tensors:
+        e = entries[name]
+        by_file.setdefault(e.path, []).append((e.start, e.end, name))
+    off = 0
+    for path in sorted(by_file):
+        items = sorted(by_file[path])
+        fsize = file_sizes[path]
+        runs = []          # [start, end, [(name, start, end)]] or exact singletons
+        for s, e, name in items:
+            esize = entries[name].dtype.itemsize
+            if s % max(esize, 1):
+                runs.append([s, e, [(name, s, e)], True])
+                continue
+            if runs and not runs[-1][3] and s - runs[-1][1] <= gap:
+                r = runs[-1]
+                r[1] = max(r[1], e)
+                r[2].append((name, s, e))
+            else:
+                runs.append([s, e, [(name, s, e)], False])
+        reads = []
+        for s, e, members, exact in runs:
+            if exact:
+                rs, re_ = s, e
+            else:
+                rs, re_ = align_down(s, align), min(align_up(e, align), fsize)
+            for name, ts, te in members:
+                ent = entries[name]
+                lay.slices[name] = Slice(name, off + ts - rs, te - ts, ent.dtype, ent.shape)
+            reads.append((off, rs, re_ - rs))
+            lay.file_bytes += re_ - rs
+            off = align_up(off + re_ - rs, align)
+        reads.sort(key=lambda r: r[1])
+        lay.reads[path] = reads
+    lay.size = off
+    return lay
+
+
+def layout_store(blocks, align=ALIGN, tensor_align=TENSOR_ALIGN):
+    """The store's layout for [[(name, dtype, shape)] per block] (the last
+    list: the resident tensors): [(file offset, BlockLayout)] and the file
+    size. Block k starts on an aligned boundary; its slot layout is its
+    file layout (slot offset = file offset - block start)."""
+    out, pos = [], 0
+    for tensors in blocks:
+        lay = BlockLayout()
+        off = 0
+        for name, dt, shape in tensors:
+            n = _nbytes(dt, shape)
+            off = align_up(off, tensor_align)
+            lay.slices[name] = Slice(name, off, n, dt, tuple(shape))
+            off += n
+        lay.size = align_up(off, align)
+        lay.file_bytes = lay.size
+        out.append((pos, lay))
+        pos += lay.size
+    return out, pos
+
+
+def _nbytes(dtype, shape):
+    n = dtype.itemsize
+    for s in shape:
+        n *= s
+    return n
+
+
+# --- fingerprints, samples, manifests ---------------------------------------
+
+
+def fingerprint(block_names, blocks):
+    """sha256 of the store's shape: layout version, block names, and every
+    tensor's name, dtype and shape, in order."""
+    desc = {"version": STORE_VERSION, "align": ALIGN, "tensor_align": TENSOR_ALIGN,
+            "blocks": [[bn, [[n, dtype_name(dt), list(sh)] for n, dt, sh in ts]]
+                       for bn, ts in zip(block_names, blocks)]}
+    return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()
+
+
+def sample_ranges(nbytes):
+    """The (offset, length) pairs sampled in a tensor of nbytes."""
+    if nbytes <= 3 * SAMPLE:
+        return [(0, nbytes)]
+    return [(0, SAMPLE), (nbytes // 2 // SAMPLE * SAMPLE, SAMPLE), (nbytes - SAMPLE, SAMPLE)]
+
+
+def sample_tensor(h, t):
+    """Feed the sampled bytes of a CPU tensor to hash h."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    b = t.contiguous().reshape(-1).view(torch.uint8)
+    for o, n in sample_ranges(b.numel()):
+        h.update(b[o:o + n].numpy().tobytes())
+
+
+def sample_file(h, f, off, nbytes):
+    """Feed the sampled bytes of the file range [off, off + nbytes) to h."""
+    for o, n in sample_ranges(nbytes):
+        data = os.pread(f.fileno(), n, off + o)
+        if len(data) != n:
+            raise WeightsError("nvio: %s: %d bytes at offset %d, file ends early"
+                               % (f.name, n, off + o))
+        h.update(data)
+
+
+def read_manifest(dir):
+    """The store's manifest, or None when dir holds no store."""
+    p = os.path.join(dir, STORE_MANIFEST)
+    try:
+        with open(p) as f:
+            m = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise WeightsError("nvio: bad weight store manifest %s: %s" % (p, e)) from None
+    if not isinstance(m, dict) or m.get("format") != STORE_FORMAT:
+        raise WeightsError("nvio: %s is no nvio weight store manifest" % p)
+    return m
+
+
+def write_manifest(dir, m):
+    """Write the manifest all or nothing (temporary, fsync, rename)."""
+    p = os.path.join(dir, STORE_MANIFEST)
+    tmp = p + ".tmp.%d" % os.getpid()
+    try:
+        with open(tmp, "w") as f:
+            json.dump(m, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

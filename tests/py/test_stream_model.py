@@ -1,0 +1,331 @@
+"""nvio.offload.stream_model: block weights streamed from disk.
+
+Every model family (Llama-, GPT-2-, Mixtral-style transformers built from
+tiny configs with random weights, and a generic nn.Sequential stack) gives
+bitwise the same logits and greedy generations streamed as in memory, on
+every engine, from safetensors (one file and shards) and from nvio's own
+store, with prefetch 0, 1 and 2; the resident weight memory is what the
+streamer states; bad input fails with errors naming the file and layer.
+"""
+import json
+import os
+
+import pytest
+
+import nvio
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+from torch import nn  # noqa: E402
+
+from nvio.offload import StreamError, stream_model, streamed, unstream  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+try:
+    transformers.utils.logging.disable_progress_bar()
+except AttributeError:
+    pass
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny matrices: torch's thread pool only fights the other jobs of a
+    shared 2-core machine (a forward took 40x longer with it)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _config(family):
+    c = dict(vocab_size=96, num_attention_heads=4)
+    if family == "llama":
+        return transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=5,
+                                        num_key_value_heads=2, **c)
+    if family == "gpt2":
+        return transformers.GPT2Config(n_embd=32, n_layer=5, n_head=4, vocab_size=96,
+                                       bos_token_id=0, eos_token_id=0)
+    return transformers.MixtralConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+                                      num_key_value_heads=2, num_local_experts=4,
+                                      num_experts_per_tok=2, **c)
+
+
+def _model(family, seed=0):
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(_config(family)).eval()
+
+
+PROMPTS = [torch.tensor([[5, 17, 3, 44]]), torch.tensor([[1, 2, 3, 4, 5, 6, 7], [9, 8, 7, 6, 5, 4, 3]])]
+
+
+def _run(m):
+    with torch.no_grad():
+        logits = [m(p).logits for p in PROMPTS]
+        gen = [m.generate(p, max_new_tokens=6, do_sample=False, pad_token_id=0) for p in PROMPTS]
+    return logits, gen
+
+
+def _same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a[0] + a[1], b[0] + b[1]))
+
+
+def _materialised_bytes(model):
+    return sum(t.numel() * t.element_size()
+               for t in list(model.parameters()) + list(model.buffers())
+               if t.device.type != "meta")
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "mixtral"])
+def test_families_equal_in_memory(tmp_path, engine, family):
+    m = _model(family)
+    ref = _run(m)
+    full = _materialised_bytes(m)
+    st = tmp_path / "hf"
+    m.save_pretrained(st)
+    combos = [("store", 0), ("safetensors", 1), ("store", 2)]
+    if family == "mixtral":
+        combos = [("store", 0), ("store", 2)]
+    for src, prefetch in combos:
+        d = st if src == "safetensors" else tmp_path / "store"
+        stream_model(m, str(d), prefetch=prefetch, source=src, engine=engine)
+        s = m._nvio_streamer.stats()
+        assert s["source"] == src and s["slots"] == prefetch + 1
+        assert s["resident_bytes"] + s["streamed_bytes"] == full
+        # outside a forward, only the resident tensors are materialised
+        assert _materialised_bytes(m) == s["resident_bytes"]
+        assert _same(_run(m), ref), (family, src, prefetch)
+        assert m._nvio_streamer.stats()["bytes_read"] > 0
+        unstream(m)
+        assert _materialised_bytes(m) == full
+    assert _same(_run(m), ref)
+    if family == "mixtral":
+        # transformers 5 fuses Mixtral's experts in memory and saves them
+        # per expert: auto falls back to nvio's store, "safetensors" says why
+        with pytest.raises(ValueError, match="model.layers.0.mlp.* is in none of the files"):
+            stream_model(m, str(st), source="safetensors", engine=engine)
+        with streamed(m, str(st), engine=engine) as sm:
+            assert sm._nvio_streamer.source == "store"
+            assert _same(_run(sm), ref)
+
+
+def test_sharded_safetensors_into_a_meta_model(tmp_path, engine):
+    """A model built without weights streams straight from save_pretrained
+    shards: its blocks are never materialised, its resident parts are read."""
+    accelerate = pytest.importorskip("accelerate")
+    m = _model("llama", seed=3)
+    ref = _run(m)
+    m.save_pretrained(tmp_path, max_shard_size="20KB")
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    shards = [f for f in os.listdir(tmp_path) if f.endswith(".safetensors")]
+    assert len(shards) > 2
+    with accelerate.init_empty_weights(include_buffers=False):
+        e = transformers.AutoModelForCausalLM.from_config(_config("llama")).eval()
+    assert all(p.device.type == "meta" for p in e.parameters())
+    stream_model(e, str(tmp_path), prefetch=1, engine=engine)
+    s = e._nvio_streamer.stats()
+    assert s["source"] == "safetensors" and len(s["files"]) > 1
+    assert _same(_run(e), ref)
+    # no rewrite: nvio wrote nothing beside the shards
+    assert not (tmp_path / "nvio-weights.bin").exists()
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+        self.norm = nn.LayerNorm(d)
+        self.register_buffer("scale", torch.rand(d))
+
+    def forward(self, x):
+        return x + self.fc2(torch.relu(self.fc1(self.norm(x)))) * self.scale
+
+
+def _stack(seed=0, d=48, n=7):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(16, d), *[Block(d) for _ in range(n)], nn.Linear(d, 8)).eval()
+
+
+def test_generic_sequential_and_memory_bound(tmp_path, engine):
+    m = _stack()
+    x = torch.randn(5, 16)
+    with torch.no_grad():
+        ref = m(x)
+    full = _materialised_bytes(m)
+    block_bytes = _materialised_bytes(m[1])
+    for prefetch in (0, 1, 2):
+        stream_model(m, str(tmp_path), prefetch=prefetch, engine=engine)
+        st = m._nvio_streamer
+        assert [b.name for b in st.blocks] == [str(i) for i in range(1, 8)]
+        s = st.stats()
+        assert s["resident_bytes"] == full - 7 * block_bytes
+        assert s["slot_bytes"] >= block_bytes and s["pool_bytes"] == (prefetch + 1) * s["slot_bytes"]
+        assert s["peak_weight_bytes"] == s["resident_bytes"] + s["pool_bytes"]
+        # while a block runs: the resident tensors and that one block
+        seen = []
+        hooks = [b.module.register_forward_pre_hook(
+            lambda mod, a: seen.append(_materialised_bytes(m))) for b in st.blocks]
+        owners = []
+        hooks += [b.module.register_forward_hook(
+            lambda mod, a, o: owners.append(sum(s.owner is not None for s in st.slots)))
+            for b in st.blocks]
+        with torch.no_grad():
+            for _ in range(3):
+                assert torch.equal(m(x), ref)
+        for h in hooks:
+            h.remove()
+        assert seen == [s["resident_bytes"] + block_bytes] * 21
+        assert max(owners) <= prefetch + 1
+        # each pass reads every block once, and the next pass's first
+        # prefetch + 1 blocks after the last one
+        assert st.stats()["block_reads"] == 21 + prefetch + 1
+        unstream(m)
+    with torch.no_grad():
+        assert torch.equal(m(x), ref)
+
+
+def test_blocks_named_and_pinned(tmp_path, engine):
+    m = _stack(seed=1)
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        ref = m(x)
+    stream_model(m, str(tmp_path), blocks=["2", "4", "6"], pin=["4.fc1"], engine=engine)
+    st = m._nvio_streamer
+    assert [b.name for b in st.blocks] == ["2", "4", "6"]
+    assert m[4].fc1.weight.device.type == "cpu" and m[4].fc2.weight.device.type == "meta"
+    assert m[3].fc1.weight.device.type == "cpu"
+    with torch.no_grad():
+        assert torch.equal(m(x), ref)
+    unstream(m)
+    with pytest.raises(ValueError, match="ModuleList or Sequential"):
+        stream_model(m, str(tmp_path), blocks="1")
+
+
+def test_store_reused_and_invalidated(tmp_path, engine):
+    m = _stack(seed=2)
+    x = torch.randn(3, 16)
+    data, man = tmp_path / "nvio-weights.bin", tmp_path / "nvio-weights.json"
+    with streamed(m, str(tmp_path), engine=engine):
+        pass
+    st1 = os.stat(data)
+    with streamed(m, str(tmp_path), engine=engine):       # reused, not rewritten
+        pass
+    st2 = os.stat(data)
+    assert (st1.st_ino, st1.st_mtime_ns) == (st2.st_ino, st2.st_mtime_ns)
+    assert st1.st_size % 4096 == 0
+    for b in json.loads(man.read_text())["blocks"]:
+        assert b["offset"] % 4096 == 0
+    with torch.no_grad():
+        m[3].fc1.weight[0, 0] += 1          # the model changed: the store is rewritten
+        ref = m(x)
+    with streamed(m, str(tmp_path), engine=engine):
+        with torch.no_grad():
+            assert torch.equal(m(x), ref)
+    assert os.stat(data).st_ino != st1.st_ino
+    # a model of another shape never uses this store; one without weights is refused
+    other = _stack(seed=2, d=32)
+    with torch.device("meta"):
+        empty = _stack(seed=2, d=32)
+    with pytest.raises(ValueError, match="another model"):
+        stream_model(empty, str(tmp_path), engine=engine)
+    assert not hasattr(empty, "_nvio_streamer")
+    # the right model on the meta device is filled from the store
+    with torch.device("meta"):
+        empty = _stack(seed=2)
+    stream_model(empty, str(tmp_path), engine=engine)
+    with torch.no_grad():
+        assert torch.equal(empty(x), ref)
+    unstream(empty)
+    with torch.no_grad():
+        assert torch.equal(empty(x), ref)
+    with streamed(other, str(tmp_path / "o"), engine=engine):
+        pass
+    # a store whose data file was replaced is noticed
+    blob = bytearray(data.read_bytes())
+    blob[:64] = bytes(64)
+    data.write_bytes(bytes(blob))
+    with torch.device("meta"):
+        empty = _stack(seed=2)
+    with pytest.raises(ValueError, match="does not hold what its manifest says"):
+        stream_model(empty, str(tmp_path), engine=engine)
+
+
+def test_truncated_file_names_file_and_layer(tmp_path, engine):
+    m = _model("llama", seed=4)
+    m.save_pretrained(tmp_path)
+    p = tmp_path / "model.safetensors"
+    stream_model(m, str(tmp_path), prefetch=0, engine=engine)
+    with torch.no_grad():
+        m(PROMPTS[0])
+    os.truncate(p, os.path.getsize(p) // 2)
+    with pytest.raises(StreamError) as ei:
+        with torch.no_grad():
+            m(PROMPTS[0])
+    msg = str(ei.value)
+    assert str(p) in msg and "model.layers." in msg
+    assert m._nvio_streamer.running == set()
+    unstream_err = None
+    try:
+        unstream(m)
+    except StreamError as e:
+        unstream_err = e
+    assert unstream_err is not None
+    # a truncated file is refused up front by the next stream_model
+    with pytest.raises(ValueError, match="truncated"):
+        stream_model(_model("llama", seed=4), str(tmp_path), source="safetensors", engine=engine)
+
+
+def test_read_error_mid_generation(tmp_path, engine):
+    """A failed read (injected into the completions of one block's read)
+    fails the forward with the layer and file; the next forward reads again."""
+    m = _model("gpt2", seed=5)
+    ref = _run(m)
+    stream_model(m, str(tmp_path), prefetch=1, engine=engine)
+    st = m._nvio_streamer
+    real = st.comps.submit
+    calls = {"n": 0}
+
+    def failing(ops, **kw):
+        calls["n"] += 1
+        futs = real(ops, **kw)
+        if calls["n"] == 4:
+            for f in futs:
+                f.result()
+            bad = nvio.NvioFuture()
+            bad.set_exception(nvio.NvioError(5, "Input/output error", ops[0][1].path))
+            return [bad] + futs[1:]
+        return futs
+
+    st.comps.submit = failing
+    with pytest.raises(StreamError) as ei:
+        with torch.no_grad():
+            m.generate(PROMPTS[1], max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert ei.value.errno == 5
+    assert "transformer.h." in str(ei.value) and "nvio-weights.bin" in str(ei.value)
+    assert _same(_run(m), ref)
+    unstream(m)
+
+
+def test_bad_arguments(tmp_path):
+    m = _stack(seed=6)
+    with pytest.raises(ValueError, match="too small for one block"):
+        stream_model(m, str(tmp_path), pool_bytes=1000)
+    assert not hasattr(m, "_nvio_streamer")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA is not available"):
+            stream_model(m, str(tmp_path), device="cuda")
+    with pytest.raises(ValueError, match="prefetch"):
+        stream_model(m, str(tmp_path), prefetch=-1)
+    with pytest.raises(ValueError, match="needs dir"):
+        stream_model(m)
+    # a pool for two blocks lowers the prefetch to 1
+    blk = _materialised_bytes(m[1])
+    stream_model(m, str(tmp_path), prefetch=4, pool_bytes=2 * ((blk + 8191) // 4096 * 4096))
+    assert m._nvio_streamer.prefetch == 1
+    with pytest.raises(RuntimeError, match="already"):
+        stream_model(m, str(tmp_path))
+    x = torch.randn(2, 16, requires_grad=True)
+    with pytest.raises(RuntimeError, match="inference only"):
+        m(x)
+    unstream(m)
+    with pytest.raises(ValueError, match="not streamed"):
+        unstream(m)
