@@ -6,7 +6,7 @@
 # Installs its own prerequisites first (scripts/deps.sh).
 # NVIO_TEST_FAST=1 runs only the plain gcc build and the Python tests.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 sh scripts/deps.sh || exit 1
 PY=${PYTHON:-python3}
 log=$(mktemp -d)
