@@ -3,7 +3,7 @@ land in a pool slot (private to nvio.offload._stream).
 
 Two sources:
 
-* **safetensors** written by ``save_pretrained`` (one file, or shards with a
+* **safetensors** (headers and indexes parsed by nvio.safetensors) written by ``save_pretrained`` (one file, or shards with a
   ``model.safetensors.index.json``): each tensor's bytes sit at
   ``8 + header_len + begin`` of its file. Direct I/O wants offsets, lengths
   and memory aligned to 4 KiB, so a block is read as the aligned superset
@@ -30,32 +30,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import struct
 
 import torch
+
+from ..safetensors import _dir as std
+from ..safetensors import _format as stf
 
 __all__ = []
 
 ALIGN = 4096            # file offset / length / memory alignment of direct reads
 TENSOR_ALIGN = 64       # a tensor's start inside a store block
 RUN_GAP = 64 << 10      # tensors closer than this in a file are read as one run
-HEADER_MAX = 100 << 20  # largest safetensors JSON header accepted
 SAMPLE = 64             # bytes sampled at each of head, middle, tail
 STORE_DATA = "nvio-weights.bin"
 STORE_MANIFEST = "nvio-weights.json"
 STORE_FORMAT = "nvio-weight-store"
 STORE_VERSION = 1
-
-_ST_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
-    "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
-    "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
-}
-for _n, _a in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2"),
-               ("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64")):
-    if hasattr(torch, _a):
-        _ST_DTYPES[_n] = getattr(torch, _a)
-
 
 class WeightsError(ValueError):
     """A weight file that cannot be used as it is (names the file)."""
@@ -86,92 +76,40 @@ class StEntry:
 
 
 def read_safetensors_header(path):
-    """{name: StEntry} of a safetensors file, validated completely (sizes,
-    dtypes, ranges inside the file) before anything is read by it."""
+    """{name: StEntry} of a safetensors file, its header validated completely
+    by nvio.safetensors before anything is read by it. Tensors of a dtype
+    torch lacks are left out (no model tensor can match them)."""
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise WeightsError("nvio: %s: %d bytes, too short for a safetensors file"
-                                   % (path, size))
-            (n,) = struct.unpack("<Q", head)
-            if n > HEADER_MAX or 8 + n > size:
-                raise WeightsError(
-                    "nvio: %s: safetensors header of %d bytes (file of %d bytes, limit %d): "
-                    "truncated or not a safetensors file" % (path, n, size, HEADER_MAX))
+            n = stf.header_length(f.read(stf.PREFIX), size, path)
             raw = f.read(n)
     except OSError as e:
         raise WeightsError("nvio: cannot read safetensors file %s: %s" % (path, e)) from e
-    try:
-        hdr = json.loads(raw)
-    except ValueError as e:
-        raise WeightsError("nvio: %s: bad safetensors header: %s" % (path, e)) from None
-    if not isinstance(hdr, dict):
-        raise WeightsError("nvio: %s: the safetensors header is no JSON object" % path)
-    base, data = 8 + n, size - 8 - n
-    out = {}
-    for name, v in hdr.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dt = _ST_DTYPES[v["dtype"]]
-            shape = tuple(int(s) for s in v["shape"])
-            b, e = (int(x) for x in v["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise WeightsError("nvio: %s: tensor %r: bad or unsupported entry %r"
-                               % (path, name, v)) from None
-        numel = 1
-        for s in shape:
-            if s < 0:
-                raise WeightsError("nvio: %s: tensor %r has a negative dimension" % (path, name))
-            numel *= s
-        if not 0 <= b <= e or e - b != numel * dt.itemsize:
-            raise WeightsError("nvio: %s: tensor %r: data_offsets %r do not hold %s %s"
-                               % (path, name, [b, e], dtype_name(dt), list(shape)))
-        if e > data:
-            raise WeightsError("nvio: %s: tensor %r ends at byte %d of the data but the file "
-                               "holds %d: the file is truncated" % (path, name, e, data))
-        out[name] = StEntry(path, dt, shape, base + b, base + e)
-    return out
+    h = stf.parse_header(raw, size, path)
+    return {name: StEntry(path, e.dtype.torch, e.torch_shape(), h.data_start + e.begin,
+                          h.data_start + e.end)
+            for name, e in h.entries.items() if e.dtype.torch is not None}
 
 
 def find_safetensors(dir):
-    """The safetensors files of a save_pretrained directory: {name: StEntry}
-    over all shards, or None when dir holds none."""
-    if dir is None or not os.path.isdir(dir):
+    """The safetensors files of a save_pretrained directory (one file, or
+    shards with an index): {name: StEntry} over all of them, or None when
+    dir holds no safetensors file."""
+    if dir is None or not os.path.isdir(dir) or \
+            not any(f.endswith(".safetensors") for f in os.listdir(dir)):
         return None
-    index = os.path.join(dir, "model.safetensors.index.json")
-    if os.path.exists(index):
-        try:
-            with open(index) as f:
-                wmap = json.load(f)["weight_map"]
-            files = sorted(set(wmap.values()))
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise WeightsError("nvio: bad safetensors index %s: %s" % (index, e)) from None
-        for fn in files:
-            if os.path.basename(fn) != fn:
-                raise WeightsError("nvio: %s names a shard outside its directory: %r"
-                                   % (index, fn))
-    else:
-        files = sorted(f for f in os.listdir(dir) if f.endswith(".safetensors"))
-        wmap = None
-    if not files:
-        return None
+    files, where = std.resolve(dir)
     out = {}
-    for fn in files:
-        p = os.path.join(dir, fn)
-        if not os.path.exists(p):
-            raise WeightsError("nvio: shard %s named by %s is missing" % (p, index))
+    for p in files:
         for name, e in read_safetensors_header(p).items():
-            if wmap is not None and wmap.get(name) != fn:
-                continue
-            out[name] = e
-    if wmap is not None:
-        missing = [k for k in wmap if k not in out]
+            if where is None or where.get(name) == p:
+                out[name] = e
+    if where is not None:
+        missing = [k for k in where if k not in out]
         if missing:
-            raise WeightsError("nvio: tensor %r is in %s but not in its shard %s"
-                               % (missing[0], index, wmap[missing[0]]))
+            raise WeightsError("nvio: %s: the index places tensor %r in this shard, but its "
+                               "header does not list it" % (where[missing[0]], missing[0]))
     return out
 
 
