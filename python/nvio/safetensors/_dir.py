@@ -18,7 +18,7 @@ from .. import _nvio
 from ..checkpoint._plan import u8
 from ..checkpoint._save import default_handle
 from ._format import SafetensorsError, _Dup, _no_dups
-from ._io import Region, _path, alloc, check_torch, read_header, target_device, tensors_from, view
+from ._io import Region, _path, alloc, pin_flag, check_torch, read_header, target_device, tensors_from, view
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -139,7 +139,7 @@ def _wait_all(futs):
         raise first
 
 
-def load_model_dir(path, device="cpu", *, pin_memory=False, handle=None):
+def load_model_dir(path, device="cpu", *, pin_memory=None, handle=None):
     """Every tensor of a Hugging Face model directory (sharded with
     ``model.safetensors.index.json``, or one ``model.safetensors``) or of one
     file: {name: tensor}, shards in name order, each in file order.
@@ -149,7 +149,7 @@ def load_model_dir(path, device="cpu", *, pin_memory=False, handle=None):
     CUDA memory) of which its tensors are views.
     """
     dev = target_device(device, _path(path))
-    pin = _nvio.check_flag(pin_memory, "pin_memory")
+    pin = pin_flag(pin_memory)
     with _Shards(path, handle) as sh:
         bufs, futs = {}, []
         try:
@@ -255,7 +255,7 @@ def _chunks(header, window):
         yield run
 
 
-def stream(path, *, window_bytes=256 << 20, device="cpu", pin_memory=False, handle=None):
+def stream(path, *, window_bytes=256 << 20, device="cpu", pin_memory=None, handle=None):
     """Yield (name, tensor) of a file or model directory in file order
     (shards in name order) as their bytes arrive.
 
@@ -270,7 +270,7 @@ def stream(path, *, window_bytes=256 << 20, device="cpu", pin_memory=False, hand
         raise ValueError("nvio.safetensors.stream: window_bytes must be >= 2, not %r"
                          % (window_bytes,))
     dev = target_device(device, _path(path))
-    pin = _nvio.check_flag(pin_memory, "pin_memory")
+    pin = pin_flag(pin_memory)
     pending = collections.deque()    # (future, storage, skip, entries)
     with _Shards(path, handle) as sh:
         try:

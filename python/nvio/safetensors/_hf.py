@@ -13,7 +13,7 @@ import os
 from ._dir import load_model_dir
 
 
-def from_pretrained(model_class, path, *, device="cpu", pin_memory=False, handle=None, **kwargs):
+def from_pretrained(model_class, path, *, device="cpu", pin_memory=None, handle=None, **kwargs):
     """``model_class.from_pretrained(path, **kwargs)`` for a local model
     directory, its safetensors read by nvio (:func:`load_model_dir`).
 

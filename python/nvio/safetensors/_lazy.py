@@ -87,7 +87,7 @@ class safe_open:  # noqa: N801  (the safetensors library's name)
     def get_tensors(self):
         """Every tensor (file order), each in memory of its own."""
         from ._io import read_owned
-        return read_owned(self._f, self._header, self._device, False)
+        return read_owned(self._f, self._header, self._device, None)
 
     def get_slice(self, name):
         """A lazy view of one tensor: ``get_shape()``, ``get_dtype()``, and
