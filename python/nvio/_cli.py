@@ -7,6 +7,9 @@ here instead, because the tool has no manual pages of its own to find:
 
     nvio man [SECTION] [PAGE]     nvio(1) by default; e.g. nvio man 3 nvio_pwrite
     nvio man --path               the directory to add to MANPATH
+
+and ``nvio checkpoint info|verify PATH`` (= ``python -m nvio.checkpoint``),
+which is Python (it reads torch's pickles), not part of the C tool.
 """
 import os
 import shutil
@@ -49,6 +52,9 @@ def main(argv=None):
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["man"]:
         return _man(args[1:])
+    if args[:1] == ["checkpoint"]:
+        from .checkpoint.__main__ import main as checkpoint_main
+        return checkpoint_main(args[1:], prog="nvio checkpoint")
     exe = tool_path()
     if not os.access(exe, os.X_OK):
         print("nvio: the packaged tool %s is missing or not executable; "
