@@ -344,6 +344,7 @@ BAD = [
      "'a'.*no torch dtype"),
     ("negative dim", _file({"a": _t("U8", (-1,))}, b"x"), "'a'.*non-negative"),
     ("float dim", _file({"a": _t("U8", (1.0,))}, b"x"), "'a'.*non-negative"),
+    ("dim over int64", _file({"a": _t("U8", (0, 1 << 63), (0, 0))}), "'a'.*over the limit"),
     ("too many dims", _file({"a": _t("U8", (1,) * 65)}, b"x"), "'a'.*65 dimensions"),
     ("shape/size mismatch", _file({"a": _t("F32", (2,), (0, 4))}, b"xxxx"), "'a'.*needs 8 bytes"),
     ("offsets reversed", _file({"a": _t("U8", (0,), (1, 0))}, b"x"), "'a'.*data_offsets"),

@@ -23,6 +23,9 @@ import torch
 MAX_HEADER = 100_000_000
 #: Most dimensions a tensor may have (torch's own limit is 64 for most ops).
 MAX_RANK = 64
+#: Largest dimension (torch sizes are int64; a zero-sized tensor may name
+#: any other dimension, so the byte-length check alone does not bound them).
+MAX_DIM = (1 << 63) - 1
 #: Bytes before the header.
 PREFIX = 8
 
@@ -213,6 +216,8 @@ def parse_header(raw, file_size, path=None):
             raise bad("shape %r is not a list of non-negative integers" % (shape,), name)
         if len(shape) > MAX_RANK:
             raise bad("%d dimensions, more than the limit of %d" % (len(shape), MAX_RANK), name)
+        if any(s > MAX_DIM for s in shape):
+            raise bad("shape %r has a dimension over the limit of %d" % (shape, MAX_DIM), name)
         offs = info.get("data_offsets")
         if (not isinstance(offs, list) or len(offs) != 2 or not all(_is_uint(o) for o in offs)
                 or offs[0] > offs[1]):
