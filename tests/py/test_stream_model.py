@@ -329,3 +329,23 @@ def test_bad_arguments(tmp_path):
     unstream(m)
     with pytest.raises(ValueError, match="not streamed"):
         unstream(m)
+
+
+def test_generate_command(tmp_path, capsys):
+    """python -m nvio.offload.generate streams a save_pretrained directory
+    into a model built on the meta device and generates what memory does."""
+    pytest.importorskip("accelerate")
+    from nvio.offload import generate
+    m = _model("llama", seed=7)
+    m.save_pretrained(tmp_path)
+    prompt = "stream me"
+    ids = torch.tensor([[b % 96 for b in prompt.encode()]])
+    with torch.no_grad():
+        ref = m.generate(ids, max_new_tokens=5, min_new_tokens=5, do_sample=False,
+                         pad_token_id=0)[0, ids.shape[1]:].tolist()
+    assert generate.main(["--config", str(tmp_path), "--prompt", prompt, "--tokens", "5",
+                          "--prefetch", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "tokens: %s\n" % " ".join(map(str, ref)) in out
+    assert "tokens/s" in out and "GB/s" in out and "peak resident weight memory" in out
+    assert "source: safetensors" in out
