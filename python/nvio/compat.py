@@ -11,6 +11,14 @@ Provided: ``AsyncIOBuilder`` (op ``async_io``: ``aio_handle``, ``aio_read``,
 ``PinMemoryBuilder`` (``pin_handle``) and
 ``UtilsBuilder`` (``cast_to_byte_tensor``). Failures raise
 :class:`nvio.NvioError` instead of returning -1.
+
+And ``deepspeed.io``'s FastPersist writers, for ``torch.save(obj, writer)``:
+``FastFileWriter`` with ``FastFileWriterConfig``, ``MockFileWriter``,
+``PyFileWriter`` (atomic: the file appears at ``close()``; see
+:mod:`nvio._filewriters`)::
+
+    # from deepspeed.io import FastFileWriter, FastFileWriterConfig
+    from nvio.compat import FastFileWriter, FastFileWriterConfig
 """
 from __future__ import annotations
 
@@ -18,10 +26,12 @@ import sys
 import types
 
 from . import _nvio
+from ._filewriters import FastFileWriter, FastFileWriterConfig, MockFileWriter, PyFileWriter
 from .handles import AioHandle, GdsHandle
 
 __all__ = ["AsyncIOBuilder", "GDSBuilder", "PinMemoryBuilder", "UtilsBuilder",
-           "cast_to_byte_tensor"]
+           "cast_to_byte_tensor", "FastFileWriter", "FastFileWriterConfig",
+           "MockFileWriter", "PyFileWriter"]
 
 
 class _Builder:
