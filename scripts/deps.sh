@@ -33,3 +33,8 @@ fi
 if [ "${NVIO_NO_TORCH:-0}" != 1 ] && ! $PY -c "import torch" 2>/dev/null; then
 	$PY -m pip install -q "torch==2.13.0" || echo "deps.sh: torch not installed; torch tests will skip" >&2
 fi
+# nvio.safetensors' tests and benchmark compare with these exact versions
+# (torch pinned so that pip cannot replace it)
+if [ "${NVIO_NO_TORCH:-0}" != 1 ] && ! $PY -c "import safetensors, transformers, sys; sys.exit(safetensors.__version__ != '0.8.0' or transformers.__version__ != '5.23.0')" 2>/dev/null; then
+	$PY -m pip install -q "safetensors==0.8.0" "transformers==5.23.0" "torch==2.13.0" || echo "deps.sh: safetensors/transformers not installed; their tests will skip" >&2
+fi
