@@ -68,6 +68,18 @@ def main():
         aio.sync_pwrite(host, path)
         drop_caches()
 
+    def fsynced(write):
+        """An nvio write and then fsync of the file, as torch.save gets:
+        every write contender ends with its data on the device."""
+        def run():
+            write()
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return run
+
     def tsave():
         with open(path, "wb") as f:
             torch.save(gpu, f)
@@ -80,9 +92,9 @@ def main():
 
     # name: (prepare, timed transfer)
     contenders = {
-        "write host (locked CPU tensor)": (nothing, lambda: aio.sync_pwrite(host, path)),
-        "write HBM AioHandle (bounce)": (nothing, lambda: aio.sync_pwrite(gpu, path)),
-        "write HBM GdsHandle": (nothing, lambda: gds.sync_pwrite(gds_buf, path)),
+        "write host (locked CPU tensor)": (nothing, fsynced(lambda: aio.sync_pwrite(host, path))),
+        "write HBM AioHandle (bounce)": (nothing, fsynced(lambda: aio.sync_pwrite(gpu, path))),
+        "write HBM GdsHandle": (nothing, fsynced(lambda: gds.sync_pwrite(gds_buf, path))),
         "write torch.save": (nothing, tsave),
         "read host (locked CPU tensor)": (fresh_file, lambda: aio.sync_pread(host, path)),
         "read HBM AioHandle (bounce)": (fresh_file, lambda: aio.sync_pread(gpu, path)),
@@ -97,13 +109,14 @@ def main():
             print(f"round {rnd + 1}/{a.rounds} {k}: {n / secs[k][-1] / 1e9:.2f} GB/s",
                   file=sys.stderr)
     os.unlink(path)
-    ok = torch.equal(gpu, gds_buf)
+    ok = torch.equal(gpu, gds_buf) and torch.equal(gpu.cpu(), host)
 
     mode, why = nvio.gds_mode()
     lines = [
         f"GPU benchmark, {time.strftime('%Y-%m-%d')}: {torch.cuda.get_device_name()}, "
         f"{platform.node()}, kernel {platform.release()}, torch {torch.__version__}",
-        f"dir {a.dir} (size {n} B, rounds {a.rounds}, handle {kw}); cuFile: {mode} ({why}); "
+        f"dir {a.dir} (size {n} B, rounds {a.rounds}, handle {kw}; every write ends with "
+        f"fsync); cuFile: {mode} ({why}); "
         f"cold reads: {'drop_caches' if cold else 'O_DIRECT only (drop_caches refused)'}; "
         f"data check: {'ok' if ok else 'MISMATCH'}",
         f"command: python3 bench/gpu_bench.py {' '.join(sys.argv[1:])}",

@@ -23,7 +23,7 @@ except ImportError:
     torch = None
 
 REAL = torch is not None and torch.cuda.is_available()
-SIZES = [1, 511, 4097, (1 << 20) + 3, (9 << 20) + 1]
+SIZES = [1, 511, 4097, (1 << 20) + 3, (3 << 20) + 1]
 OFFSETS = [0, 4095]
 HANDLES = [nvio.AioHandle, nvio.GdsHandle]
 
