@@ -203,6 +203,39 @@ static void failing_copy(nvio_handle_t *h, unsigned char *dev, const char *path)
 }
 
 /*
+ * Buffers on two devices through one handle: a worker moves its CUDA
+ * state from one device's context to the other's and back (each retained
+ * while used, released after), and each op's bytes land on its device.
+ */
+static void test_two_devices(unsigned char *dev0, const char *path)
+{
+	unsigned char *dev1 = sim.alloc(1, 1u << 20);
+	nvio_handle_t *h;
+
+	t_ctx("buffers on devices 0 and 1");
+	if (!T_TRUE(dev1 != NULL))
+		return;
+	if (t_handle(&h, NVIO_ENGINE_AUTO, NVIO_DIRECT_AUTO, 1, 1u << 20) == 0) {
+		for (int i = 0; i < 3; i++) {
+			unsigned char *d = i == 1 ? dev1 : dev0;
+
+			sim.fill(d, 0, 1u << 20);
+			if (T_OK(nvio_pread(h, d, 1u << 20, path, 4096 * i, 0)))
+				T_EQ_INT(dev_check_random(d, 1u << 20, 21, 4096u * i), -1);
+			T_TRUE(sim.ctx_refs() <= 1);	/* one device's at a time */
+		}
+		dev_fill_random(dev1, 1u << 20, 23, 0);
+		T_OK(nvio_pwrite(h, dev1, 1u << 20, path, 0, 0));
+		T_OK(t_check_file_random(path, 0, 1u << 20, 23, 0));
+		restore(path, 1u << 20, 0);
+		nvio_handle_destroy(h);
+	}
+	T_EQ_INT(sim.ctx_refs(), 0);
+	T_EQ_U64(sim.violations(), 0);
+	sim.free(dev1);
+}
+
+/*
  * GDS handles: device memory moves through cuFile; a file cuFile refuses
  * moves through the bounce path instead (its pieces must not go to the
  * O_DIRECT descriptor opened for cuFile: they are unaligned). No cuFile
@@ -312,6 +345,7 @@ int main(void)
 			T_EQ_U64(sim.violations(), 0);
 		}
 	}
+	test_two_devices(dev, path);
 	test_gds(dev, path);
 	/* Host memory is still host memory with the driver loaded. */
 	t_ctx("host buffer with the driver loaded");
