@@ -224,6 +224,13 @@ int nvio__cuda_ctx_open(struct nvio__cuda_ctx *c, int device)
 	return 0;
 }
 
+int nvio__cuda_ctx_use(const struct nvio__cuda_ctx *c)
+{
+	if (!c->stream || !cu.ok)
+		return -ENODEV;
+	return cu_err(cu.CtxSetCurrent(c->ctx));
+}
+
 void nvio__cuda_ctx_close(struct nvio__cuda_ctx *c)
 {
 	CUdevice dev;

@@ -367,6 +367,8 @@ struct nvio__cuda_ctx {
 };
 int nvio__cuda_ctx_open(struct nvio__cuda_ctx *c, int device);
 void nvio__cuda_ctx_close(struct nvio__cuda_ctx *c);
+/* Makes c's context current in this thread: 0 or -errno. */
+int nvio__cuda_ctx_use(const struct nvio__cuda_ctx *c);
 int nvio__cuda_copy(void *dst, const void *src, size_t n, int to_device,
 		    const struct nvio__cuda_ctx *c);
 int nvio__cuda_host_register(void *p, size_t n);

@@ -147,6 +147,14 @@ static int stage_copy(struct wstate *s, struct nvio__op *op, void *stage,
 		return 0;
 	}
 	if (!s->cuda.stream || s->cuda.device != op->cuda_device) {
+		/*
+		 * The bounce pool's registration belongs to the old device's
+		 * context, which the close may destroy (its last retain):
+		 * unregister it there, and register again in the new one, or
+		 * every copy from now on takes the driver's pageable path.
+		 */
+		if (s->cuda.stream && nvio__cuda_ctx_use(&s->cuda) == 0)
+			nvio__stage_cuda_done(&s->w->stage);
 		nvio__cuda_ctx_close(&s->cuda);
 		r = nvio__cuda_ctx_open(&s->cuda, op->cuda_device);
 		if (r < 0)
@@ -648,8 +656,10 @@ static void *worker_main(void *arg)
 			break;
 	}
 	if (s->cuda.stream) {
-		/* the driver unpins with a context current: this thread's */
-		nvio__stage_cuda_done(&s->w->stage);
+		/* the driver unpins in the context that pinned: the worker's
+		 * (a validation may have left another current) */
+		if (nvio__cuda_ctx_use(&s->cuda) == 0)
+			nvio__stage_cuda_done(&s->w->stage);
 		nvio__cuda_ctx_close(&s->cuda);
 	}
 	/* Each worker tears its own context down, so a handle's workers do

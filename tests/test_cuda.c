@@ -218,11 +218,14 @@ static void test_two_devices(unsigned char *dev0, const char *path)
 	if (t_handle(&h, NVIO_ENGINE_AUTO, NVIO_DIRECT_AUTO, 1, 1u << 20) == 0) {
 		for (int i = 0; i < 3; i++) {
 			unsigned char *d = i == 1 ? dev1 : dev0;
+			unsigned long pageable = sim.pageable_copies();
 
 			sim.fill(d, 0, 1u << 20);
 			if (T_OK(nvio_pread(h, d, 1u << 20, path, 4096 * i, 0)))
 				T_EQ_INT(dev_check_random(d, 1u << 20, 21, 4096u * i), -1);
 			T_TRUE(sim.ctx_refs() <= 1);	/* one device's at a time */
+			/* the bounce buffers registered in the device's context */
+			T_EQ_U64(sim.pageable_copies(), pageable);
 		}
 		dev_fill_random(dev1, 1u << 20, 23, 0);
 		T_OK(nvio_pwrite(h, dev1, 1u << 20, path, 0, 0));

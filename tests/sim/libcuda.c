@@ -17,7 +17,11 @@
  *    CUDA_ERROR_CONTEXT_IS_DESTROYED once its last retain is released.
  *  - Registered host memory is tracked: double registration, unknown
  *    unregistration and unregistering memory that queued copies still
- *    use are errors (the last is also counted as a violation).
+ *    use are errors (the last is also counted as a violation). A
+ *    registration belongs to the context current when it was made and
+ *    goes when that context is destroyed (its last primary retain
+ *    released); copies from memory no longer registered count as
+ *    pageable (sim_cuda_pageable_copies), the driver's slow path.
  *  - Every entry point can be made to fail by count with the driver's
  *    codes: sim_cuda_fail() or $NVIO_SIM_FAIL ("name:after:times:code",
  *    ";"-separated; name "*" is any call, "copy" fails a queued copy when
@@ -115,7 +119,7 @@ struct op {
 };
 
 struct alloc { uintptr_t off; size_t n; int dev; };
-struct hostreg { uintptr_t p; size_t n; };
+struct hostreg { uintptr_t p; size_t n; struct sim_ctx *ctx; };
 struct rule { char fn[48]; unsigned long after, times; CUresult code; };
 
 /*
@@ -618,8 +622,19 @@ API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 	if (sim.ctx[dev].refs <= 0)
 		LEAVE(CUDA_ERROR_INVALID_CONTEXT);
 	if (--sim.ctx[dev].refs == 0) {
-		/* The context goes: its streams and events with it. */
+		/* The context goes: its streams, events and host
+		 * registrations with it (as the driver destroys a primary
+		 * context whose last retain is released). */
 		struct sim_stream **ps = &sim.streams;
+
+		for (unsigned i = 0; i < sim.nregs; i++) {
+			if (sim.regs[i].ctx != &sim.ctx[dev])
+				continue;
+			if (queued_touches(sim.regs[i].p, sim.regs[i].n))
+				violation("context destroyed while %s",
+					  "queued copies use its host registrations");
+			sim.regs[i--] = sim.regs[--sim.nregs];
+		}
 
 		while (*ps) {
 			struct sim_stream *s = *ps;
@@ -1093,7 +1108,7 @@ API CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags)
 			LEAVE(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
 	if (sim.nregs == MAX_HOSTREGS)
 		LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
-	sim.regs[sim.nregs++] = (struct hostreg){ a, n };
+	sim.regs[sim.nregs++] = (struct hostreg){ a, n, current };
 	LEAVE(CUDA_SUCCESS);
 }
 
