@@ -143,7 +143,7 @@ MANDIR ?= $(PREFIX)/share/man
 PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
 INSTALL ?= install
 
-MAN1 = man/nvio.1
+MAN1 = man/nvio.1 $(wildcard man/man1/*.1)
 MAN3 = $(wildcard man/man3/*.3)
 MAN7 = $(wildcard man/man7/*.7)
 
