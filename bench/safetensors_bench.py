@@ -119,11 +119,14 @@ def main():
     ram_env = dict(os.environ, NVIO_RAMDISK="/mnt/nvio-ram-st",
                    NVIO_RAMDISK_BACKING="/mnt/nvio-ram-st-backing")
     if a.ram:
-        subprocess.run(["sh", os.path.join(HERE, "ramdisk.sh"), "up", "%dG" % max(
-            3, (a.layers * 90 * MiB * 2 + 1 << 30) // (1 << 30) + 1)], check=True, env=ram_env)
+        # model, one-file save, fio file (and torch.save's file): ~90 MB a layer + 270 MB each
+        model_gib = (a.layers * 90 * MiB + 270 * MiB) / (1 << 30)
+        subprocess.run(["sh", os.path.join(HERE, "ramdisk.sh"), "up", "%dG" % (
+            int(model_gib * 4) + 1)], check=True, env=ram_env)
         a.dir = os.path.join(ram_env["NVIO_RAMDISK"], "bench")
     skip = set(x for x in a.skip.split(",") if x)
     os.makedirs(a.dir, exist_ok=True)
+    disk_line = core_bench.disk_info("ram" if a.ram else "real", a.dir)
     mdir = os.path.join(a.dir, "model")
     ptf = os.path.join(a.dir, "model.pt")
     one = os.path.join(a.dir, "one.safetensors")
@@ -302,7 +305,7 @@ def main():
                platform.python_version(), nvio.__version__),
            "- nvio commit: %s" % subprocess.run(["git", "-C", REPO, "log", "-1", "--format=%h %s"],
                                                  capture_output=True, text=True).stdout.strip(),
-           core_bench.disk_info(disk, a.dir if not a.ram else ram_env["NVIO_RAMDISK"]),
+           disk_line,
            "- command: `%s`" % " ".join(shlex.quote(x) for x in ["python3"] + sys.argv),
            "- model: Llama from a config, %d layers, bf16, random weights, save_pretrained in "
            "%d shards: %d bytes of tensors, %d bytes of files; the save writes one file of "
