@@ -506,6 +506,21 @@ static CUresult sync_stream_locked(struct sim_stream *s)
 
 #define LEAVE(r) do { CUresult v_ = (r); pthread_mutex_unlock(&sim.lock); return v_; } while (0)
 
+/*
+ * The synchronisations, told to fail, still wait for the work first, as
+ * the driver's do: an error (sticky or the copy's own) is reported once
+ * the stream has drained or been aborted, never with copies in flight.
+ */
+#define ENTER_SYNC(name)					\
+	CUresult inj_;						\
+	setup_once();						\
+	pthread_mutex_lock(&sim.lock);				\
+	if (!sim.inited) {					\
+		pthread_mutex_unlock(&sim.lock);		\
+		return CUDA_ERROR_NOT_INITIALIZED;		\
+	}							\
+	inj_ = fail_now(name);
+
 static CUresult need_ctx(void)
 {
 	if (!current)
@@ -721,7 +736,7 @@ API CUresult cuCtxGetDevice(CUdevice *dev)
 
 API CUresult cuCtxSynchronize(void)
 {
-	ENTER("cuCtxSynchronize");
+	ENTER_SYNC("cuCtxSynchronize");
 	CUresult r = need_ctx(), e = CUDA_SUCCESS;
 
 	if (r)
@@ -730,7 +745,7 @@ API CUresult cuCtxSynchronize(void)
 		if (s->ctx == current && (r = sync_stream_locked(s)) && !e)
 			e = r;
 	r = sync_stream_locked(current->null_stream);
-	LEAVE(e ? e : r);
+	LEAVE(inj_ ? inj_ : e ? e : r);
 }
 
 API CUresult cuStreamCreate(CUstream *out, unsigned flags)
@@ -782,13 +797,14 @@ API CUresult cuStreamDestroy(CUstream s)
 
 API CUresult cuStreamSynchronize(CUstream in)
 {
-	ENTER("cuStreamSynchronize");
+	ENTER_SYNC("cuStreamSynchronize");
 	struct sim_stream *s;
 	CUresult r = get_stream(in, &s);
 
 	if (r)
 		LEAVE(r);
-	LEAVE(sync_stream_locked(s));
+	r = sync_stream_locked(s);
+	LEAVE(inj_ ? inj_ : r);
 }
 
 API CUresult cuStreamQuery(CUstream in)
@@ -880,14 +896,14 @@ API CUresult cuEventQuery(CUevent in)
 
 API CUresult cuEventSynchronize(CUevent in)
 {
-	ENTER("cuEventSynchronize");
+	ENTER_SYNC("cuEventSynchronize");
 	struct sim_event *e = find_event(in);
 
 	if (!e)
 		LEAVE(CUDA_ERROR_INVALID_HANDLE);
 	while (!event_done(e))
 		pthread_cond_wait(&sim.cond, &sim.lock);
-	LEAVE(CUDA_SUCCESS);
+	LEAVE(inj_);
 }
 
 /* Ops execute in one queue, in order: an event recorded earlier on any
