@@ -222,8 +222,16 @@ def test_verify_intact(kind, files, tmp_path, capsys):
     assert "OK" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("reader", ["nvio", "pread"])
 @pytest.mark.parametrize("kind", ["nvio", "torch"])
-def test_verify_flipped_data_byte_in_every_record(kind, files, tmp_path):
+def test_verify_flipped_data_byte_in_every_record(kind, reader, files, tmp_path, monkeypatch):
+    if reader == "pread":          # libnvio cannot open the file: plain pread
+        from nvio.checkpoint import _save
+
+        def refuse():
+            raise OSError(95, "refused by the test")
+        monkeypatch.setattr(_save, "default_handle", refuse)
+    monkeypatch.setattr(_inspect, "CHUNK", 1000)      # records span chunks
     raw = files[kind]
     recs, _, _, _ = layout(raw)
     for name, _, data, size, _ in recs:
