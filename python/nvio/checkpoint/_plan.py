@@ -108,7 +108,8 @@ class Plan:
     """A checkpoint laid out: records with offsets, the small records' bytes,
     and the storages whose bytes go to the data records."""
 
-    def __init__(self, obj, path, align=DEFAULT_ALIGN, protocol=2, archive=None):
+    def __init__(self, obj, path, align=DEFAULT_ALIGN, protocol=2, archive=None,
+                 meta_align=None):
         if align < 64 or align & (align - 1):
             raise ValueError("nvio: align must be a power of two >= 64, not %r" % (align,))
         self.path = os.fsdecode(path)
@@ -124,7 +125,12 @@ class Plan:
                 raise CheckpointError("nvio.save: %s: storage %s is on the meta device "
                                       "(it has no data to save)" % (self.path, key), self.path)
         pre = (archive or archive_name(path)) + "/"
+        if meta_align is not None and (meta_align < 1 or meta_align & (meta_align - 1)):
+            raise ValueError("nvio: meta_align must be a power of two, not %r" % (meta_align,))
         self.align = align
+        # small records need no O_DIRECT alignment: meta_align (torch.save's
+        # 64, say) packs them, so that many small images (DCP) stay small
+        self.meta_align = meta_align or align
         self.layout = lay = _zip.Layout(align)
         self.meta = {}         # record name -> bytes (the small records)
         self.data = []         # (Record, UntypedStorage) in file order
@@ -144,7 +150,7 @@ class Plan:
         self.size = lay.cursor + len(lay.directory())
 
     def _add_meta(self, name, b):
-        r = self.layout.add(name, len(b))
+        r = self.layout.add(name, len(b), self.meta_align)
         r.crc = zlib.crc32(b)
         self.meta[name] = b
 

@@ -104,10 +104,11 @@ class Layout:
     records: list = field(default_factory=list)
     cursor: int = 0
 
-    def add(self, name, size):
-        """Place the next record (data aligned to self.align); returns it."""
+    def add(self, name, size, align=None):
+        """Place the next record (data aligned to ``align``, by default
+        self.align); returns it."""
         name_b = name.encode("utf-8")
-        local, data_off = _local_header(name_b, size, self.cursor, self.align)
+        local, data_off = _local_header(name_b, size, self.cursor, align or self.align)
         r = Record(name, size, self.cursor, data_off, 0, local)
         self.records.append(r)
         self.cursor = r.end + r.descriptor_size

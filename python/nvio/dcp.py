@@ -1,0 +1,747 @@
+"""torch.distributed.checkpoint (DCP) storage through libnvio.
+
+    import torch.distributed.checkpoint as dcp, nvio.dcp
+    dcp.save(sd, storage_writer=nvio.dcp.FileSystemWriter("/nvme/step100"))
+    dcp.load(sd, storage_reader=nvio.dcp.FileSystemReader("/nvme/step100"))
+    fut = dcp.async_save(sd, storage_writer=nvio.dcp.FileSystemWriter(d))
+
+The files are DCP's own: a pickled ``Metadata`` in ``.metadata`` whose
+``storage_data`` maps every item to ``_StorageInfo(relative_path, offset,
+length)`` in per-rank files ``__{rank}_{n}.distcp``; a tensor item is a
+torch.save image of the tensor at that offset, a bytes item its bytes.
+DCP's FileSystemReader reads what this writer writes and this reader reads
+what DCP's FileSystemWriter writes. What differs is how the bytes move:
+
+- Writing: each image is laid out by nvio's checkpoint planner with the
+  tensor's bytes on a page boundary, and each rank file is written with ONE
+  vectored O_DIRECT op straight from the tensors' memory (headers, bytes
+  items and the zip directories in the same op), into an unnamed temporary
+  that is fsynced and renamed into place (``sync_files=False``: no fsync).
+  The zip CRC-32s are left 0 unless ``crc32=True``: torch.load does not
+  check them and DCP never reads the images otherwise, so computing them
+  would be CPU time the format does not need.
+- Commit: ``.metadata`` is written last, by the coordinator, after every
+  rank's files are durable, and replaces the old one atomically (temporary,
+  fsync, rename, fsync of the directory). Data files never overwrite files
+  that already exist: in a directory that already holds a checkpoint the new
+  files get names of their own (``__{rank}_{n}.{tag}.distcp``), so until the
+  new ``.metadata`` lands the old checkpoint stays whole and loadable; after
+  it lands, data files it does not use (the old checkpoint's, a failed
+  save's) are removed. A save that fails on any rank leaves the previous
+  checkpoint (or no ``.metadata`` at all), plus the files that ranks which
+  did not fail wrote, until the next save there succeeds.
+- Reading: the zip directories and pickles of all requested images are read
+  in two vectored ops per file; then one vectored op per file reads every
+  requested range straight into the destination tensors where the saved
+  chunk and the destination are both contiguous (the common case, also when
+  resharding along dim 0), and through a bounded buffer and ``copy_``
+  otherwise.
+- async_save: the writer is its own stager: ``stage`` copies the state dict
+  into page-locked memory (one buffer per save in flight, reused by later
+  saves), so the write goes with O_DIRECT from locked memory.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import datetime
+import io
+import logging
+import os
+import pickle
+import re
+import secrets
+import threading
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed._shard._utils import narrow_tensor_by_index
+from torch.distributed.checkpoint import filesystem as _fs
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
+
+from . import _nvio
+from .checkpoint import _zip
+from .checkpoint._plan import DEFAULT_ALIGN, CheckpointError, Plan, crc_submit
+
+__all__ = ["FileSystemWriter", "FileSystemReader"]
+
+_log = logging.getLogger(__name__)
+
+_StorageInfo = _fs._StorageInfo
+_METADATA = _fs._metadata_fn            # ".metadata"
+_SUFFIX = _fs.DEFAULT_SUFFIX            # ".distcp"
+#: Names of DCP data files (ours and DCP's): the only files a commit removes.
+_DATA_NAME = re.compile(r"^__\d+_\d+(\.[0-9a-f]+)?\.distcp$")
+#: Small records of each torch.save image are packed as torch.save packs them.
+_META_ALIGN = 64
+#: Bytes read from the start and the end of each image to find its pickle,
+#: local headers and zip directory (more is read when they do not fit).
+_HEAD = 4096
+_TAIL = 4096
+#: Most bytes of bounce buffers a read holds at once (non-contiguous chunks).
+_BOUNCE = 256 << 20
+
+
+def _handle(handle):
+    if handle is not None:
+        return handle
+    from .checkpoint._save import default_handle
+    return default_handle()
+
+
+def _u8(t):
+    """A flat uint8 view of a contiguous tensor's bytes (no copy)."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(
+        t.untyped_storage(), t.storage_offset() * t.element_size(), (t.nbytes,), (1,))
+
+
+def _exact(t):
+    """t as torch.save should see it: a tensor whose storage holds exactly
+    its bytes (DCP clones for this; a contiguous tensor is aliased instead)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.untyped_storage().nbytes() == t.nbytes:
+        return t, None
+    if not t.is_contiguous() or t.nbytes == 0:
+        return t.clone(), None
+    mem = (ctypes.c_ubyte * t.nbytes).from_address(t.data_ptr())
+    s = torch.frombuffer(mem, dtype=torch.uint8).untyped_storage()
+    return torch.empty(0, dtype=t.dtype).set_(s, 0, t.shape, t.stride()), t  # t: keep alive
+
+
+class _Image:
+    """One item of a rank file: a laid-out torch.save image or raw bytes."""
+
+    def __init__(self, item, base, plan=None, raw=None, keep=None):
+        self.item = item
+        self.base = base
+        self.plan = plan
+        self.raw = raw
+        self.keep = keep
+
+    @property
+    def length(self):
+        return self.plan.size if self.plan is not None else len(self.raw)
+
+
+def _layout_file(items, resolve, path, align, crc):
+    """Lay out one rank file: [_Image] with offsets, and its size."""
+    images, pos = [], 0
+    for item in items:                  # bytes items first, packed, as DCP does
+        if item.type == WriteItemType.BYTE_IO:
+            data = resolve(item)
+            raw = bytes(data.getbuffer()) if isinstance(data, io.BytesIO) else bytes(data)
+            images.append(_Image(item, pos, raw=raw))
+            pos += len(raw)
+    for item in items:
+        if item.type != WriteItemType.BYTE_IO:
+            t, keep = _exact(resolve(item))
+            pos = -(-pos // align) * align
+            plan = Plan(t, path, align, 2, archive="archive", meta_align=_META_ALIGN)
+            images.append(_Image(item, pos, plan=plan, keep=(t, keep)))
+            pos += plan.size
+    if crc:
+        recs = [(im, r, s) for im in images if im.plan for r, s in im.plan.data]
+        for (_, r, _), c in zip(recs, crc_submit([(s.data_ptr(), r.size) for _, r, s in recs])()):
+            r.crc = c
+    return images, pos
+
+
+def _file_vector(images):
+    """Every byte of a laid-out rank file as one (buffer, offset) vector."""
+    vec = []
+    for im in images:
+        if im.raw is not None:
+            if im.raw:
+                vec.append((im.raw, im.base))
+            continue
+        runs = [(im.base + off, b) for off, b in im.plan.meta_pieces()]
+        runs += [(im.base + r.data_offset, s) for r, s in im.plan.data if r.size]
+        runs.sort(key=lambda x: x[0])
+        for off, b in runs:
+            if isinstance(b, torch.UntypedStorage):
+                b = torch.empty(0, dtype=torch.uint8).set_(b, 0, (b.nbytes(),), (1,))
+            vec.append((b, off))
+    return vec
+
+
+class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
+    """DCP's FileSystemWriter, writing through libnvio (see the module).
+
+    The arguments are DCP's: ``thread_count`` rank files are written at once
+    (one op each; nvio's workers move them in parallel), ``single_file_per_rank
+    =False`` gives one file per item, ``sync_files=False`` skips the fsyncs.
+    ``per_thread_copy_ahead`` is accepted and unused (nothing is copied).
+
+    nvio's keyword-only additions: ``handle`` (an :class:`nvio.AioHandle`;
+    nvio's checkpoint handle by default), ``align`` (tensor bytes' alignment
+    in the files, a power of two >= 4096), ``crc32`` (fill in the zip
+    CRC-32s, for zip tools; DCP does not need them), ``process_group`` and
+    ``timeout`` (seconds): with a group, every rank waits at the end of its
+    writes in a ``monitored_barrier`` (gloo) so that a rank that died is
+    named in the error instead of surfacing as a lost connection.
+    """
+
+    def __init__(self, path, single_file_per_rank=True, sync_files=True, thread_count=1,
+                 per_thread_copy_ahead=10_000_000, cache_staged_state_dict=False,
+                 overwrite=True, *, handle=None, align=DEFAULT_ALIGN, crc32=False,
+                 process_group=None, timeout=None):
+        _fs._FileSystemWriter.__init__(self, path=path, single_file_per_rank=single_file_per_rank,
+                                       sync_files=_nvio.check_flag(sync_files, "sync_files"),
+                                       thread_count=thread_count,
+                                       per_thread_copy_ahead=per_thread_copy_ahead,
+                                       overwrite=overwrite)
+        BlockingAsyncStager.__init__(self, cache_staged_state_dict=cache_staged_state_dict)
+        if thread_count < 1:
+            raise ValueError("nvio.dcp: thread_count must be >= 1, not %r" % (thread_count,))
+        if align < 4096 or align & (align - 1):
+            raise ValueError("nvio.dcp: align must be a power of two >= 4096, not %r" % (align,))
+        self.handle = handle
+        self.align = align
+        self.crc32 = _nvio.check_flag(crc32, "crc32")
+        self.process_group = process_group
+        self.timeout = timeout
+        self._tag = None
+        self._pool = _StagingPool()
+
+    def reset(self, checkpoint_id=None):
+        super().reset(checkpoint_id)
+        self._tag = None
+
+    # -- writing ----------------------------------------------------------------
+
+    def _file_name(self, prefix, n):
+        """DCP's name, or one of our own when that name is taken (by the
+        checkpoint this save replaces, which must stay whole until commit)."""
+        name = "%s%d%s" % (prefix, n, _SUFFIX)
+        if os.path.lexists(os.path.join(self.path, name)):
+            if self._tag is None:
+                self._tag = secrets.token_hex(4)
+            name = "%s%d.%s%s" % (prefix, n, self._tag, _SUFFIX)
+        return name
+
+    def write_data(self, plan, planner):
+        prefix = plan.storage_data.prefix
+        if self.single_file_per_rank:
+            buckets = _fs._split_by_size_and_type(self.thread_count, plan.items)
+        else:
+            buckets = [[item] for item in plan.items]
+        buckets = [b for b in buckets if b] or [[]]
+        try:
+            results = self._write_files(prefix, buckets, planner)
+        except BaseException:
+            # the others wait in the barrier: meet them, then fail (DCP then
+            # reports every rank's error on every rank)
+            self._barrier("writing the data files", quiet=True)
+            raise
+        finally:
+            self._pool.release_oldest()   # a staged snapshot is on disk (or failed)
+        self._barrier("writing the data files")
+        fut = Future()
+        fut.set_result(results)
+        return fut
+
+    def _write_files(self, prefix, buckets, planner):
+        h = _handle(self.handle)
+        flags = _nvio.FILE_ATOMIC | (0 if self.sync_files else _nvio.FILE_NOSYNC)
+        files, results = [], []
+        try:
+            for n, items in enumerate(buckets):
+                name = self._file_name(prefix, n)
+                path = os.path.join(self.path, name)
+                images, size = _layout_file(items, planner.resolve_data, path, self.align,
+                                            self.crc32)
+                f = h.open(path, flags)
+                files.append((f, images))
+                if size >= 1 << 20:
+                    try:
+                        f.allocate(0, size)      # ENOSPC before any byte moves
+                    except _nvio.NvioError as e:
+                        if e.errno not in (95, 22):
+                            raise
+                for im in images:
+                    results.append(WriteResult(index=im.item.index, size_in_bytes=im.length,
+                                               storage_data=_StorageInfo(name, im.base,
+                                                                         im.length)))
+            futs = [f.pwritev_async(_file_vector(images), _nvio.OFFSET_PER_IOV)
+                    for f, images in files if images]
+            err = None
+            for fut in futs:            # every op ends before its buffers go
+                try:
+                    fut.result()
+                except BaseException as e:  # noqa: BLE001 - the first is raised below
+                    err = err or e
+            if err is not None:
+                raise err
+            for f, _ in files:
+                f.commit()              # fsync, rename into place, fsync the directory
+        finally:
+            for f, _ in files:
+                f.close()               # an uncommitted one is abandoned: no trace
+        return results
+
+    def _barrier(self, what, quiet=False):
+        g = self.process_group
+        if g is None or not dist.is_initialized() or dist.get_world_size(g) < 2:
+            return
+        if dist.get_backend(g) != "gloo":
+            return
+        t = self.timeout
+        if t is not None and not isinstance(t, datetime.timedelta):
+            t = datetime.timedelta(seconds=t)
+        try:
+            dist.monitored_barrier(g, timeout=t, wait_all_ranks=True)
+        except RuntimeError as e:
+            if quiet:
+                return
+            err = CheckpointError("nvio.dcp: %s: %s: not every rank finished (rank %d "
+                                  "waited): %s; the previous checkpoint (if any) is unchanged"
+                                  % (self.path, what, dist.get_rank(g), e), str(self.path))
+            # DCP's next collective fails too (a rank is gone) and its error,
+            # the transport's, is what dcp.save raises: say who is missing here
+            _log.error("%s", err)
+            raise err from None
+
+    def finish(self, metadata: Metadata, results) -> None:
+        metadata.version = _fs.CURRENT_DCP_VERSION
+        storage_md = {}
+        for wr_list in results:
+            storage_md.update({wr.index: wr.storage_data for wr in wr_list})
+        metadata.storage_data = storage_md
+        metadata.storage_meta = self.storage_meta()
+        rank = self.rank if (not self.use_collectives and self.rank is not None) else None
+        mpath = os.fspath(self._get_metadata_path(rank))
+        blob = pickle.dumps(metadata)
+        flags = _nvio.FILE_ATOMIC | (0 if self.sync_files else _nvio.FILE_NOSYNC)
+        with _handle(self.handle).open(mpath, flags) as f:
+            if blob:
+                f.pwrite(blob, 0)
+            f.commit()                  # the checkpoint exists from here on
+        # the directory is this checkpoint's: data files it does not use are
+        # the replaced checkpoint's, or a failed save's
+        keep = {s.relative_path for s in storage_md.values()}
+        mine = "__" if rank is None else "__%d_" % rank
+        for name in sorted(os.listdir(self.path)):
+            if name not in keep and name.startswith(mine) and _DATA_NAME.match(name):
+                try:
+                    os.unlink(os.path.join(self.path, name))
+                except FileNotFoundError:
+                    pass
+
+    # -- async_save staging ----------------------------------------------------
+
+    def stage(self, state_dict):
+        """Copy ``state_dict`` into page-locked memory (async_save calls this);
+        the copy is freed for reuse once its write_data has ended."""
+        return self._pool.stage(state_dict)
+
+    def close(self):
+        self._pool.clear()
+
+
+class _StagingPool:
+    """Page-locked snapshot buffers: one per save between stage() and the
+    end of its write_data (DCP runs async saves one after another)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.free = []
+        self.busy = collections.deque()
+
+    def _take(self, n):
+        with self.lock:
+            fits = [b for b in self.free if len(b) >= n]
+            if fits:
+                b = min(fits, key=len)
+                self.free.remove(b)
+            else:
+                b = None
+        if b is None:
+            from .handles import _locked_buffer
+            b = _locked_buffer(max(n, 4096), False)
+        with self.lock:
+            self.busy.append(b)
+        return b
+
+    def release_oldest(self):
+        with self.lock:
+            if self.busy:
+                self.free.append(self.busy.popleft())
+
+    def clear(self):
+        with self.lock:
+            self.free.clear()
+
+    def stage(self, state_dict):
+        leaves = []
+
+        def collect(x):
+            if isinstance(x, torch.Tensor):
+                leaves.append(_local(x))
+            elif isinstance(x, dict):
+                for v in x.values():
+                    collect(v)
+            elif isinstance(x, (list, tuple)):
+                for v in x:
+                    collect(v)
+        collect(state_dict)
+        offs, pos = {}, 0
+        for t in leaves:
+            if id(t) not in offs:
+                offs[id(t)] = pos
+                pos += -(-t.nbytes // 4096) * 4096
+        buf = self._take(pos)
+        flat = torch.frombuffer(buf, dtype=torch.uint8, count=max(pos, 1))
+        copies = {}
+
+        def copy(t):
+            loc = _local(t)
+            c = copies.get(id(loc))
+            if c is None:
+                o = offs[id(loc)]
+                c = flat[o:o + loc.nbytes].view(loc.dtype).view(loc.shape) \
+                    if loc.nbytes else torch.empty(loc.shape, dtype=loc.dtype)
+                c.copy_(loc.detach())
+                copies[id(loc)] = c
+            if _is_dtensor(t):
+                from torch.distributed.tensor import DTensor
+                return DTensor.from_local(c, t.device_mesh, t.placements, run_check=False,
+                                          shape=t.shape, stride=t.stride())
+            return c
+
+        def walk(x):
+            if isinstance(x, torch.Tensor):
+                return copy(x)
+            if isinstance(x, dict):
+                return type(x)((k, walk(v)) for k, v in x.items())
+            if isinstance(x, list):
+                return [walk(v) for v in x]
+            if isinstance(x, tuple):
+                return tuple(walk(v) for v in x)
+            return x
+        try:
+            return walk(state_dict)
+        except BaseException:
+            with self.lock:
+                self.busy.remove(buf)
+                self.free.append(buf)
+            raise
+
+
+def _is_dtensor(t):
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return False
+    return isinstance(t, DTensor)
+
+
+def _local(t):
+    return t._local_tensor if _is_dtensor(t) else t
+
+
+# --- reading ---------------------------------------------------------------
+
+
+class _Saved:
+    """A torch.save image of one tensor inside a rank file: the tensor as a
+    meta tensor (dtype, shape, strides, storage offset) and the file offset
+    of its storage's bytes."""
+
+    def __init__(self, tensor, data_offset):
+        self.tensor = tensor
+        self.data_offset = data_offset
+
+
+class _MetaUnpickler:
+    """persistent_load that makes meta storages and remembers their records."""
+
+    def __init__(self):
+        self.keys = {}
+
+    def __call__(self, saved_id):
+        typename, stype, key, _location, numel = saved_id
+        if isinstance(typename, bytes):
+            typename = typename.decode("ascii")
+        if typename != "storage":
+            raise pickle.UnpicklingError("unknown persistent id type %r" % (typename,))
+        key = str(key)
+        dtype = torch.uint8 if stype is torch.UntypedStorage else stype.dtype
+        if key not in self.keys:
+            nbytes = numel * torch._utils._element_size(dtype)
+            s = torch.UntypedStorage(nbytes, device="meta")
+            self.keys[key] = (torch.storage.TypedStorage(wrap_storage=s, dtype=dtype,
+                                                         _internal=True), nbytes)
+        return self.keys[key][0]
+
+
+class FileSystemReader(_fs.FileSystemReader):
+    """DCP's FileSystemReader, reading through libnvio (see the module).
+    ``handle``: the :class:`nvio.AioHandle` to read with (keyword-only)."""
+
+    def __init__(self, path, _extension_registry=None, *, handle=None):
+        super().__init__(path, _extension_registry)
+        self.handle = handle
+
+    def _err(self, msg):
+        return CheckpointError("nvio.dcp: %s: %s" % (self.path, msg), str(self.path))
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = os.fspath(self._get_metadata_path(kwargs.get("rank")))
+        try:
+            with open(path, "rb") as f:
+                md = pickle.load(f)
+        except FileNotFoundError:
+            raise self._err("no %s file: not a DCP checkpoint directory, or its save "
+                            "never completed" % os.path.basename(path)) from None
+        except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as e:
+            raise self._err("%s is corrupt or truncated: %s" % (os.path.basename(path), e)) \
+                from None
+        if getattr(md, "storage_meta", None) is None:
+            md.storage_meta = StorageMeta()
+        md.storage_meta.load_id = self.load_id
+        return md
+
+    def read_data(self, plan, planner):
+        infos = [self.storage_data[r.storage_index] for r in plan.items]
+        if any(getattr(i, "transform_descriptors", None) for i in infos):
+            return super().read_data(plan, planner)     # DCP's stream transforms
+        per_file = {}
+        for req, info in zip(plan.items, infos):
+            per_file.setdefault(info.relative_path, []).append((req, info))
+        for name, reqs in per_file.items():
+            if not os.path.exists(os.path.join(self.path, name)):
+                fqns = sorted({r.storage_index.fqn for r, _ in reqs})
+                raise self._err("data file %s is missing (it holds %d requested item(s), "
+                                "e.g. %r): the checkpoint is incomplete"
+                                % (name, len(reqs), fqns[0]))
+        h = _handle(self.handle)
+        files = {}
+        try:
+            for name in per_file:
+                files[name] = h.open(os.path.join(self.path, name), _nvio.FILE_READ)
+            self._read(files, per_file, planner)
+        finally:
+            for f in files.values():
+                f.close()
+        fut = Future()
+        fut.set_result(None)
+        return fut
+
+    def _read(self, files, per_file, planner):
+        # 1. every requested image's pickle and data offset
+        saved = {}
+        for name, reqs in per_file.items():
+            spans = sorted({(i.offset, i.length) for r, i in reqs
+                            if r.type != LoadItemType.BYTE_IO})
+            saved.update(self._index(name, files[name], spans))
+        # 2. the data: straight into the destinations, or through buffers
+        jobs = []       # (file name, ReadItem, _StorageInfo)
+        for name, reqs in per_file.items():
+            for req, info in reqs:
+                jobs.append((name, req, info))
+        batch, held = [], 0
+        for name, req, info in jobs:
+            need = self._bounce_need(saved, name, req, info)
+            if batch and held + need > _BOUNCE:
+                self._run_batch(files, saved, batch, planner)
+                batch, held = [], 0
+            batch.append((name, req, info))
+            held += need
+        if batch:
+            self._run_batch(files, saved, batch, planner)
+
+    def _where(self, saved, name, req, info):
+        """(view of the saved tensor the request wants, file offset of its
+        storage's first byte)."""
+        s = saved[(name, info.offset, info.length)]
+        v = narrow_tensor_by_index(s.tensor, req.storage_offsets, req.lengths)
+        return v, info.offset + s.data_offset
+
+    def _bounce_need(self, saved, name, req, info):
+        if req.type == LoadItemType.BYTE_IO:
+            return info.length
+        v, _ = self._where(saved, name, req, info)
+        return 0 if v.is_contiguous() else _span(v)[1]
+
+    def _run_batch(self, files, saved, batch, planner):
+        pieces = {}         # file name -> [(buffer, offset)]
+        after = []          # callables run once the data is in
+        for name, req, info in batch:
+            vec = pieces.setdefault(name, [])
+            if req.type == LoadItemType.BYTE_IO:
+                b = bytearray(info.length)
+                if info.length:
+                    vec.append((b, info.offset))
+                after.append(lambda req=req, b=b: planner.load_bytes(req, io.BytesIO(bytes(b))))
+                continue
+            v, base = self._where(saved, name, req, info)
+            target = planner.resolve_tensor(req).detach()
+            if target.size() != v.size():
+                raise self._err("item %s: the saved chunk narrows to %s but the destination "
+                                "is %s" % (req.storage_index, tuple(v.size()),
+                                           tuple(target.size())))
+            es = v.element_size()
+            if v.numel() == 0:
+                after.append(lambda req=req, t=target: planner.commit_tensor(req, t))
+            elif v.is_contiguous() and target.is_contiguous() and target.dtype == v.dtype \
+                    and target.device.type in ("cpu", "cuda"):
+                vec.append((_u8(target), base + v.storage_offset() * es))
+                after.append(lambda req=req, t=target: planner.commit_tensor(req, t))
+            else:
+                lo, n = _span(v)
+                buf = torch.empty(n // es, dtype=v.dtype)
+                vec.append((_u8(buf), base + lo))
+
+                def fill(req=req, t=target, buf=buf, v=v, lo=lo, es=es):
+                    src = buf.as_strided(v.size(), v.stride(), v.storage_offset() - lo // es)
+                    t.copy_(src)
+                    planner.commit_tensor(req, t)
+                after.append(fill)
+        futs = []
+        for name, vec in pieces.items():
+            for part in _disjoint(vec):
+                futs.append((name, files[name].preadv_async(part, _nvio.OFFSET_PER_IOV)))
+        err = None
+        for name, fut in futs:
+            try:
+                fut.result()
+            except BaseException as e:  # noqa: BLE001 - every op ends first
+                err = err or e
+        if err is not None:
+            raise err
+        for fn in after:
+            fn()
+
+    def _index(self, name, f, spans):
+        """{(name, offset, length): _Saved} for the images at ``spans`` of one
+        file, from one vectored read of their heads and tails (more reads
+        only where a pickle or directory does not fit in those)."""
+        size = f.size
+        for off, length in spans:
+            if off < 0 or length < 0 or off + length > size:
+                raise self._err("%s: item at offset %d (%d bytes) lies past the end of the "
+                                "file (%d bytes): the file is truncated" % (name, off, length, size))
+        bufs, vec = [], []
+        for off, length in spans:
+            if length <= _HEAD + _TAIL:
+                b = bytearray(length)
+                bufs.append((b, None))
+                vec.append((b, off))
+            else:
+                hb, tb = bytearray(_HEAD), bytearray(_TAIL)
+                bufs.append((hb, tb))
+                vec += [(hb, off), (tb, off + length - _TAIL)]
+        vec = [p for p in vec if len(p[0])]
+        if vec:
+            f.preadv(vec, _nvio.OFFSET_PER_IOV)
+        out = {}
+        for (off, length), (hb, tb) in zip(spans, bufs):
+            img = _ImageBytes(f, off, length, hb, tb)
+            try:
+                out[(name, off, length)] = self._parse(img)
+            except (_zip.ZipFormatError, pickle.UnpicklingError, ValueError, KeyError,
+                    TypeError, EOFError) as e:
+                raise self._err("%s: the item at offset %d (%d bytes) is no torch.save image "
+                                "of a tensor: %s" % (name, off, length, e)) from None
+        return out
+
+    def _parse(self, img):
+        tail = img.tail if img.tail is not None else img.head
+        try:
+            cd_off, cd_size, count = _zip.find_directory(tail, img.length - len(tail),
+                                                         img.length)
+        except _zip.ZipFormatError:     # a zip comment longer than what was read
+            n = min(img.length, _zip.TAIL_BYTES)
+            cd_off, cd_size, count = _zip.find_directory(img.read(img.length - n, n),
+                                                         img.length - n, img.length)
+        entries = {e.name: e for e in _zip.parse_directory(img.read(cd_off, cd_size), count)}
+        pkl = [k for k in entries if k == "data.pkl" or k.endswith("/data.pkl")]
+        if not pkl:
+            raise ValueError("no data.pkl record")
+        prefix = pkl[0][:-len("data.pkl")]
+
+        def data_of(e):
+            if e.method != 0 or e.compressed != e.size:
+                raise ValueError("record %s is compressed" % e.name)
+            e.data_offset = _zip.data_offset(e, img.read(e.header_offset, _zip.LOCAL_SIZE))
+            if e.data_offset + e.size > img.length:
+                raise ValueError("record %s extends past the item" % e.name)
+            return e.data_offset
+
+        pe = entries[pkl[0]]
+        data = img.read(data_of(pe), pe.size)
+        from torch import _weights_only_unpickler
+        up = _weights_only_unpickler.Unpickler(io.BytesIO(bytes(data)), encoding="utf-8")
+        meta = _MetaUnpickler()
+        up.persistent_load = meta
+        t = up.load()
+        if not isinstance(t, torch.Tensor) or len(meta.keys) != 1:
+            raise ValueError("it holds %s, not one tensor" % type(t).__name__)
+        key, (_, nbytes) = next(iter(meta.keys.items()))
+        e = entries.get(prefix + "data/" + key)
+        if e is None:
+            raise ValueError("record data/%s is missing" % key)
+        if e.size != nbytes:
+            raise ValueError("record data/%s holds %d bytes, its storage needs %d"
+                             % (key, e.size, nbytes))
+        return _Saved(t, data_of(e))
+
+
+class _ImageBytes:
+    """Random access to one image through the bytes read already (its head
+    and tail), reading from the file what they do not cover."""
+
+    def __init__(self, f, base, length, head, tail):
+        self.f = f
+        self.base = base
+        self.length = length
+        self.head = head
+        self.tail = tail
+
+    def read(self, off, n):
+        if off < 0 or n < 0 or off + n > self.length:
+            raise ValueError("a zip structure at %d (%d bytes) lies outside the item" % (off, n))
+        if self.tail is None:
+            return self.head[off:off + n]
+        if off + n <= len(self.head):
+            return self.head[off:off + n]
+        t0 = self.length - len(self.tail)
+        if off >= t0:
+            return self.tail[off - t0:off - t0 + n]
+        b = bytearray(n)
+        if n:
+            self.f.pread(b, self.base + off)
+        return b
+
+
+def _span(v):
+    """(first byte, byte count) of a strided tensor's storage that it uses."""
+    es = v.element_size()
+    if v.numel() == 0:
+        return v.storage_offset() * es, 0
+    last = v.storage_offset() + sum((s - 1) * st for s, st in zip(v.size(), v.stride()))
+    return v.storage_offset() * es, (last - v.storage_offset() + 1) * es
+
+
+def _disjoint(vec):
+    """Split (buffer, offset) pieces into runs with increasing, non-overlapping
+    offsets (one vectored op each)."""
+    vec = sorted(vec, key=lambda p: p[1])
+    runs = []
+    for buf, off in vec:
+        n = buf.nbytes if isinstance(buf, torch.Tensor) else len(buf)
+        for run in runs:
+            if run[1] <= off:
+                run[0].append((buf, off))
+                run[1] = off + n
+                break
+        else:
+            runs.append([[(buf, off)], off + n])
+    return [r[0] for r in runs]

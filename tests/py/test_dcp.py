@@ -1,0 +1,492 @@
+"""nvio.dcp: torch.distributed.checkpoint's storage layer on libnvio.
+
+Multi-rank scenarios run in ONE launch of 4 rank processes (fresh
+interpreters meeting through a TCP store on 127.0.0.1 with a process-group
+timeout, gloo, CPU), to keep the run short: ranks 0-1 (a 2-rank group and
+mesh) save (nvio's writer and DCP's), load every way, async_save, overwrite;
+all 4 load the 2-rank checkpoints (2 -> 4), save their own, an FSDP2 model;
+ranks 0-1 load that (4 -> 2), then an injected ENOSPC on rank 1, then rank 1
+dies mid-save. Each rank prints one JSON line of results; the tests check
+those and, in this process, the files left.
+"""
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+import torch.distributed.checkpoint as dcp  # noqa: E402
+
+import nvio  # noqa: E402
+import nvio.dcp as nd  # noqa: E402
+
+from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
+
+#: dcp.save/load wrap a rank's error in CheckpointException (a BaseException)
+DCP_ERRORS = (nvio.CheckpointError, CheckpointException)
+HERE = os.path.dirname(os.path.abspath(__file__))
+ENGINES = ("io_uring", "libaio", "psync")
+
+RANK_SCRIPT = r"""
+import ctypes, datetime, errno, json, os, sys, time, warnings
+warnings.simplefilter("ignore")
+import torch, torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader as DcpReader, FileSystemWriter as DcpWriter
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Shard, Replicate, distribute_tensor
+import nvio, nvio.dcp as nd
+
+rank, world, port, d = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % port, rank=rank,
+                        world_size=world, timeout=datetime.timedelta(seconds=60))
+# every rank builds both meshes (group creation is collective); ranks 0-1
+# also form a 2-rank world of their own for the 2-rank scenarios
+mesh4 = init_device_mesh("cpu", (world,))
+mesh2 = DeviceMesh("cpu", [0, 1])
+G4, G2 = dist.group.WORLD, (mesh2.get_group() if rank < 2 else None)
+mesh, G = mesh2, G2
+
+def full(seed):
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(300, 40, generator=g)
+    return {"w": torch.randn(4096, 96, generator=g), "w2": torch.randn(60, 300, generator=g),
+            "bf": torch.randn(1000, generator=g).bfloat16(), "b": torch.randn(33, generator=g),
+            "t": base.t(), "v": base[17:29], "i": torch.arange(1001, dtype=torch.int64) * seed}
+
+def make(seed, zero=False):
+    f = full(seed)
+    if zero:
+        f = {k: torch.zeros_like(v) for k, v in f.items()}
+    return {"model": {"w": distribute_tensor(f["w"], mesh, [Shard(0)]),
+                      "w2": distribute_tensor(f["w2"], mesh, [Shard(1)]),
+                      "bf": distribute_tensor(f["bf"], mesh, [Shard(0)]),
+                      "b": distribute_tensor(f["b"], mesh, [Replicate()]),
+                      "t": f["t"], "v": f["v"], "i": f["i"]},
+            "step": 0 if zero else seed, "extra": {"name": "" if zero else "run%d" % seed}}
+
+def check(sd, seed):
+    f = full(seed)
+    bad = []
+    for k, v in sd["model"].items():
+        got = v.full_tensor() if isinstance(v, DTensor) else v
+        if not (torch.equal(got, f[k]) and got.dtype == f[k].dtype):
+            bad.append(k)
+    if sd["step"] != seed or sd["extra"]["name"] != "run%d" % seed:
+        bad.append("step/extra")
+    return bad
+
+def save(sd, writer):
+    return dcp.save(sd, storage_writer=writer, process_group=G) and []
+
+def load(path, reader):
+    sd = make(0, zero=True)
+    dcp.load(sd, storage_reader=reader(path), process_group=G)
+    return sd
+
+def nvw(path, timeout=20, **kw):
+    return nd.FileSystemWriter(path, process_group=G, timeout=timeout, **kw)
+
+out = {"rank": rank}
+def step(name, fn):
+    t = time.monotonic()
+    try:
+        out[name] = fn()
+    except BaseException as e:      # DCP's CheckpointException is one
+        out[name] = "ERROR %s: %s" % (type(e).__name__, e)
+    dist.barrier(G)
+    out.setdefault("times", {})[name] = round(time.monotonic() - t, 2)
+
+P = lambda n: os.path.join(d, n)
+if rank < 2:                            # 2 ranks save every way, load every way
+    step("save_nvio", lambda: save(make(1), nvw(P("nv2"))))
+    step("save_dcp", lambda: save(make(1), DcpWriter(P("dcp2"))))
+    step("nv2_by_nvio", lambda: check(load(P("nv2"), nd.FileSystemReader), 1))
+    step("nv2_by_dcp", lambda: check(load(P("nv2"), DcpReader), 1))
+    step("dcp2_by_nvio", lambda: check(load(P("dcp2"), nd.FileSystemReader), 1))
+    def asave():
+        sd = make(2)
+        w = nvw(P("async2"))
+        fut = dcp.async_save(sd, storage_writer=w, process_group=G)
+        for v in sd["model"].values():          # the snapshot was taken: change them
+            (v.to_local() if isinstance(v, DTensor) else v).zero_()
+        fut.result()
+        w.close()
+        return check(load(P("async2"), nd.FileSystemReader), 2)
+    step("async", asave)
+    def overwrite():
+        res = []
+        for seed in (4, 5, 6):
+            save(make(seed), nvw(P("ow"), thread_count=2))
+            dist.barrier(G)
+            res.append((check(load(P("ow"), nd.FileSystemReader), seed), sorted(os.listdir(P("ow")))))
+        return res
+    step("overwrite", overwrite)
+dist.barrier(G4)
+mesh, G = mesh4, G4                     # 4 ranks: 2 -> 4, their own save, FSDP2
+step("nv2_reshard_4", lambda: check(load(P("nv2"), nd.FileSystemReader), 1))
+step("dcp2_reshard_4", lambda: check(load(P("dcp2"), nd.FileSystemReader), 1))
+step("save_nv4", lambda: save(make(11), nvw(P("nv4"))))
+def fsdp():
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+    def model(seed):
+        torch.manual_seed(seed)
+        m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 16))
+        for l in (m[0], m[2]):
+            fully_shard(l, mesh=mesh)
+        return fully_shard(m, mesh=mesh)
+    a = model(1)
+    dcp.save({"model": get_model_state_dict(a)}, storage_writer=nvw(P("fsdp")))
+    res = []
+    for reader in (nd.FileSystemReader, DcpReader):
+        b = model(2)
+        sd = {"model": get_model_state_dict(b)}
+        dcp.load(sd, storage_reader=reader(P("fsdp")))
+        set_model_state_dict(b, sd["model"])
+        x = torch.randn(5, 64, generator=torch.Generator().manual_seed(0))
+        res.append(all(torch.equal(p.full_tensor(), q.full_tensor())
+                       for p, q in zip(a.parameters(), b.parameters()))
+                   and torch.equal(a(x), b(x)))
+    return res
+step("fsdp", fsdp)
+if rank < 2:                            # 2 ranks: 4 -> 2, then the faults
+    mesh, G = mesh2, G2
+    step("nv4_reshard_2", lambda: check(load(P("nv4"), nd.FileSystemReader), 11))
+    step("nv4_reshard_2_dcp", lambda: check(load(P("nv4"), DcpReader), 11))
+    def enospc():
+        if rank == 1:
+            lib = ctypes.CDLL(None)
+            lib.nvio_fault_arm.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_int, ctypes.c_char_p]
+            lib.nvio_fault_arm(b"fallocate", 1, errno.ENOSPC, P("ow").encode())
+        try:
+            return save(make(7), nvw(P("ow")))
+        finally:
+            if rank == 1:
+                lib.nvio_fault_arm(b"", 0, 0, None)
+    step("enospc", enospc)
+    step("after_enospc", lambda: check(load(P("ow"), nd.FileSystemReader), 6))
+    if rank == 1:
+        def die(*a, **k):
+            os._exit(3)
+        nd.FileSystemWriter._write_files = die
+    try:
+        save(make(8), nvw(P("ow"), timeout=5))
+        out["die"] = "saved"
+    except BaseException as e:
+        out["die"] = "ERROR %s: %s" % (type(e).__name__, e)
+print(json.dumps(out), flush=True)
+os._exit(0)     # no teardown collective with a rank that may be gone
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(world, d, preload=None, timeout=240):
+    port = free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    procs = []
+    for r in range(world):
+        e = dict(env)
+        if preload and r == 1:
+            e["LD_PRELOAD"] = preload
+        procs.append(subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(r), str(world),
+                                       str(port), str(d)], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env=e))
+    deadline = time.monotonic() + timeout
+    outs = []
+    try:
+        for p in procs:
+            o, e = p.communicate(timeout=max(1, deadline - time.monotonic()))
+            outs.append((p.returncode, o, e[-6000:]))
+    finally:
+        for p in procs:
+            p.kill()
+    res = {}
+    for rc, o, e in outs:
+        lines = [x for x in o.splitlines() if x.startswith("{")]
+        if lines:
+            r = json.loads(lines[-1])
+            r["rc"] = rc
+            r["stderr"] = e
+            res[r["rank"]] = r
+    return res, outs
+
+
+@pytest.fixture(scope="module")
+def preload(tmp_path_factory):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler to build the fault shim")
+    out = tmp_path_factory.mktemp("fault") / "fault_preload.so"
+    r = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out),
+                        os.path.join(HERE, "faultlib", "fault_preload.c"), "-ldl"],
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.fail("building the fault shim failed:\n" + r.stderr)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def launch(tmp_path_factory, preload):
+    """One launch of 4 ranks: ranks 0-1 also run the 2-rank scenarios."""
+    d = tmp_path_factory.mktemp("dcp")
+    res, raw = run_ranks(4, d, preload)
+    assert 0 in res and 2 in res and 3 in res, raw
+    return d, res, raw
+
+
+def two(launch):
+    d, res, raw = launch
+    assert 0 in res, raw
+    return [res[r] for r in (0, 1) if r in res]
+
+
+def test_two_ranks_save_and_load_every_way(launch):
+    for r in two(launch):
+        for k in ("save_nvio", "save_dcp", "nv2_by_nvio", "nv2_by_dcp", "dcp2_by_nvio"):
+            assert r[k] == [], (k, r)
+    assert sorted(os.listdir(launch[0] / "nv2")) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+
+
+def test_async_save_takes_a_snapshot(launch):
+    for r in two(launch):
+        assert r["async"] == [], r
+
+
+def test_overwrite_keeps_only_the_new_checkpoint(launch):
+    for r in two(launch):
+        res = r["overwrite"]
+        assert isinstance(res, list), r
+        for bad, files in res:
+            assert bad == [], r
+            assert files[0] == ".metadata" and len(files) == 5, files   # 2 ranks x 2 files
+        # the first save has DCP's names; the second must not overwrite them
+        assert res[0][1][1:] == ["__0_0.distcp", "__0_1.distcp", "__1_0.distcp",
+                                 "__1_1.distcp"]
+        assert all(n.count(".") == 2 for n in res[1][1][1:]), res[1][1]
+
+
+def test_resharding_2_to_4_and_fsdp2(launch):
+    d, res, raw = launch
+    assert len(res) >= 3, raw
+    for r in res.values():
+        for k in ("nv2_reshard_4", "dcp2_reshard_4", "save_nv4"):
+            assert r[k] == [], (k, r)
+        assert r["fsdp"] == [True, True], r
+
+
+def test_resharding_4_to_2(launch):
+    for r in two(launch):
+        assert r["nv4_reshard_2"] == [] and r["nv4_reshard_2_dcp"] == [], r
+
+
+def test_enospc_on_one_rank_fails_every_rank_and_keeps_the_old_checkpoint(launch):
+    for r in two(launch):
+        assert r["enospc"].startswith("ERROR"), r
+        assert "No space left" in r["enospc"] and "rank" in r["enospc"].lower(), r
+        assert r["after_enospc"] == [], r
+
+
+def test_a_dead_rank_is_named_and_the_old_checkpoint_loads(launch):
+    d, res, raw = launch
+    assert 1 not in res or res[1]["rc"] != 0, raw         # it died
+    r0 = res[0]
+    assert r0["die"].startswith("ERROR"), r0
+    # dcp.save raises the transport's error; nvio's log line names the rank
+    named = [x for x in r0["stderr"].splitlines()
+             if "nvio.dcp" in x and re.search(r"\bRanks? 1\b", x)]
+    assert named, r0["stderr"]
+    # the old checkpoint (seed 6) loads here, in one process
+    sd = _load_plain(d / "ow")
+    g = torch.Generator().manual_seed(6)
+    torch.randn(300, 40, generator=g)
+    assert torch.equal(sd["model"]["w"], torch.randn(4096, 96, generator=g))
+    assert sd["step"] == 6
+
+
+def _load_plain(d, reader=nd.FileSystemReader):
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    md = reader(d).read_metadata()
+    sd = {}
+    for fqn, m in md.state_dict_metadata.items():
+        if isinstance(m, TensorStorageMetadata):
+            sd[fqn] = torch.zeros(m.size, dtype=m.properties.dtype)
+    sd = _unflatten(sd)
+    sd.setdefault("step", None)
+    sd.setdefault("extra", {"name": None})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(sd, storage_reader=reader(d), no_dist=True)
+    return sd
+
+
+def _unflatten(flat):
+    out = {}
+    for k, v in flat.items():
+        parts = k.split(".")
+        cur = out
+        for p in parts[:-1]:
+            cur = cur.setdefault(p, {})
+        cur[parts[-1]] = v
+    return out
+
+
+# --- one process ------------------------------------------------------------
+
+
+def state(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(100, 37, generator=g)
+    return {"a": torch.randn(3000, 64, generator=g), "t": base.t(), "v": base[10:20],
+            "bf": torch.randn(77, generator=g).bfloat16(), "c": torch.randn(5, 3, generator=g,
+                                                                            dtype=torch.complex64),
+            "e": torch.empty(0), "step": 5, "s": "hello",
+            "n": {"x": torch.arange(4099), "l": [1, torch.ones(3)]}}
+
+
+def zeros_like(sd):
+    if isinstance(sd, torch.Tensor):
+        return torch.zeros_like(sd)
+    if isinstance(sd, dict):
+        return {k: zeros_like(v) for k, v in sd.items()}
+    if isinstance(sd, list):
+        return [zeros_like(v) for v in sd]
+    return None if isinstance(sd, (int, str)) else sd
+
+
+def assert_same(a, b):
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b) and a.dtype == b.dtype and a.shape == b.shape
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_same(a[k], b[k])
+    elif isinstance(a, list):
+        for x, y in zip(a, b):
+            assert_same(x, y)
+    else:
+        assert a == b
+
+
+def save1(sd, writer):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(sd, storage_writer=writer, no_dist=True)
+
+
+def load1(sd, reader):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(sd, storage_reader=reader, no_dist=True)
+    return sd
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "direct"])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_round_trip_and_cross_reading_on_every_engine(tmp_path, engine, direct):
+    ok, why = nvio.engine_available(engine)
+    if not ok:
+        pytest.skip(why)
+    h = nvio.AioHandle(engine=engine, direct=direct, block_size=64 << 10, intra_op_parallelism=2)
+    sd = state(1)
+    save1(sd, nd.FileSystemWriter(tmp_path / "nv", thread_count=3, handle=h))
+    save1(sd, dcp.FileSystemWriter(tmp_path / "dc"))
+    for d, reader in (("nv", nd.FileSystemReader(tmp_path / "nv", handle=h)),
+                      ("nv", dcp.FileSystemReader(tmp_path / "nv")),
+                      ("dc", nd.FileSystemReader(tmp_path / "dc", handle=h))):
+        got = load1(zeros_like(sd) | {"step": 0, "s": "", "n": {"x": torch.zeros(4099, dtype=torch.int64), "l": [0, torch.zeros(3)]}}, reader)
+        assert_same(sd, got)
+    h.close()
+
+
+def test_files_are_torch_save_images_and_crc32_is_optional(tmp_path):
+    import zipfile
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    sd = {"w": torch.randn(1000, 3), "x": torch.arange(10)}
+    for crc in (False, True):
+        d = tmp_path / str(crc)
+        save1(sd, nd.FileSystemWriter(d, crc32=crc))
+        md = dcp.FileSystemReader(d).read_metadata()
+        raw = (d / "__0_0.distcp").read_bytes()
+        for idx, info in md.storage_data.items():
+            assert type(info) is _StorageInfo
+            blob = raw[info.offset:info.offset + info.length]
+            import io
+            t = torch.load(io.BytesIO(blob), weights_only=True)
+            assert torch.equal(t, sd[idx.fqn])
+            bad = zipfile.ZipFile(io.BytesIO(blob)).testzip()
+            assert (bad is None) == crc, (crc, bad)
+
+
+def test_single_file_per_rank_false_and_sync_files_false(tmp_path):
+    sd = state(2)
+    save1(sd, nd.FileSystemWriter(tmp_path, single_file_per_rank=False, sync_files=False))
+    names = [n for n in os.listdir(tmp_path) if n.endswith(".distcp")]
+    assert len(names) > 5
+    got = load1(zeros_like(sd) | {"step": 0, "s": "", "n": {"x": torch.zeros(4099, dtype=torch.int64), "l": [0, torch.zeros(3)]}},
+                dcp.FileSystemReader(tmp_path))
+    assert_same(sd, got)
+
+
+def test_missing_file_and_missing_metadata_are_clear_errors(tmp_path):
+    sd = {"w": torch.randn(100), "x": torch.arange(10)}
+    save1(sd, nd.FileSystemWriter(tmp_path / "a", thread_count=2))
+    os.unlink(tmp_path / "a" / "__0_1.distcp")
+    with pytest.raises(DCP_ERRORS, match=r"__0_1\.distcp is missing"):
+        load1({"w": torch.zeros(100), "x": torch.zeros(10, dtype=torch.int64)},
+              nd.FileSystemReader(tmp_path / "a"))
+    (tmp_path / "b").mkdir()
+    with pytest.raises(DCP_ERRORS, match=r"no \.metadata file"):
+        load1({"w": torch.zeros(100)}, nd.FileSystemReader(tmp_path / "b"))
+
+
+def test_truncated_data_file_is_a_clear_error(tmp_path):
+    sd = {"w": torch.randn(10000)}
+    save1(sd, nd.FileSystemWriter(tmp_path))
+    p = tmp_path / "__0_0.distcp"
+    os.truncate(p, os.path.getsize(p) - 5000)
+    with pytest.raises(DCP_ERRORS, match="truncated"):
+        load1({"w": torch.zeros(10000)}, nd.FileSystemReader(tmp_path))
+
+
+def test_failed_save_leaves_the_old_checkpoint(tmp_path, monkeypatch):
+    old = {"w": torch.randn(5000), "step": 1}
+    save1(old, nd.FileSystemWriter(tmp_path))
+    before = sorted(os.listdir(tmp_path))
+
+    def boom(self, *a, **k):
+        raise OSError(28, "No space left on device (injected)")
+    monkeypatch.setattr(nd.FileSystemWriter, "_write_files", boom)
+    with pytest.raises(DCP_ERRORS, match="No space left"):
+        save1({"w": torch.randn(5000), "step": 2}, nd.FileSystemWriter(tmp_path))
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == before
+    got = load1({"w": torch.zeros(5000), "step": 0}, nd.FileSystemReader(tmp_path))
+    assert torch.equal(got["w"], old["w"]) and got["step"] == 1
+
+
+def test_non_contiguous_destination_goes_through_a_buffer(tmp_path):
+    sd = {"w": torch.randn(64, 48)}
+    save1(sd, nd.FileSystemWriter(tmp_path))
+    dst = torch.zeros(48, 64).t()                  # non-contiguous destination
+    got = load1({"w": dst}, nd.FileSystemReader(tmp_path))
+    assert torch.equal(got["w"], sd["w"]) and got["w"].data_ptr() == dst.data_ptr()
+    dst = torch.zeros(64, 48, dtype=torch.float64)  # another dtype: DCP converts
+    got = load1({"w": dst}, nd.FileSystemReader(tmp_path))
+    assert torch.equal(got["w"], sd["w"].double())
