@@ -13,7 +13,6 @@ import struct
 
 import pytest
 
-import nvio
 
 torch = pytest.importorskip("torch")
 st = pytest.importorskip("safetensors.torch")
@@ -123,6 +122,24 @@ def test_load_file_equals_safetensors(handle, tmp_path, copy):
     # what nvio loads, safetensors saves again as the same file
     st.save_file(got, tmp_path / "again.safetensors", {"k": "v"})
     assert read(tmp_path / "again.safetensors") == read(p)
+
+
+@pytest.mark.parametrize("run_bytes", [1, 5000, 1 << 30])
+def test_load_in_runs(handle, tmp_path, monkeypatch, run_bytes):
+    """Tensors read in runs of whole tensors, each run in a buffer of its
+    own (runs overlap on the page between them)."""
+    from nvio.safetensors import _io
+    monkeypatch.setattr(_io, "RUN_BYTES", run_bytes)
+    d = mixed(7)
+    p = tmp_path / "m.safetensors"
+    st.save_file(d, p)
+    got = nst.load_file(p, handle=handle)
+    same(got, st.load_file(p))
+    nbuf = len({t.untyped_storage().data_ptr() for t in got.values() if t.numel()})
+    want = {1: sum(1 for t in got.values() if t.numel()), 1 << 30: 1}.get(run_bytes)
+    assert nbuf == want if want else 1 < nbuf < len(got)
+    sdir = nst.load_model_dir(p, handle=handle)
+    same(sdir, got)
 
 
 def test_load_pinned_and_tensors_writable(tmp_path):

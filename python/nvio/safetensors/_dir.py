@@ -15,10 +15,10 @@ import os
 import torch
 
 from .. import _nvio
-from ..checkpoint._plan import u8
 from ..checkpoint._save import default_handle
 from ._format import SafetensorsError, _Dup, _no_dups
-from ._io import Region, _path, alloc, pin_flag, check_torch, read_header, target_device, tensors_from, view
+from ._io import (_path, check_torch, pin_flag, read_header, read_runs, runs, submit_run,
+                  target_device, tensors_of_runs, view, wait_all)
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -125,47 +125,26 @@ class _Shards:
             f.close()
 
 
-def _wait_all(futs):
-    """Wait for every future (also after a failure: buffers stay busy until
-    then), then raise the first error."""
-    first = None
-    for fu in futs:
-        try:
-            fu.result()
-        except BaseException as e:  # noqa: BLE001  (re-raised below)
-            if first is None:
-                first = e
-    if first is not None:
-        raise first
-
-
 def load_model_dir(path, device="cpu", *, pin_memory=None, handle=None):
     """Every tensor of a Hugging Face model directory (sharded with
     ``model.safetensors.index.json``, or one ``model.safetensors``) or of one
     file: {name: tensor}, shards in name order, each in file order.
 
     All shards are read at once by one nvio handle (its workers and queue
-    depth bound the I/O in flight), each into one page-aligned buffer (or
-    CUDA memory) of which its tensors are views.
+    depth bound the I/O in flight), in runs of whole tensors (up to 64 MiB)
+    each into a page-aligned buffer (or CUDA memory) of which its tensors
+    are views; a run's buffer is made while the runs before it are read.
     """
     dev = target_device(device, _path(path))
     pin = pin_flag(pin_memory)
     with _Shards(path, handle) as sh:
-        bufs, futs = {}, []
+        parts, futs = [], []
         try:
             for p in sh.paths:
-                f, hd = sh.files[p], sh.headers[p]
-                reg = Region(hd, f.size)
-                bufs[p] = (alloc(reg.nbytes, dev, pin), reg)
-                if reg.nbytes:
-                    futs.append(f.pread_async(u8(bufs[p][0]), reg.start))
+                parts += read_runs(sh.files[p], sh.headers[p], dev, pin, futs)
         finally:
-            _wait_all(futs)
-    out = {}
-    for p in sh.paths:
-        storage, reg = bufs[p]
-        out.update(tensors_from(sh.headers[p], storage, reg.skip))
-    return out
+            wait_all(futs)
+    return tensors_of_runs(parts)
 
 
 def _tied(sd, loaded):
@@ -223,7 +202,7 @@ def load_into(module, path, *, strict=True, handle=None):
                 for i in range(0, len(pieces), step):
                     futs.append(f.preadv_async(pieces[i:i + step], _nvio.OFFSET_PER_IOV))
         finally:
-            _wait_all(futs)
+            wait_all(futs)
     with torch.no_grad():
         for t, tmp in converts:
             t.copy_(tmp)
@@ -239,20 +218,6 @@ def load_into(module, path, *, strict=True, handle=None):
                 '"%s"' % k for k in sorted(unexpected))
         raise RuntimeError(msg)
     return missing, unexpected
-
-
-def _chunks(header, window):
-    """Runs of consecutive tensors (file order) of at most window bytes
-    each (a larger tensor is a run of its own)."""
-    run, size = [], 0
-    for e in header.by_offset():
-        if run and size + e.nbytes > window:
-            yield run
-            run, size = [], 0
-        run.append(e)
-        size += e.nbytes
-    if run:
-        yield run
 
 
 def stream(path, *, window_bytes=256 << 20, device="cpu", pin_memory=None, handle=None):
@@ -276,18 +241,14 @@ def stream(path, *, window_bytes=256 << 20, device="cpu", pin_memory=None, handl
         try:
             for p in sh.paths:
                 f, hd = sh.files[p], sh.headers[p]
-                for run in _chunks(hd, window // 2):
+                for run in runs(hd, window // 2):
                     while len(pending) >= 2:
                         yield from _deliver(pending.popleft())
-                    lo = (hd.data_start + run[0].begin) & ~4095
-                    hi = hd.data_start + run[-1].end
-                    storage = alloc(hi - lo, dev, pin)
-                    fut = f.pread_async(u8(storage), lo) if hi > lo else None
-                    pending.append((fut, storage, hd.data_start - lo, run))
+                    pending.append(submit_run(f, hd, run, dev, pin))
             while pending:
                 yield from _deliver(pending.popleft())
         finally:
-            _wait_all([p[0] for p in pending if p[0] is not None])
+            wait_all([p[0] for p in pending if p[0] is not None])
 
 
 def _deliver(item):

@@ -29,6 +29,11 @@ from ._format import (BY_TORCH, PACKED, PREFIX, SafetensorsError, header_length,
 
 #: Bytes of a file read with the length prefix in one go (most headers fit).
 FIRST_READ = 64 << 10
+#: Tensors are read in runs of up to this many bytes, each into a buffer of
+#: its own: filling a fresh buffer (faulting its pages in) costs about as
+#: much CPU time as reading it here, so run k+1's buffer is made while run k
+#: is read instead of one buffer for the file first and all reads after.
+RUN_BYTES = 64 << 20
 PAGE = 4096
 
 
@@ -122,21 +127,70 @@ def alloc(nbytes, device, pin):
     return torch.empty(nbytes, dtype=torch.uint8, device=device).untyped_storage()
 
 
-class Region:
-    """Where a file's data region is read: the page-aligned file offset the
-    read starts at, and the buffer's length."""
-
-    def __init__(self, header, file_size):
-        self.start = header.data_start & ~(PAGE - 1)
-        self.skip = header.data_start - self.start
-        self.nbytes = file_size - self.start if header.data_size else 0
-
-
 def tensors_from(header, storage, skip, order=None):
     """{name: view} of every tensor over a buffer holding the data region
     from byte skip on, in file order."""
     es = order if order is not None else header.by_offset()
     return {e.name: view(storage, skip + e.begin, e) for e in es}
+
+
+def runs(header, limit):
+    """Runs of consecutive tensors (file order) of at most limit bytes each
+    (a larger tensor is a run of its own)."""
+    run, size = [], 0
+    for e in header.by_offset():
+        if run and size + e.nbytes > limit:
+            yield run
+            run, size = [], 0
+        run.append(e)
+        size += e.nbytes
+    if run:
+        yield run
+
+
+def submit_run(f, header, run, device, pin):
+    """Allocate a buffer for a run of tensors and start reading it, from the
+    page below its first byte: (future or None, storage, skip, run)."""
+    lo = (header.data_start + run[0].begin) & ~(PAGE - 1)
+    hi = header.data_start + run[-1].end
+    storage = alloc(hi - lo, device, pin)
+    fut = f.pread_async(u8(storage), lo) if hi > lo else None
+    return fut, storage, header.data_start - lo, run
+
+
+def read_runs(f, header, device, pin, futs, limit=None):
+    """Start reading a whole file, run by run: each run's buffer is filled
+    (its pages faulted in) while the runs before it are read. Appends the
+    futures to futs; returns [(storage, skip, run)] for tensors_of_runs."""
+    out = []
+    for run in runs(header, RUN_BYTES if limit is None else limit):
+        fut, storage, skip, run = submit_run(f, header, run, device, pin)
+        if fut is not None:
+            futs.append(fut)
+        out.append((storage, skip, run))
+    return out
+
+
+def tensors_of_runs(parts):
+    out = {}
+    for storage, skip, run in parts:
+        for e in run:
+            out[e.name] = view(storage, skip + e.begin, e)
+    return out
+
+
+def wait_all(futs):
+    """Wait for every future (also after a failure: buffers stay busy until
+    then), then raise the first error."""
+    first = None
+    for fu in futs:
+        try:
+            fu.result()
+        except BaseException as e:  # noqa: BLE001  (re-raised below)
+            if first is None:
+                first = e
+    if first is not None:
+        raise first
 
 
 def read_owned(f, header, device, pin):
@@ -166,8 +220,10 @@ def load_file(filename, device="cpu", *, copy=False, pin_memory=None, handle=Non
     """Load a safetensors file like ``safetensors.torch.load_file``: a dict
     of tensors in file order.
 
-    The data region is read by libnvio in parallel with direct I/O into one
-    page-aligned buffer and the tensors are views into it; with ``copy=True``
+    The data region is read by libnvio in parallel with direct I/O into
+    page-aligned buffers (one per run of up to 64 MiB of whole tensors, each
+    made while the runs before it are read) and the tensors are views into
+    them; with ``copy=True``
     each tensor gets memory of its own (read straight into it). The buffer
     is CUDA memory for a CUDA ``device``; on the CPU (``pin_memory``) nvio's
     huge-page memory, page-locked where RLIMIT_MEMLOCK allows (None, the
@@ -186,11 +242,12 @@ def load_file(filename, device="cpu", *, copy=False, pin_memory=None, handle=Non
         pin = pin_flag(pin_memory)
         if _nvio.check_flag(copy, "copy"):
             return read_owned(f, header, dev, pin)
-        reg = Region(header, f.size)
-        storage = alloc(reg.nbytes, dev, pin)
-        if reg.nbytes:
-            f.pread(u8(storage), reg.start)
-    return tensors_from(header, storage, reg.skip)
+        futs = []
+        try:
+            parts = read_runs(f, header, dev, pin, futs)
+        finally:
+            wait_all(futs)
+    return tensors_of_runs(parts)
 
 
 def load(data, *, device="cpu"):
