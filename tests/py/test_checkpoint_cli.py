@@ -409,3 +409,36 @@ def test_zip64_records(tmp_path, monkeypatch):
     name, _, data, size, desc = [r for r in recs if r[3] >= 1000][0]
     rep, _ = run_verify(tmp_path, flipped(raw, desc + 10))       # zip64 descriptor size
     assert not rep["ok"] and rep["problems"][0]["record"] == name
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_info_tensor_kinds_without_one_storage(tmp_path):
+    """Sparse and jagged tensors list their parts; quantized and nested ones
+    (which cannot be rebuilt on the meta device) are rebuilt from the file;
+    storages saved as such are listed too."""
+    vals = torch.arange(5, dtype=torch.float32)
+    cases = {
+        "coo": (torch.eye(3).to_sparse(), ["coo/indices", "coo/values"]),
+        "csr": (torch.eye(3).to_sparse_csr(), ["csr/crow_indices", "csr/col_indices",
+                                               "csr/values"]),
+        "q": (torch.quantize_per_tensor(torch.randn(6), 0.1, 0, torch.qint8), ["q"]),
+        "typed": (torch.arange(3).storage(), ["typed"]),
+        "untyped": (torch.arange(4, dtype=torch.int16).untyped_storage(), ["untyped"]),
+        "nested": (torch.nested.nested_tensor([vals[:2], vals[2:]]), ["nested"]),
+        "jagged": (torch.nested.nested_tensor([vals[:2], vals[2:]], layout=torch.jagged),
+                   ["jagged/values", "jagged/offsets"]),
+    }
+    p = tmp_path / "kinds.pt"
+    torch.save({k: v for k, (v, _) in cases.items()}, p)
+    d = _inspect.info(p)
+    assert d["pickle"] == "ok", d["pickle"]
+    got = {t["key"]: t for t in d["tensors"]}
+    assert sorted(got) == sorted(k for _, ks in cases.values() for k in ks)
+    assert got["typed"]["dtype"] == "int64" and got["typed"]["shape"] == [3]
+    assert got["q"]["dtype"] == "qint8" and got["q"]["shape"] == [6]
+    assert got["jagged/values"]["shape"] == [5] and got["nested"]["shape"] is None
+    raw = p.read_bytes()
+    assert raw[got["untyped"]["offset"]:got["untyped"]["offset"] + 8] == \
+        bytes(cases["untyped"][0])
+    rep = _inspect.verify(p)
+    assert rep["ok"] and rep["warnings"] == [], rep

@@ -65,8 +65,10 @@ def _print_info(d, records, out):
         rows = [("KEY", "DTYPE", "SHAPE", "STORAGE_BYTES", "RECORD", "OFFSET", "ALIGN", "SHARED")]
         for t in d["tensors"]:
             rows.append((t["key"] or "(the object)", t["dtype"],
+                         "-" if t["shape"] is None else
                          "(" + ", ".join(str(s) for s in t["shape"]) + ")",
-                         str(t["storage_bytes"]), t["record"] or "-",
+                         "-" if t["storage_bytes"] is None else str(t["storage_bytes"]),
+                         t["record"] or "-",
                          "-" if t["offset"] is None else str(t["offset"]),
                          "-" if t["align"] is None else str(t["align"]),
                          "yes" if t["shared"] else "no"))

@@ -23,6 +23,7 @@ import os
 import pickle
 import pickletools
 import struct
+import sys
 import zlib
 
 from .. import _nvio
@@ -37,6 +38,10 @@ __all__ = ["info", "verify", "open_archive", "Archive", "LegacyFormat", "NotAChe
 
 #: Bytes read at a time when computing CRC-32s.
 CHUNK = 16 << 20
+#: Tensors that cannot be rebuilt on the meta device (quantized, nested) are
+#: rebuilt in host memory, read from the file, when all storages together are
+#: at most this big; otherwise info lists the records only.
+HOST_REBUILD_MAX = 256 << 20
 #: A data.pkl larger than this is refused (the pickle is small: tensor data
 #: lives in other records).
 MAX_PICKLE = 1 << 30
@@ -187,12 +192,16 @@ def _read_local(ar, e):
 
 
 class _MetaStorages:
-    """persistent_load that gives every storage on the meta device and keeps
-    what each persistent id said."""
+    """persistent_load that gives every storage on the meta device (or, with
+    device="cpu", zero-filled host memory: for tensor kinds that cannot be
+    rebuilt on meta, such as quantized and nested ones) and keeps what each
+    persistent id said."""
 
-    def __init__(self):
+    def __init__(self, device="meta", read=None):
         import torch
         self.torch = torch
+        self.device = device
+        self.read = read           # key, nbytes -> bytes (host rebuilds)
         self.storages = {}     # key -> (TypedStorage, dtype, numel, location)
         self.by_cdata = {}     # untyped storage _cdata -> key
 
@@ -214,22 +223,46 @@ class _MetaStorages:
         if not isinstance(numel, int) or numel < 0:
             raise pickle.UnpicklingError("storage %s: bad element count %r" % (key, numel))
         nbytes = numel * torch._utils._element_size(dtype)
-        s = torch.UntypedStorage(nbytes, device="meta")
+        if self.read is not None:
+            b = self.read(key, nbytes)
+            s = torch.frombuffer(bytearray(b), dtype=torch.uint8).untyped_storage() \
+                if nbytes else torch.UntypedStorage(0)
+        else:
+            s = torch.UntypedStorage(nbytes, device=self.device)
         ts = torch.storage.TypedStorage(wrap_storage=s, dtype=dtype, _internal=True)
         self.storages[key] = (ts, dtype, numel, location)
         self.by_cdata[s._cdata] = key
         return ts
 
 
-def _unpickle_meta(data):
+def _unpickle_meta(data, read=None):
     """(object, _MetaStorages) of a data.pkl unpickled with weights_only=True
     and storages on the meta device; raises pickle.UnpicklingError (refused
-    by weights_only, or corrupt) and others for corrupt pickles."""
+    by weights_only, or corrupt) and others for corrupt pickles.
+
+    Tensor kinds that cannot be rebuilt on meta (quantized, nested) are
+    rebuilt once more on host storages filled by read(key, nbytes), if
+    given."""
     from torch import _weights_only_unpickler
-    ms = _MetaStorages()
-    up = _weights_only_unpickler.Unpickler(io.BytesIO(data), encoding="utf-8")
-    up.persistent_load = ms
-    return up.load(), ms
+
+    def run(device):
+        ms = _MetaStorages(device, read if device == "cpu" else None)
+        up = _weights_only_unpickler.Unpickler(io.BytesIO(data), encoding="utf-8")
+        up.persistent_load = ms
+        return up.load(), ms
+
+    try:
+        return run("meta")
+    except pickle.UnpicklingError:
+        raise
+    except Exception:  # noqa: BLE001 - a rebuild that meta cannot do
+        if read is None:
+            raise
+        first = sys.exc_info()[1]
+    try:
+        return run("cpu")
+    except Exception:  # noqa: BLE001
+        raise first from None
 
 
 def _pickle_structure_error(data):
@@ -246,12 +279,35 @@ def _pickle_structure_error(data):
         return str(e) or type(e).__name__
 
 
+def _host_reader(ar):
+    """read(key, nbytes) of storages for a rebuild in host memory (see
+    _unpickle_meta), or None when the storages are too big for that."""
+    if sum(e.size for e in ar.entries if e.name.startswith(ar.prefix + "data/")) \
+            > HOST_REBUILD_MAX:
+        return None
+
+    def read(key, nbytes):
+        e = ar.by_name.get(ar.prefix + "data/" + key)
+        if e is None or e.size != nbytes:
+            raise pickle.UnpicklingError("storage %s: no record of %d bytes" % (key, nbytes))
+        return ar.record("data/" + key)
+    return read
+
+
 def _walk(obj, path, out, seen):
     """(path list, tensor) of every tensor reachable through dicts, lists,
     tuples, sets and plain objects' attributes."""
     torch = __import__("torch")
     if isinstance(obj, torch.Tensor):
-        out.append((path, obj))
+        parts = _parts(obj)
+        if parts is None:
+            out.append((path, obj))
+        else:                       # sparse: its index and value tensors
+            for name, t in parts:
+                out.append((path + [name], t))
+        return
+    if isinstance(obj, (torch.storage.TypedStorage, torch.UntypedStorage)):
+        out.append((path, obj))     # a storage saved as such
         return
     if id(obj) in seen:
         return
@@ -271,6 +327,47 @@ def _walk(obj, path, out, seen):
         seen.add(id(obj))
         for k, v in vars(obj).items():
             _walk(v, path + [k], out, seen)
+
+
+def _parts(t):
+    """The dense tensors of a tensor without a storage of its own (sparse and
+    jagged layouts), as (name, tensor); None for others."""
+    torch = __import__("torch")
+    if t.layout == torch.strided:
+        return None
+    if t.layout == torch.sparse_coo:
+        return [("indices", t._indices()), ("values", t._values())]
+    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return [("crow_indices", t.crow_indices()), ("col_indices", t.col_indices()),
+                ("values", t.values())]
+    if t.layout in (torch.sparse_csc, torch.sparse_bsc):
+        return [("ccol_indices", t.ccol_indices()), ("row_indices", t.row_indices()),
+                ("values", t.values())]
+    if t.layout == getattr(torch, "jagged", None):
+        return [("values", t.values()), ("offsets", t.offsets())]
+    return None
+
+
+def _describe(t):
+    """(dtype, shape, stride, storage_offset, nbytes, untyped storage) of a
+    tensor or of a storage saved on its own."""
+    torch = __import__("torch")
+    if isinstance(t, torch.UntypedStorage):
+        return torch.uint8, [t.nbytes()], [1], 0, t.nbytes(), t, False
+    if isinstance(t, torch.storage.TypedStorage):
+        u = t._untyped_storage
+        return t.dtype, [t._size()], [1], 0, u.nbytes(), u, False
+    # nested tensors have no single shape or stride: None where torch has none
+    return (t.dtype, _try(lambda: list(t.shape)), _try(lambda: list(t.stride())),
+            _try(t.storage_offset), _try(lambda: t.numel() * t.element_size()),
+            _try(t.untyped_storage), bool(t.requires_grad))
+
+
+def _try(fn):
+    try:
+        return fn()
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 def key_string(path):
@@ -325,7 +422,7 @@ def _info(ar):
         out["pickle"] = "data.pkl is %d bytes, more than the %d this reads" % (pe.size, MAX_PICKLE)
         return out
     try:
-        obj, ms = _unpickle_meta(ar.record("data.pkl"))
+        obj, ms = _unpickle_meta(ar.record("data.pkl"), _host_reader(ar))
     except Exception as e:  # noqa: BLE001 - reported, not raised
         bad = _pickle_structure_error(ar.record("data.pkl"))
         out["pickle"] = ("corrupt: %s" % bad) if bad else \
@@ -335,23 +432,24 @@ def _info(ar):
     found = []
     _walk(obj, [], found, set())
     users = {}
+    described = []
     for p, t in found:
-        key = ms.by_cdata.get(t.untyped_storage()._cdata)
+        d = _describe(t)
+        key = ms.by_cdata.get(d[5]._cdata) if d[5] is not None else None
         users.setdefault(key, []).append(p)
-    for p, t in found:
-        key = ms.by_cdata.get(t.untyped_storage()._cdata)
+        described.append((p, d, key))
+    for p, (dtype, shape, stride, soff, nbytes, st, grad), key in described:
         e = ar.by_name.get(pre + "data/" + key) if key is not None else None
         out["tensors"].append({
             "key": key_string(p), "path": p,
-            "dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape),
-            "stride": list(t.stride()), "storage_offset": t.storage_offset(),
-            "nbytes": t.numel() * t.element_size(),
-            "storage": key, "storage_bytes": t.untyped_storage().nbytes(),
+            "dtype": str(dtype).replace("torch.", ""), "shape": shape,
+            "stride": stride, "storage_offset": soff, "nbytes": nbytes,
+            "storage": key, "storage_bytes": st.nbytes() if st is not None else None,
             "record": e.name if e is not None else None,
             "offset": e.data_offset if e is not None else None,
             "align": _align_of(e.data_offset) if e is not None and e.data_offset >= 0 else None,
             "shared": len(users.get(key, ())) > 1,
-            "requires_grad": bool(t.requires_grad),
+            "requires_grad": grad,
         })
     for key, (_, dtype, numel, loc) in ms.storages.items():
         e = ar.by_name.get(pre + "data/" + key)
@@ -633,7 +731,7 @@ def _check_contents(ar, rep):
         return
     data = ar.record("data.pkl")
     try:
-        _, ms = _unpickle_meta(data)
+        _, ms = _unpickle_meta(data, _host_reader(ar))
     except Exception as e:  # noqa: BLE001 - reported
         bad = _pickle_structure_error(data)
         if bad:
