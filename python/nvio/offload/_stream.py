@@ -27,6 +27,7 @@ import contextlib
 import errno
 import hashlib
 import itertools
+import mmap
 import os
 import time
 import warnings
@@ -493,13 +494,7 @@ class _Streamer:
                 raise W.WeightsError("nvio: tensor %r is on the meta device and not in the "
                                      "weights (%s)" % (name, self.source))
             path, off = src
-            new = torch.empty(tuple(t.shape), dtype=t.dtype)
-            n = new.numel() * new.element_size()
-            if n:
-                got = self._file(path).pread(new.view(-1).view(torch.uint8), off)
-                if got != n:
-                    raise W.WeightsError("nvio: %s: %d of %d bytes of tensor %r at offset %d: "
-                                         "the file is truncated" % (path, got, n, name, off))
+            new = self._read_tensor(path, off, tuple(t.shape), t.dtype, name)
             (m._parameters if isp else m._buffers)[k] = (
                 nn.Parameter(new, requires_grad=t.requires_grad) if isp else new)
         if self.dev.type == "cuda":
@@ -510,6 +505,27 @@ class _Streamer:
                         cur.data = cur.data.to(self.dev)
                     else:
                         m._buffers[k] = cur.to(self.dev)
+
+    def _read_tensor(self, path, off, shape, dtype, name):
+        """A tensor read from path at off into page-aligned memory: the
+        aligned superset of its bytes is read with O_DIRECT and the tensor
+        is a view inside it (an unaligned read would go through nvio's
+        staging ring, whose memory would count in the peak)."""
+        n = W._nbytes(dtype, shape)
+        if n == 0:
+            return torch.empty(shape, dtype=dtype)
+        f = self._file(path)
+        a0 = W.align_down(off)
+        if (off - a0) % dtype.itemsize:
+            a0 = off                 # a view would be misaligned: exact read
+        a1 = min(W.align_up(off + n), f.size)
+        buf = mmap.mmap(-1, W.align_up(a1 - a0))
+        got = f.pread(memoryview(buf)[:a1 - a0], a0)
+        if got != a1 - a0:
+            raise W.WeightsError("nvio: %s: %d of %d bytes of tensor %r at offset %d: the "
+                                 "file is truncated" % (path, got, a1 - a0, name, a0))
+        u8 = torch.frombuffer(buf, dtype=torch.uint8)
+        return u8[off - a0:off - a0 + n].view(dtype).view(shape)
 
     # -- the pool -------------------------------------------------------------
 
