@@ -349,3 +349,31 @@ def test_generate_command(tmp_path, capsys):
     assert "tokens: %s\n" % " ".join(map(str, ref)) in out
     assert "tokens/s" in out and "GB/s" in out and "peak resident weight memory" in out
     assert "source: safetensors" in out
+
+
+def test_layouts():
+    """The pure layout functions: aligned supersets of runs, views at the
+    right offsets, the file's end, misaligned tensors read exactly."""
+    from nvio.offload import _weights as W
+    f32 = torch.float32
+    E = W.StEntry
+    entries = {  # file a: two neighbours, one far away, one at the end; file b: misaligned
+        "x": E("a", f32, (10,), 8200, 8240), "y": E("a", f32, (3,), 8240, 8252),
+        "z": E("a", f32, (1000,), 200000, 204000), "w": E("a", f32, (2,), 204000, 204008),
+        "m": E("b", f32, (4,), 4098, 4114),
+    }
+    lay = W.layout_safetensors([(n, f32, entries[n].shape) for n in "xyzwm"], entries,
+                               {"a": 204008, "b": 5000})
+    assert lay.reads["a"] == [(0, 8192, 4096), (4096, 196608, 204008 - 196608)]
+    assert lay.reads["b"] == [(12288, 4098, 16)]           # exact: 4098 % 4 != 0
+    assert [(lay.slices[n].off, lay.slices[n].nbytes) for n in "xyzwm"] == [
+        (8, 40), (48, 12), (4096 + 200000 - 196608, 4000), (4096 + 204000 - 196608, 8),
+        (12288, 16)]
+    assert lay.size == 16384
+    for so, fo, n in lay.reads["a"]:
+        assert so % 4096 == 0 and fo % 4096 == 0
+    store, size = W.layout_store([[("a", f32, (3,)), ("b", torch.bfloat16, (5, 7))],
+                                  [("c", torch.int64, (0,))], []])
+    assert [off for off, _ in store] == [0, 4096, 4096] and size == 4096
+    assert store[0][1].slices["b"].off == 64 and store[0][1].size == 4096
+    assert store[1][1].size == 0
