@@ -27,7 +27,10 @@ What differs from DeepSpeed's, on purpose:
 * **Parallel writers** (``num_parallel_writers`` > 1, every writer saving
   the same object) write disjoint stripes of ONE file, which replaces
   ``file_path`` only when every writer succeeded; they coordinate through
-  torch.distributed (the ``group`` field, or the default group).
+  torch.distributed (the ``group`` field, or the default group). Each
+  writer must reach ``close()`` or leave a ``with`` block: a writer that
+  is merely dropped cannot tell the others, which then wait for it until
+  the process group's timeout.
 """
 from __future__ import annotations
 
@@ -66,6 +69,9 @@ ALIGN = 4096
 #: Staging memory made when the config gives no pinned_tensor (DeepSpeed's
 #: default io_buffer_size).
 DEFAULT_STAGING = 64 << 20
+#: Writes of at least this many bytes (and of a staging half) go to the file
+#: straight from the caller's memory once the staging buffer is drained.
+DIRECT_MIN = 0
 #: Parallel writers own the stream's stripes of this many bytes in turn.
 DEFAULT_STRIPE = 16 << 20
 
@@ -583,7 +589,7 @@ class FastFileWriter(_BaseWriter):
         """Stage (or write straight) src, whose stream offset is off."""
         half = self._stage.half
         while len(src):
-            if self._fill == 0 and len(src) >= half and off % ALIGN == 0:
+            if self._fill == 0 and len(src) >= max(half, DIRECT_MIN) and off % ALIGN == 0:
                 k = len(src) // ALIGN * ALIGN
                 t0 = time.perf_counter()
                 self._check(self._file.pwrite(src[:k], off), k, off)

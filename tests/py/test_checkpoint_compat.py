@@ -298,6 +298,19 @@ try:
     out["mismatch"] = "no error"
 except Exception as e:
     out["mismatch"] = "%s: %s" % (type(e).__name__, e)
+class Bad:
+    def __reduce__(self):
+        raise RuntimeError("cannot pickle this")
+
+try:                                           # writer 1 fails inside its with block
+    cfg = FastFileWriterConfig(num_parallel_writers=world, writer_rank=rank,
+                               pinned_tensor=torch.zeros(65536, dtype=torch.uint8),
+                               stripe_bytes=8192)
+    with FastFileWriter(path, cfg) as w:
+        torch.save({"s": state(9), "bad": Bad() if rank == 1 else 0}, w)
+    out["raised"] = "no error"
+except Exception as e:
+    out["raised"] = "%s: %s" % (type(e).__name__, e)
 out["left"] = sorted(os.listdir(d))
 print(json.dumps(out), flush=True)
 os._exit(0)
@@ -342,6 +355,9 @@ def test_parallel_writers_one_file(tmp_path):
         assert all(res[r]["bytes_%d" % i] == len(want) for r in range(world))
     for r in range(world):
         assert "must all save the same object" in res[r]["mismatch"], res[r]["mismatch"]
+    assert "cannot pickle this" in res[1]["raised"], res[1]["raised"]
+    assert "failed on writer 1" in res[0]["raised"] and "cannot pickle" in res[0]["raised"], \
+        res[0]["raised"]
     assert res[0]["left"] == ["ck.pt"] and os.listdir(tmp_path) == ["ck.pt"]
     equal(torch.load(tmp_path / "ck.pt", weights_only=True), state(1))
     assert (tmp_path / "ck.pt").read_bytes() == torch_bytes(state(1))   # the failed save: old file
