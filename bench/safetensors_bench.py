@@ -16,6 +16,12 @@ afterwards, one byte per page, so lazily mapped pages are really read):
   hf              transformers AutoModelForCausalLM.from_pretrained(dir)
   nvio-hf         nvio.safetensors.from_pretrained(AutoModelForCausalLM, dir)
   torch.load      torch.load of the same state dict saved by torch.save
+  fastsafetensors fastsafetensors.fastsafe_open(shards, nogds=True) (its CPU path),
+                  every tensor taken (when importable)
+  runai           runai_model_streamer.SafetensorsStreamer, every shard streamed to
+                  the CPU (when importable)
+                  (peers: pip install --no-deps --target DIR fastsafetensors==0.5.0
+                  runai-model-streamer==0.17.0 humanize typer; PYTHONPATH=DIR)
   fio-best        the better, per round, of libaio 1M x QD32 x 1 job and
                   8M x QD128 x 2 jobs with huge-page buffers, O_DIRECT, on a
                   file of the shards' total size rounded down to 16 MiB
@@ -190,6 +196,29 @@ def main():
         except TypeError:
             checks.append("safetensors %s has no backend= argument" % safetensors.__version__)
         loads += [("hf", ld_hf), ("nvio-hf", ld_nvio_hf), ("torch.load", ld_torch)]
+        try:
+            from fastsafetensors import fastsafe_open
+
+            def ld_fast():
+                with fastsafe_open(files, nogds=True) as f:
+                    return {k: f.get_tensor(k) for k in f.keys()}
+            loads.append(("fastsafetensors", ld_fast))
+        except ImportError as e:
+            checks.append("fastsafetensors not importable (%s)" % e)
+        try:
+            from runai_model_streamer import SafetensorsStreamer
+
+            def ld_runai():
+                sd = {}
+                with SafetensorsStreamer() as s:
+                    for p in files:
+                        s.stream_file(p)
+                        for name, t in s.get_tensors():
+                            sd[name] = t
+                return sd
+            loads.append(("runai", ld_runai))
+        except ImportError as e:
+            checks.append("runai-model-streamer not importable (%s)" % e)
         loads = [x for x in loads if x[0] not in skip]
         for n, fn in loads:
             sd = fn()

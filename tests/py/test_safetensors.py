@@ -502,6 +502,33 @@ def test_stream(handle, llama_dir, window):
     it.close()                                  # stopping early waits and closes
 
 
+def test_stream_window_bounds_reads(tmp_path, monkeypatch):
+    """Runs are at most half the window (unless one tensor is larger) and
+    at most two are read ahead of the tensor being yielded."""
+    from nvio.safetensors import _dir
+    sizes, live = [], []
+    real = _dir.submit_run
+
+    def spy(f, hd, run, dev, pin):
+        sizes.append((sum(e.nbytes for e in run), len(run)))
+        live.append(run[-1].name)
+        return real(f, hd, run, dev, pin)
+    monkeypatch.setattr(_dir, "submit_run", spy)
+    d = {"t%03d" % i: rand((100 + i,), torch.float32, i) for i in range(60)}
+    d["huge"] = rand((5000,), torch.float32, 99)
+    p = tmp_path / "m.safetensors"
+    st.save_file(d, p)
+    order = []
+    for name, t in nst.stream(p, window_bytes=4000):
+        order.append(name)
+        assert raw(t) == raw(d[name])
+        # runs submitted but not yet fully yielded: at most 2 (plus this one)
+        ahead = len(live) - sum(1 for n in live if n in order)
+        assert ahead <= 2, ahead
+    assert sorted(order) == sorted(d)
+    assert all(n <= 2000 or k == 1 for n, k in sizes)
+
+
 def test_index_errors(tmp_path, llama_dir):
     d, _ = llama_dir
     bad = tmp_path / "bad"
