@@ -61,7 +61,8 @@ PROMPTS = [torch.tensor([[5, 17, 3, 44]]), torch.tensor([[1, 2, 3, 4, 5, 6, 7], 
 def _run(m):
     with torch.no_grad():
         logits = [m(p).logits for p in PROMPTS]
-        gen = [m.generate(p, max_new_tokens=6, do_sample=False, pad_token_id=0) for p in PROMPTS]
+        # two prompts in one batch: greedy decoding of several prompts at once
+        gen = [m.generate(PROMPTS[1], max_new_tokens=5, do_sample=False, pad_token_id=0)]
     return logits, gen
 
 
