@@ -22,6 +22,14 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int
           torch.uint8, torch.int64, torch.bool, torch.complex64, torch.float8_e4m3fn]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def rand(n, dtype, g):
     if dtype == torch.bool:
         return torch.rand(n, generator=g) > 0.5

@@ -17,3 +17,6 @@ from ._stream import StreamError, stream_model, streamed, unstream
 
 __all__ = ["Swapper", "SwapError", "ALIGN"]
 __all__ += ["stream_model", "unstream", "streamed", "StreamError"]
+from ._optimizer import NVMeOptimizer  # noqa: E402
+
+__all__ += ["NVMeOptimizer"]

@@ -616,27 +616,32 @@ class Swapper:
         it. A future of that tensor with ``async_op``."""
         if out is not None:
             return self._swap_in_out(key, out, async_op)
-        with self._cond:
-            k = self._committed(key)
-            if k.region is not None:
-                fut = k.read
-                if fut is None:
+        while True:
+            with self._cond:
+                k = self._committed(key)
+                fut = None
+                if k.region is not None:
+                    fut = k.read
+                    if fut is None:
+                        fut = NvioFuture(key)
+                        fut.set_result(k.tensor)
+                else:
+                    e = k.entry
+                    r = self._alloc_region(_up(max(e.nbytes, 1)), key, "swap_in")
+                    # the pool may have waited: the key may have changed meanwhile
+                    if self._keys.get(key) is not k or k.entry is not e or \
+                            k.region is not None or k.write is not None:
+                        self._unref(r)
+                        continue
+                    t = r.u8[:e.nbytes].view(e.dtype).view(e.shape) if e.nbytes else \
+                        torch.empty(e.shape, dtype=e.dtype)
                     fut = NvioFuture(key)
-                    fut.set_result(k.tensor)
-                return fut if async_op else self._result(fut)
-            e = k.entry
-            r = self._alloc_region(_up(max(e.nbytes, 1)), key, "swap_in")
-            # the pool may have waited: the key may have changed meanwhile
-            if self._keys.get(key) is not k or k.entry is not e or k.region is not None \
-                    or k.write is not None:
-                self._unref(r)
-                return self.swap_in(key, async_op=async_op)
-            t = r.u8[:e.nbytes].view(e.dtype).view(e.shape) if e.nbytes else \
-                torch.empty(e.shape, dtype=e.dtype)
-            fut = NvioFuture(key)
-            k.region, k.tensor, k.read = r, t, fut
-            r.refs += 1                  # the read's
-            e.readers += 1
+                    k.region, k.tensor, k.read = r, t, fut
+                    r.refs += 1                  # the read's
+                    e.readers += 1
+                    break
+            # resident: wait (never holding the lock) for the read filling it
+            return fut if async_op else self._result(fut)
 
         def done(err):
             e.readers -= 1

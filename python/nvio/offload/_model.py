@@ -1,0 +1,5 @@
+"""nvio.offload.offload_model (placeholder until parameter offload lands)."""
+
+
+def _owner(params):
+    return None
