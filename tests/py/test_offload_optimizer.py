@@ -201,8 +201,8 @@ def reset():
         f.write("5")
 d = sys.argv[1]
 torch.manual_seed(0)
-params = [torch.nn.Parameter(torch.randn(1 << 20)) for _ in range(8)]    # 32 MiB fp32
-opt = NVMeOptimizer(torch.optim.AdamW(params), d, sub_group_numel=1 << 20)
+params = [torch.nn.Parameter(torch.randn(1 << 19)) for _ in range(16)]   # 32 MiB fp32
+opt = NVMeOptimizer(torch.optim.AdamW(params), d, sub_group_numel=1 << 19)
 for p in params:
     p.grad = torch.randn_like(p)
 opt.step()
