@@ -20,6 +20,7 @@
  * when cuFile refuses the file, through the bounce path instead.
  */
 #include <limits.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -202,6 +203,70 @@ static void failing_copy(nvio_handle_t *h, unsigned char *dev, const char *path)
 	T_OK(nvio_pwrite(h, dev + 1, 5000, path, 3, NVIO_VALIDATE));
 }
 
+/* Threads submitting device-memory ops on one handle at once, each on
+ * its own device region and file range; each thread's bytes must land. */
+struct tjob {
+	nvio_handle_t *h;
+	unsigned char *dev;
+	const char *path;
+	int idx, bad;
+};
+
+#define TBYTES (256u << 10)
+
+static void *thread_job(void *arg)
+{
+	struct tjob *j = arg;
+	unsigned char *host = malloc(TBYTES), *back = malloc(TBYTES);
+	int64_t off = (int64_t)j->idx * TBYTES;
+
+	if (!host || !back) {
+		j->bad = 1;
+		goto out;
+	}
+	for (int round = 0; round < 8 && !j->bad; round++) {
+		t_fill_random_at(host, TBYTES, 50 + (uint64_t)round, (uint64_t)j->idx);
+		if (sim.poke(j->dev, host, TBYTES) < 0 ||
+		    nvio_pwrite(j->h, j->dev, TBYTES, j->path, off, 0) != 0 ||
+		    sim.fill(j->dev, 0, TBYTES) < 0 ||
+		    nvio_pread(j->h, j->dev, TBYTES, j->path, off, 0) != 0 ||
+		    sim.peek(back, j->dev, TBYTES) < 0 || memcmp(back, host, TBYTES))
+			j->bad = 1 + round;
+	}
+out:
+	free(host);
+	free(back);
+	return NULL;
+}
+
+static void test_threads(unsigned char *dev, const char *path, int gds)
+{
+	struct tjob jobs[4];
+	pthread_t t[4];
+	nvio_handle_t *h;
+	nvio_config_t c;
+
+	t_ctx("4 threads on one %s handle", gds ? "GDS" : "plain");
+	t_config(&c, NVIO_ENGINE_AUTO, NVIO_DIRECT_AUTO, 64u << 10, 0);
+	c.intra_op_parallelism = 2;
+	c.flags = gds ? NVIO_HANDLE_GDS : 0;
+	if (!T_OK(nvio_handle_create(&h, &c)))
+		return;
+	for (int i = 0; i < 4; i++) {
+		jobs[i] = (struct tjob){ h, dev + (size_t)i * TBYTES, path, i, 0 };
+		T_EQ_INT(pthread_create(&t[i], NULL, thread_job, &jobs[i]), 0);
+	}
+	for (int i = 0; i < 4; i++) {
+		pthread_join(t[i], NULL);
+		T_EQ_INT(jobs[i].bad, 0);
+	}
+	nvio_handle_destroy(h);
+	restore(path, 4 * TBYTES, 0);
+	T_EQ_INT(sim.ctx_refs(), 0);
+	T_EQ_INT(sim.host_registered(), 0);
+	T_EQ_U64(sim.violations() + sim.cufile_violations(), 0);
+}
+
 /*
  * Buffers on two devices through one handle: a worker moves its CUDA
  * state from one device's context to the other's and back (each retained
@@ -258,6 +323,10 @@ static void test_gds(unsigned char *dev, const char *path)
 		T_EQ_INT(nvio_get_gds(h), 1);
 		rw_cases(h, dev, path, 0, VIA_CUFILE);
 		rw_cases(h, dev, path, 1, VIA_CUFILE);
+		t_ctx("%s GDS handle: validate compares device memory", t_combo());
+		T_OK(nvio_pwrite(h, dev + 1, 5000, path, 3, NVIO_VALIDATE));
+		T_OK(nvio_pread(h, dev + 1, 5000, path, 3, NVIO_VALIDATE));
+		restore(path, 5000, 3);
 		sim.cufile_fail("cuFileHandleRegister", 0, SIM_ALWAYS,
 				5000 + 18);	/* CU_FILE_INVALID_FILE_TYPE */
 		rw_cases(h, dev, path, 0, VIA_BOUNCE);
@@ -349,6 +418,8 @@ int main(void)
 		}
 	}
 	test_two_devices(dev, path);
+	test_threads(dev, path, 0);
+	test_threads(dev, path, 1);
 	test_gds(dev, path);
 	/* Host memory is still host memory with the driver loaded. */
 	t_ctx("host buffer with the driver loaded");
