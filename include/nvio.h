@@ -702,6 +702,44 @@ NVIO_API int nvio_cufile_set_library(const char *path);
 NVIO_API uint32_t nvio_crc32(uint32_t crc, const void *buf, size_t len);
 NVIO_API uint32_t nvio_crc32_combine(uint32_t crc1, uint32_t crc2, uint64_t len2);
 
+/*
+ * Temporaries left by killed writers. An ATOMIC file that needs a name
+ * before its commit (always where the file system has no O_TMPFILE, for
+ * an instant before the rename where it has) is named
+ * ".<name>.nvio-<owner>-<pid>-<start>-<random>" beside its target, the
+ * owner part telling which boot, host and pid namespace made it, and pid
+ * and start which process. Every ATOMIC open removes the temporaries of
+ * its target whose owner is dead (the same as
+ * nvio_clean_temporaries(dir, name, 0, NULL, NULL)).
+ *
+ * nvio_clean_temporaries removes from dir the temporaries (of target, a
+ * file name without '/', or of every name when NULL) whose owner is dead:
+ * exited (its pid gone, or another process's now), or made in an earlier
+ * boot of this host. One made on another host or in another container
+ * is kept (nothing here can tell whether its owner lives), and so are a
+ * symbolic link, a directory or another kind of file at such a name,
+ * another user's file (unless NVIO_CLEAN_ANY_USER), and every name that
+ * is not of this form. NVIO_CLEAN_DRY_RUN removes nothing. report, when
+ * not NULL, is called for every temporary found with its name, 1 if it
+ * was removed (or would be, dry run), 0 if kept, -errno if removing it
+ * failed, and why in words. Returns the number removed (or that would
+ * be), -errno for dir (ENOENT, ENOTDIR, EACCES), -EINVAL for unknown
+ * flags or a target with a '/', or the first failed removal's -errno
+ * after trying every one.
+ *
+ * nvio_temp_name stores in buf the name a temporary of path gets when
+ * this process makes it (in path's directory), for callers that create
+ * their own (exclusively: O_CREAT|O_EXCL|O_NOFOLLOW), so that the sweep
+ * knows their owner too. Returns its length, -ENAMETOOLONG when it does
+ * not fit len, -EINVAL for a NULL or empty path or one ending in '/'.
+ */
+#define NVIO_CLEAN_DRY_RUN	(1u << 0)
+#define NVIO_CLEAN_ANY_USER	(1u << 1)
+typedef void nvio_clean_fn(const char *name, int result, const char *why, void *arg);
+NVIO_API int nvio_clean_temporaries(const char *dir, const char *target, unsigned flags,
+				    nvio_clean_fn *report, void *arg);
+NVIO_API int nvio_temp_name(const char *path, char *buf, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,6 +1,7 @@
 /*
  * file.c - open files: descriptors, alignment, size, growth, and the
- * temporary of an atomic write with its commit or abandon.
+ * temporary of an atomic write with its commit or abandon (its name and
+ * the sweep of killed writers' temporaries: temps.c).
  *
  * A file is opened once and every op on it uses what was found then: the
  * buffered descriptor (heads, tails, buffered I/O), the O_DIRECT one
@@ -25,9 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
-#include <sys/random.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -96,20 +95,26 @@ static char *dir_of(const char *path)
 	return d;
 }
 
-/* A fresh, unpredictable hidden name beside target, in buf. */
-static void temp_name(char *buf, size_t len, const char *dir, const char *target)
+/* The target's file name (after its last '/'). */
+static const char *base_of(const char *target)
 {
-	const char *base = strrchr(target, '/') ? strrchr(target, '/') + 1 : target;
-	unsigned long long r = 0;
+	const char *slash = strrchr(target, '/');
 
-	if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r)) {
-		struct timespec ts;
+	return slash ? slash + 1 : target;
+}
 
-		clock_gettime(CLOCK_REALTIME, &ts);
-		r ^= (unsigned long long)ts.tv_nsec ^ (unsigned long long)getpid() << 32 ^
-		     (uintptr_t)buf;
-	}
-	snprintf(buf, len, "%s/.%s.nvio-%016llx", dir, base, r);
+/*
+ * A fresh hidden name beside the target that carries this process as
+ * its owner (temps.c), in a malloc'd *out; tried by the caller until one
+ * is free.
+ */
+static int temp_name(char **out, const char *dir, const char *target)
+{
+	size_t len = strlen(dir) + NAME_MAX + 2;
+
+	if (!*out && !(*out = malloc(len)))
+		return -ENOMEM;
+	return nvio__temp_name(*out, len, dir, base_of(target)) < 0 ? -ENAMETOOLONG : 0;
 }
 
 /*
@@ -127,7 +132,6 @@ static int open_temp(struct nvio_file *f, const char **what)
 	struct stat st;
 	char *dir;
 	mode_t mode = 0666;
-	size_t len;
 	int fd, r;
 
 	*what = "open";
@@ -148,6 +152,8 @@ static int open_temp(struct nvio_file *f, const char **what)
 	dir = dir_of(f->target);
 	if (!dir)
 		return -ENOMEM;
+	/* what killed writers of this target left (best effort) */
+	nvio__temps_sweep(dir, base_of(f->target), 0, NULL, NULL);
 	*what = "open temporary";
 	fd = nvio__open(dir, O_TMPFILE | O_RDWR, mode);
 	if (fd >= 0) {
@@ -159,14 +165,11 @@ static int open_temp(struct nvio_file *f, const char **what)
 		free(dir);
 		return fd;	/* ENOENT, EACCES, ENOSPC: a named one fails too */
 	}
-	len = strlen(dir) + strlen(f->target) + 40;
-	f->tmp_path = malloc(len);
-	fd = -ENOMEM;
-	for (int i = 0; f->tmp_path && i < 100; i++) {
-		temp_name(f->tmp_path, len, dir, f->target);
-		fd = nvio__open(f->tmp_path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW, mode);
-		if (fd != -EEXIST)
-			break;
+	fd = -EEXIST;
+	for (int i = 0; fd == -EEXIST && i < 100; i++) {
+		fd = temp_name(&f->tmp_path, dir, f->target);
+		if (fd == 0)
+			fd = nvio__open(f->tmp_path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW, mode);
 	}
 	free(dir);
 	if (fd < 0) {
@@ -541,20 +544,16 @@ int nvio__file_fsync_dir(const char *path)
 static int name_tmpfile(struct nvio_file *f)
 {
 	char proc[64], *dir = dir_of(f->target);
-	size_t len;
-	int r = -ENOMEM;
+	int r = -EEXIST;
 
 	if (!dir)
-		return r;
-	len = strlen(dir) + strlen(f->target) + 40;
-	f->tmp_path = malloc(len);
+		return -ENOMEM;
 	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", f->fd);
-	for (int i = 0; f->tmp_path && i < 100; i++) {
-		temp_name(f->tmp_path, len, dir, f->target);
-		r = nvio__sys.linkat(AT_FDCWD, proc, AT_FDCWD, f->tmp_path,
-				     AT_SYMLINK_FOLLOW) < 0 ? -errno : 0;
-		if (r != -EEXIST)
-			break;
+	for (int i = 0; r == -EEXIST && i < 100; i++) {
+		r = temp_name(&f->tmp_path, dir, f->target);
+		if (r == 0)
+			r = nvio__sys.linkat(AT_FDCWD, proc, AT_FDCWD, f->tmp_path,
+					     AT_SYMLINK_FOLLOW) < 0 ? -errno : 0;
 	}
 	free(dir);
 	if (r < 0) {

@@ -176,6 +176,17 @@ int nvio__file_commit(struct nvio_file *f, int durable, const char **what);
 int nvio__file_close_fds(struct nvio_file *f);
 int nvio__file_fsync_dir(const char *path);
 
+/*
+ * temps.c: the name of a temporary of base (a file name) that carries
+ * this process as its owner, "<dir>/" before it when dir is not NULL
+ * (returns its length or -ENAMETOOLONG); and the sweep of dir's
+ * temporaries whose owner is dead (of base's only, when not NULL), as
+ * nvio_clean_temporaries(3) describes.
+ */
+int nvio__temp_name(char *buf, size_t len, const char *dir, const char *base);
+int nvio__temps_sweep(const char *dir, const char *base, unsigned flags,
+		      nvio_clean_fn *report, void *arg);
+
 struct nvio__op {
 	struct nvio_handle *h;
 	struct nvio_file *file;

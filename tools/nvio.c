@@ -19,6 +19,7 @@ static const struct subcommand subcommands[] = {
 	{ "report", cmd_report, "what this machine and a directory support" },
 	{ "bench", cmd_bench, "read/write bandwidth between memory and files" },
 	{ "tune", cmd_tune, "find and save the best handle configuration" },
+	{ "clean", cmd_clean, "remove temporaries that killed writers left" },
 };
 
 static void usage(FILE *f)

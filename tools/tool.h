@@ -10,6 +10,7 @@
 int cmd_report(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_tune(int argc, char **argv);
+int cmd_clean(int argc, char **argv);
 
 #define MAX_DIRS 32
 

@@ -395,6 +395,13 @@ def probe(dir: StrOrBytesPath | None = None, /) -> _Probe:
     """What this machine (and dir) support."""
 
 def file_size(path: StrOrBytesPath, /) -> int: ...
+def clean_temporaries(
+    dir: StrOrBytesPath, target: StrOrBytesPath | None = None, *, dry_run: bool = False,
+    any_user: bool = False,
+) -> tuple[int, list[tuple[str, int, str]]]:
+    """Remove dir's temporaries of atomic writes whose writer is dead."""
+def temp_name(path: StrOrBytesPath, /) -> str:
+    """A fresh name for a temporary of path that carries this process as owner."""
 def gds_mode() -> tuple[Literal["direct", "compat", "none"], str]: ...
 def gds_register(address: int, nbytes: int, /) -> None: ...
 def gds_deregister(address: int, /) -> None: ...

@@ -12,8 +12,10 @@ by libnvio: the save succeeds with the right bytes.
 
 Kill: a forked child saves in a loop and is killed with SIGKILL at random
 moments, 200 times; every time the destination loads and equals the last
-state the child finished or the one it was writing, and nothing else is
-left in the directory.
+state the child finished or the one it was writing, and at most the killed
+child's temporary is left beside it (the next save removes it: its owner
+is dead). Again 40 times where O_TMPFILE is refused (named temporaries from
+the start, as on NFS).
 """
 import json
 import os
@@ -145,6 +147,7 @@ def test_faults_at_every_call_of_a_save(preload, tmp_path, engine, direct):
 
 
 KILL_ROUNDS = 200
+KILL_ROUNDS_NAMED = 40
 
 
 def make_state(i):
@@ -165,25 +168,37 @@ def _child(p, start, wfd):
     torch.set_num_threads(1)      # no OpenMP in a forked child
     i = start
     while True:
-        st = make_state(i)
-        if i % 2:
-            nvio.async_save(st, p).result()
-        else:
-            nvio.save(st, p)
+        _save(make_state(i), p, i)
         os.write(wfd, b".")
         i += 1
 
 
-@pytest.mark.xfail(reason="the stale-temporary cleanup of issue 16 is being merged")
-def test_sigkill_during_saves_leaves_old_or_new(tmp_path):
-    d = tmp_path / "k"
-    d.mkdir()
-    p = str(d / "ck.pt")
+def _save(st, p, i):
+    """Save i: sync or async, durable (fsync) or not, in turn."""
+    durable = i % 4 < 2
+    if i % 2:
+        nvio.async_save(st, p, durable=durable).result()
+    else:
+        nvio.save(st, p, durable=durable)
+
+
+def kill_rounds(d, rounds, seed):
+    """Saves in a forked child, SIGKILLed at a random moment, ``rounds``
+    times; checks the directory after each. Returns (landed, stale): the
+    rounds in which the checkpoint changed, and the temporaries seen."""
+    p = os.path.join(d, "ck.pt")
     nvio.save(make_state(0), p)
+    # how long a save takes here and now: the kills spread over ~2 saves
+    took = []
+    for k in range(8):
+        t0 = time.monotonic()
+        _save(make_state(0), p, k)
+        took.append(time.monotonic() - t0)
+    span = 2 * sorted(took)[4]
     last = 0
-    rng = random.Random(7)
+    rng = random.Random(seed)
     landed = stale = 0
-    for rnd in range(KILL_ROUNDS):
+    for rnd in range(rounds):
         rfd, wfd = os.pipe()
         pid = os.fork()
         if pid == 0:
@@ -193,7 +208,7 @@ def test_sigkill_during_saves_leaves_old_or_new(tmp_path):
             finally:
                 os._exit(1)
         os.close(wfd)
-        time.sleep(rng.uniform(0, 0.04))
+        time.sleep(rng.uniform(0, span))
         os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
         assert os.WIFSIGNALED(status), "round %d: the child ended by itself" % rnd
@@ -209,16 +224,49 @@ def test_sigkill_during_saves_leaves_old_or_new(tmp_path):
         assert got in (last + done, last + done + 1), (rnd, last, done, got)
         landed += got != last
         last = got
-        # An O_TMPFILE file gets a hidden name just before its rename (Linux
-        # has no link-over): a kill in between leaves that temporary, which
-        # the next write into the directory removes (its owner is dead).
+        # A temporary is named just before its rename (O_TMPFILE: Linux has
+        # no link-over) or from the start (no O_TMPFILE): a kill leaves it,
+        # and the next save into the directory removes it (its owner is
+        # dead). So at most the one of the killed child is there.
         left = sorted(os.listdir(d))
-        assert left[0] == "ck.pt" or left[-1] == "ck.pt", (rnd, left)
-        assert all(n == "ck.pt" or n.startswith(".ck.pt.") for n in left), (rnd, left)
+        assert "ck.pt" in left and len(left) <= 2, (rnd, left)
+        assert all(n == "ck.pt" or n.startswith(".ck.pt.nvio-") for n in left), (rnd, left)
         stale += len(left) - 1
-    assert landed > KILL_ROUNDS // 4       # the kills landed at varied moments
     nvio.save(make_state(0), p)
     assert os.listdir(d) == ["ck.pt"]
+    return landed, stale
+
+
+def test_sigkill_during_saves_leaves_old_or_new(tmp_path):
+    d = tmp_path / "k"
+    d.mkdir()
+    landed, stale = kill_rounds(str(d), KILL_ROUNDS, 7)
+    assert landed > KILL_ROUNDS // 4       # the kills landed at varied moments
+
+
+NAMED_SCRIPT = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+import test_checkpoint_faults as t
+landed, stale = t.kill_rounds(sys.argv[2], int(sys.argv[3]), 11)
+print(landed, stale)
+"""
+
+
+def test_sigkill_with_named_temporaries(preload, tmp_path):
+    """Where there is no O_TMPFILE the data goes into a named temporary from
+    the start: nearly every kill leaves one, full size, and the next save
+    removes it."""
+    d = tmp_path / "k"
+    d.mkdir()
+    env = dict(os.environ, LD_PRELOAD=preload, NVIO_FAULT_NO_TMPFILE="1")
+    r = subprocess.run([sys.executable, "-c", NAMED_SCRIPT, HERE, str(d),
+                        str(KILL_ROUNDS_NAMED)], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    landed, stale = map(int, r.stdout.split()[-2:])
+    assert landed > KILL_ROUNDS_NAMED // 4
+    assert stale > KILL_ROUNDS_NAMED // 4   # named temporaries were left, and swept
 
 
 SIGINT_SCRIPT = r"""

@@ -272,6 +272,79 @@ static PyObject *m_staging_limit(PyObject *m, PyObject *unused)
 			     (unsigned long long)in_use);
 }
 
+struct clean_list {
+	PyObject *list;
+	int failed;	/* a Python error while collecting */
+};
+
+static void clean_report(const char *name, int result, const char *why, void *arg)
+{
+	struct clean_list *c = arg;
+	PyObject *t;
+
+	if (c->failed)
+		return;
+	t = Py_BuildValue("(Nis)", PyUnicode_DecodeFSDefault(name), result, why);
+	if (!t || PyList_Append(c->list, t) < 0)
+		c->failed = 1;
+	Py_XDECREF(t);
+}
+
+/* The scan runs with the GIL held: it only reads one directory, and the
+ * report builds Python objects. */
+static PyObject *m_clean_temporaries(PyObject *m, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "dir", "target", "dry_run", "any_user", NULL };
+	PyObject *dirb = NULL, *targetb = NULL, *dry = Py_False, *any = Py_False, *res;
+	struct clean_list c = { NULL, 0 };
+	int d = 0, a = 0, rc;
+	unsigned flags;
+	char what[4200];
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|O&$OO:clean_temporaries", kwlist,
+					 PyUnicode_FSConverter, &dirb,
+					 PyUnicode_FSConverter, &targetb, &dry, &any))
+		return NULL;
+	if (ext_parse_flag(dry, "dry_run", &d) < 0 || ext_parse_flag(any, "any_user", &a) < 0 ||
+	    !(c.list = PyList_New(0))) {
+		Py_DECREF(dirb);
+		Py_XDECREF(targetb);
+		return NULL;
+	}
+	flags = (d ? NVIO_CLEAN_DRY_RUN : 0) | (a ? NVIO_CLEAN_ANY_USER : 0);
+	rc = nvio_clean_temporaries(PyBytes_AsString(dirb),
+				    targetb ? PyBytes_AsString(targetb) : NULL, flags,
+				    clean_report, &c);
+	snprintf(what, sizeof(what), "nvio: cleaning temporaries in %s", PyBytes_AsString(dirb));
+	Py_DECREF(dirb);
+	Py_XDECREF(targetb);
+	if (c.failed) {
+		Py_DECREF(c.list);
+		return NULL;
+	}
+	if (rc < 0) {
+		Py_DECREF(c.list);
+		return ext_raise_plain(ext_state_of(m), rc, what);
+	}
+	res = Py_BuildValue("(iN)", rc, c.list);
+	return res;
+}
+
+static PyObject *m_temp_name(PyObject *m, PyObject *arg)
+{
+	PyObject *b = NULL;
+	char buf[4200];
+	int rc;
+
+	if (!PyUnicode_FSConverter(arg, &b))
+		return NULL;
+	rc = nvio_temp_name(PyBytes_AsString(b), buf, sizeof(buf));
+	Py_DECREF(b);
+	if (rc < 0)
+		return ext_raise_plain(ext_state_of(m), rc, "nvio: temp_name");
+	return PyUnicode_DecodeFSDefault(buf);
+}
+
 static PyMethodDef module_functions[] = {
 	{ "cufile_set_library", m_cufile_set_library, METH_O,
 	  "cufile_set_library(path)\n--\n\nThe libcufile to load (None: the default search);\n"
@@ -291,6 +364,16 @@ static PyMethodDef module_functions[] = {
 	  "gds_deregister(address)\n--\n\nUndo gds_register." },
 	{ "file_size", m_file_size, METH_O,
 	  "file_size(path)\n--\n\nSize of a file in bytes." },
+	{ "clean_temporaries", (PyCFunction)(void (*)(void))m_clean_temporaries,
+	  METH_VARARGS | METH_KEYWORDS,
+	  "clean_temporaries(dir, target=None, *, dry_run=False, any_user=False)\n--\n\n"
+	  "Remove from dir the temporaries of atomic writes whose writer is dead (of\n"
+	  "target's name only, when given); see nvio_clean_temporaries(3). Returns\n"
+	  "(count, [(name, result, why), ...]): result 1 removed (or would be), 0 kept,\n"
+	  "-errno if removing failed." },
+	{ "temp_name", m_temp_name, METH_O,
+	  "temp_name(path)\n--\n\nA fresh name for a temporary of path, beside it, that\n"
+	  "carries this process as its owner (create it with O_EXCL|O_NOFOLLOW)." },
 	{ "probe", m_probe, METH_VARARGS,
 	  "probe(dir=None)\n--\n\nWhat this machine (and dir) support, as a dict." },
 	{ NULL, NULL, 0, NULL }

@@ -27,9 +27,9 @@ that a rank that died is named.
 from __future__ import annotations
 
 import datetime
+import errno
 import hashlib
 import os
-import secrets
 import socket
 import stat
 
@@ -156,21 +156,33 @@ def _digest(plan):
     return h.hexdigest()
 
 
-def _temp_name(path):
-    d, base = os.path.split(os.path.abspath(path))
-    return os.path.join(d, ".%s.nvio-%d-%s" % (base, os.getpid(), secrets.token_hex(8)))
-
-
 def _create_temp(path, size):
-    tmp = _temp_name(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600)
+    """The shared temporary, created by rank 0: named like libnvio's own
+    (``nvio_temp_name``: it carries this process as its owner), so that a
+    later save to ``path``, any atomic write there and ``nvio clean`` remove
+    it if this process is killed. Dead owners' temporaries of ``path`` go
+    first, as libnvio's atomic open does."""
+    d, base = os.path.split(os.path.abspath(path))
+    try:
+        _nvio.clean_temporaries(d, base)
+    except OSError:
+        pass                    # best effort: the create below says what is wrong
+    for _ in range(100):
+        tmp = _nvio.temp_name(os.path.join(d, base))
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                         os.O_CLOEXEC, 0o600)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(errno.EEXIST, "no free temporary name beside", path)
     try:
         if size:
             try:
                 os.posix_fallocate(fd, 0, size)
             except OSError as e:
-                if e.errno not in (95, 22):
+                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                     raise
                 os.ftruncate(fd, size)
     except BaseException:

@@ -8,6 +8,9 @@
  * counts; nvio_fault_count() says how many calls of the armed name ran.
  * Only calls on descriptors the test marks (nvio_fault_fd_min) or paths
  * under nvio_fault_dir count, so the interpreter's own I/O is left alone.
+ * With NVIO_FAULT_NO_TMPFILE=1 in the environment, open(O_TMPFILE) fails
+ * with EOPNOTSUPP, as on a file system without it (NFS): atomic writes
+ * then use named temporaries.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -15,6 +18,8 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -138,6 +143,14 @@ int open(const char *path, int flags, ...)
 		va_start(ap, flags);
 		mode = va_arg(ap, mode_t);
 		va_end(ap);
+	}
+	if ((flags & O_TMPFILE) == O_TMPFILE) {
+		const char *no = getenv("NVIO_FAULT_NO_TMPFILE");
+
+		if (no && *no == '1') {
+			errno = EOPNOTSUPP;
+			return -1;
+		}
 	}
 	if (hit("open", -1, path))
 		return -1;
