@@ -16,6 +16,7 @@
  */
 #include "ext.h"
 
+#include <stdio.h>
 #include <string.h>
 
 ext_state *ext_state_of(PyObject *module)
