@@ -96,11 +96,12 @@ for name in names:
             except OSError as x:
                 err = x
             fired = lib.nvio_fault_fired()
+            oflags = lib.nvio_fault_fired_flags()
             lib.nvio_fault_arm(b"", 0, 0, None)
             left = sorted(os.listdir(d))
             data = open(p, "rb").read()
             state = "old" if data == before else "new" if same_new(nvio.load(p)) else "BAD"
-            out.append({"call": name, "nth": k, "err": e, "fired": fired,
+            out.append({"call": name, "nth": k, "err": e, "fired": fired, "oflags": oflags,
                         "raised": None if err is None else err.errno,
                         "msg": "" if err is None else str(err),
                         "named": err is None or p in str(err) or getattr(err, "filename", None) == p,
@@ -135,6 +136,11 @@ def test_faults_at_every_call_of_a_save(preload, tmp_path, engine, direct):
         assert c["state"] != "BAD", c
         if not c["fired"]:
             assert c["raised"] is None and c["state"] == "new", c
+        elif (c["call"] == "open" and c["raised"] is None and
+              c["oflags"] & os.O_DIRECTORY and not c["oflags"] & os.O_ACCMODE):
+            # the sweep of dead writers' temporaries is best effort: a
+            # directory it cannot read does not fail the save
+            assert c["state"] == "new", c
         elif c["err"] == -1:                          # short transfer: finished
             assert c["raised"] is None and c["state"] == "new", c
         else:

@@ -30,6 +30,7 @@ static atomic_long calls;
 static long nth;
 static int err;
 static atomic_int fired;
+static atomic_int fired_flags;
 static char dir[4096];
 
 void nvio_fault_arm(const char *name, long n, int e, const char *under)
@@ -40,9 +41,12 @@ void nvio_fault_arm(const char *name, long n, int e, const char *under)
 	err = e;
 	atomic_store(&calls, 0);
 	atomic_store(&fired, 0);
+	atomic_store(&fired_flags, 0);
 }
 
 long nvio_fault_count(void) { return atomic_load(&calls); }
+/* open(2)'s flags in the call that failed (0 for other calls). */
+int nvio_fault_fired_flags(void) { return atomic_load(&fired_flags); }
 int nvio_fault_fired(void) { return atomic_load(&fired); }
 
 static int under_dir(int fd, const char *path)
@@ -152,7 +156,9 @@ int open(const char *path, int flags, ...)
 			return -1;
 		}
 	}
-	if (hit("open", -1, path))
+	if (hit("open", -1, path)) {
+		atomic_store(&fired_flags, flags);
 		return -1;
+	}
 	return real(path, flags, mode);
 }
