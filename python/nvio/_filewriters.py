@@ -488,7 +488,7 @@ class FastFileWriter(_BaseWriter):
         self._segs = []                   # [(start in half, file offset, length)]
         self._fill = 0                    # bytes in the current half
         self._digest = hashlib.sha256()   # parallel writers: the stream's head
-        self._tail = b""                  # ... and its last bytes
+        self._tail = bytearray()          # ... and its last bytes
         if n > 1:
             self._open_shared()
         else:
@@ -583,7 +583,9 @@ class FastFileWriter(_BaseWriter):
         if pos < 1 << 20:
             self._digest.update(mv[:(1 << 20) - pos])
         k = 1 << 16
-        self._tail = (self._tail + bytes(mv[-k:]))[-k:] if len(mv) < k else bytes(mv[-k:])
+        self._tail += mv[-k:]
+        if len(self._tail) > 2 * k:         # trimmed now and then: linear time
+            del self._tail[:-k]
 
     def _put(self, src, off):
         """Stage (or write straight) src, whose stream offset is off."""
@@ -673,7 +675,8 @@ class FastFileWriter(_BaseWriter):
             self._file = None
         except OSError as e:
             err = str(e)
-        me = (self._pos, self._digest.hexdigest(), hashlib.sha256(self._tail).hexdigest())
+        me = (self._pos, self._digest.hexdigest(),
+              hashlib.sha256(self._tail[-(1 << 16):]).hexdigest())
         got = self._agree("writing the stripes", err)
         sums = self._group.gather("comparing the streams", me)
         for r, s in enumerate(sums):

@@ -9,13 +9,10 @@ and must name the record and offset each time.
 """
 import io
 import json
-import os
-import pickle
 import struct
 import subprocess
 import sys
 import zipfile
-import zlib
 
 import pytest
 

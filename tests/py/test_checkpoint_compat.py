@@ -18,8 +18,7 @@ import time
 import pytest
 
 import nvio
-from nvio import _filewriters
-from nvio.compat import (AsyncIOBuilder, FastFileWriter, FastFileWriterConfig,
+from nvio.compat import (FastFileWriter, FastFileWriterConfig,
                          MockFileWriter, PyFileWriter)
 
 torch = pytest.importorskip("torch")
@@ -287,7 +286,8 @@ def save(obj, double, stripe, staging):
     w.close()
     return w.stats()
 
-for i, (double, stripe, staging) in enumerate([(True, 8192, 3 * 4096 + 5), (False, 1 << 20, 65536)]):
+cases = [(True, 8192, 3 * 4096 + 5), (False, 1 << 20, 65536)]
+for i, (double, stripe, staging) in enumerate(cases):
     s = save(state(i), double, stripe, staging)
     dist.barrier()
     out["aio_bytes_%d" % i] = s["aio_bytes"]
