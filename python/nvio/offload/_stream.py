@@ -621,11 +621,15 @@ class _Streamer:
             s.free_ev = torch.cuda.Event()
             s.free_ev.record(torch.cuda.current_stream(self.dev))
         # the slot just released takes the block prefetch + 1 ahead
+        # (a read refused here is refused again, and raised, when its block runs)
         win = self._window(b.idx + 1)
-        for k in range(1, self.prefetch + 2):
-            nb = self.blocks[(b.idx + k) % len(self.blocks)]
-            if nb.idx == b.idx or self._load(nb, protect=win, optional=True) is None:
-                break
+        try:
+            for k in range(1, self.prefetch + 2):
+                nb = self.blocks[(b.idx + k) % len(self.blocks)]
+                if nb.idx == b.idx or self._load(nb, protect=win, optional=True) is None:
+                    break
+        except OSError:
+            pass
         if self.dev.type == "cuda":
             for s2 in self.slots:
                 if s2.owner is not None and not s2.copied and all(f.done() for f, *_ in s2.futs):
