@@ -7,6 +7,7 @@
 # and print a short table. Results land in $OUT (or ./gpu-results).
 #
 #   sh scripts/gpu.sh [DIR]      DIR: where the test files go (default /tmp)
+#                                SIZE=1G (default) bytes per transfer
 #   sh scripts/gpu.sh fetch      (elsewhere) download liburing/libaio .debs
 #
 # liburing and libaio headers may be missing there; `sh scripts/gpu.sh
@@ -23,6 +24,7 @@ if [ "${1:-}" = fetch ]; then
 	exit 0
 fi
 DIR=${1:-/tmp}
+SIZE=${SIZE:-1G}
 OUT=${OUT:-$PWD/gpu-results}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
@@ -63,15 +65,16 @@ echo "== Python GPU tests (real CUDA tensors)"
 (cd tests/py && $PY -m pytest -q -p no:cacheprovider test_gpu.py test_io.py 2>&1) | tee "$OUT/py-tests.txt"
 tail -n 1 "$OUT/py-tests.txt" | grep -qE 'failed|error' && fails=$((fails + 1))
 
-echo "== nvio bench --gpu / --gds (1 GiB, real driver)"
+echo "== nvio bench --gpu / --gds ($SIZE)"
 for opt in --mem=locked --gpu --gds; do
-	./build/nvio bench --dir "$DIR" --size 1G --loops 5 "$opt" >"$OUT/bench$opt.txt" 2>&1 \
+	./build/nvio bench --dir "$DIR" --size "$SIZE" --loops 5 "$opt" >"$OUT/bench$opt.txt" 2>&1 \
 		|| { fails=$((fails + 1)); echo "nvio bench $opt failed:"; }
 	grep -E '^(write|read) ' "$OUT/bench$opt.txt" | sed "s/^/$opt /"
 done
 
 echo "== bench/gpu_bench.py"
-$PY bench/gpu_bench.py --dir "$DIR" --out "$OUT/gpu_bench.md" 2>"$OUT/gpu_bench.log" \
+bytes=$(echo "$SIZE" | awk '/[Gg]$/ { print $0 * 1073741824; next } /[Mm]$/ { print $0 * 1048576; next } { print $0 + 0 }')
+$PY bench/gpu_bench.py --dir "$DIR" --size "$bytes" --out "$OUT/gpu_bench.md" 2>"$OUT/gpu_bench.log" \
 	|| { fails=$((fails + 1)); tail -n 20 "$OUT/gpu_bench.log"; }
 
 echo "== summary ($(date -u +%Y-%m-%d), $(head -n 1 "$OUT/gpus.txt"))"

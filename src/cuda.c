@@ -285,7 +285,11 @@ void nvio__cuda_host_unregister(void *p)
 
 void nvio__cuda_probe(nvio_probe_t *out)
 {
-	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	const char *env = getenv("NVIO_CUDA_LIB");	/* as nvio_cuda_alloc loads */
+	void *lib = env && *env ? dlopen(env, RTLD_NOW | RTLD_LOCAL) : NULL;
+
+	if (!lib)
+		lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
 	CUresult (*init)(unsigned);
 	CUresult (*count)(int *);
 	CUresult (*version)(int *);
