@@ -60,6 +60,10 @@ static struct {
 	CUresult (*HostUnregister)(void *);
 	CUresult (*DeviceGetName)(char *, int, int);
 	CUresult (*PointerGetAttribute)(void *, int, CUdeviceptr);
+	CUresult (*CtxSynchronize)(void);
+	CUresult (*StreamWaitEvent)(void *, void *, unsigned);
+	CUresult (*MemsetD8Async)(CUdeviceptr, unsigned char, size_t, void *);
+	CUresult (*DtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, void *);
 } cu_;
 
 typedef struct { int err; int cu_err; } CUfileError_t;
@@ -120,6 +124,9 @@ static int load(void)
 	      CU(HostUnregister, "cuMemHostUnregister") &&
 	      CU(DeviceGetName, "cuDeviceGetName") &&
 	      CU(PointerGetAttribute, "cuPointerGetAttribute") &&
+	      CU(CtxSynchronize, "cuCtxSynchronize") &&
+	      CU(StreamWaitEvent, "cuStreamWaitEvent") &&
+	      CU(MemsetD8Async, "cuMemsetD8Async") && CU(DtoDAsync, "cuMemcpyDtoDAsync_v2") &&
 	      CF(DriverOpen, "cuFileDriverOpen") && CF(DriverClose, "cuFileDriverClose_v2") &&
 	      CF(HandleRegister, "cuFileHandleRegister") &&
 	      CF(HandleDeregister, "cuFileHandleDeregister") &&
@@ -194,6 +201,50 @@ out:
 	T_EQ_INT(cu_.StreamSynchronize(s), 400);	/* destroyed: invalid handle */
 	free(src);
 	free(dst);
+}
+
+/* Two streams ordered by an event; device memory allocated in the
+ * context; cuCtxSynchronize waits for every stream of it. */
+static void test_streams(void)
+{
+	unsigned char *h = malloc(N), *back = malloc(N);
+	CUdeviceptr a = 0, b = 0;
+	void *s1 = NULL, *s2 = NULL, *ev = NULL;
+
+	t_ctx("two streams, an event, cuMemAlloc");
+	if (!h || !back) {
+		T_FAILF("malloc");
+		goto out;
+	}
+	T_EQ_INT(cu_.MemAlloc(&a, N), 0);
+	T_EQ_INT(cu_.MemAlloc(&b, N), 0);
+	T_EQ_INT(cu_.StreamCreate(&s1, 1), 0);
+	T_EQ_INT(cu_.StreamCreate(&s2, 1), 0);
+	T_EQ_INT(cu_.EventCreate(&ev, 0), 0);
+	t_fill_random(h, N, 12);
+	sim.set_delay(2000, 5000);
+	T_EQ_INT(cu_.MemsetD8Async(b, 0x11, N, s2), 0);
+	T_EQ_INT(cu_.HtoDAsync(a, h, N, s1), 0);
+	T_EQ_INT(cu_.EventRecord(ev, s1), 0);
+	T_EQ_INT(cu_.StreamWaitEvent(s2, ev, 0), 0);
+	T_EQ_INT(cu_.DtoDAsync(b, a, N, s2), 0);	/* after the upload */
+	T_EQ_INT(cu_.CtxSynchronize(), 0);
+	T_EQ_INT(sim.queued(), 0);
+	T_EQ_INT(sim.peek(back, (void *)(uintptr_t)b, N), 0);
+	T_EQ_INT(t_check_random_at(back, N, 12, 0), -1);
+	sim.set_delay(0, 50);
+	T_EQ_INT(cu_.MemFree(a), 0);
+	T_EQ_INT(cu_.MemFree(a), 1);	/* twice: CUDA_ERROR_INVALID_VALUE */
+	T_EQ_INT(cu_.MemFree(b), 0);
+out:
+	if (ev)
+		cu_.EventDestroy(ev);
+	if (s1)
+		cu_.StreamDestroy(s1);
+	if (s2)
+		cu_.StreamDestroy(s2);
+	free(h);
+	free(back);
 }
 
 static void on_segv(int sig)
@@ -474,6 +525,7 @@ int main(void)
 	if (!T_TRUE(dev != NULL))
 		return t_done();
 	test_async(dev);
+	test_streams();
 	test_fault(dev, 0);
 	test_fault(dev, 1);
 	test_context(dev);
