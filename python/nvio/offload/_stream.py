@@ -546,9 +546,14 @@ class _Streamer:
             self.side = torch.cuda.Stream(self.dev)
             self._registered = []
             for s in self.slots:
-                if s.buf.nbytes and torch.cuda.cudart().cudaHostRegister(
-                        s.buf.address, s.buf.nbytes, 0) == 0:
-                    self._registered.append(s.buf.address)
+                if not s.buf.nbytes:
+                    continue
+                try:        # page-locked for CUDA: the copies can be asynchronous
+                    torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(
+                        s.buf.address, s.buf.nbytes, 0))
+                except Exception:  # noqa: BLE001  (then torch copies synchronously)
+                    continue
+                self._registered.append(s.buf.address)
         with torch.inference_mode(False):
             for b in self.blocks:
                 for s in self.slots:
