@@ -216,6 +216,20 @@ def test_nvio_file_equals_torch_save_record_by_record(tmp_path):
     assert ra == rb
 
 
+@pytest.mark.parametrize("name", ["state.v1.pt", "a.b.c", "noext", "x..y", "x."])
+def test_records_directory_named_as_torch_names_it(tmp_path, name):
+    """torch.save names the records' directory after the file name up to
+    its last dot; nvio.save does the same."""
+    (tmp_path / "n").mkdir(), (tmp_path / "t").mkdir()
+    nvio.save({"a": torch.ones(3)}, tmp_path / "n" / name)
+    torch.save({"a": torch.ones(3)}, tmp_path / "t" / name)
+    with zipfile.ZipFile(tmp_path / "n" / name) as za, \
+            zipfile.ZipFile(tmp_path / "t" / name) as zb:
+        da = {n.split("/", 1)[0] for n in za.namelist()}
+        db = {n.split("/", 1)[0] for n in zb.namelist()}
+    assert da == db and len(da) == 1
+
+
 class Thing:
     def __init__(self, v):
         self.v = v

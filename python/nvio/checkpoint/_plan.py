@@ -55,9 +55,10 @@ class CheckpointError(ValueError):
 
 def archive_name(path):
     """The records' directory inside the zip, as torch names it: the file's
-    name up to its first dot."""
-    base = os.path.basename(os.fsdecode(path)).split(".", 1)[0]
-    return base or "archive"
+    name up to its last dot (``state.v1.pt`` -> ``state.v1``). Where that
+    leaves nothing (``.hidden``), which torch.save refuses, "archive"."""
+    base = os.path.basename(os.fsdecode(path)).rpartition(".")
+    return (base[0] if base[1] else base[2]) or "archive"
 
 
 def u8(storage):
