@@ -232,6 +232,14 @@ static void test_streams(void)
 	T_EQ_INT(sim.queued(), 0);
 	T_EQ_INT(sim.peek(back, (void *)(uintptr_t)b, N), 0);
 	T_EQ_INT(t_check_random_at(back, N, 12, 0), -1);
+	t_ctx("streams run independently");
+	sim.set_delay(200000, 200000);
+	T_EQ_INT(cu_.HtoDAsync(a, h, N, s1), 0);
+	sim.set_delay(0, 0);
+	T_EQ_INT(cu_.HtoDAsync(b, h, N, s2), 0);
+	T_EQ_INT(cu_.StreamSynchronize(s2), 0);	/* not behind s1's copy */
+	T_EQ_INT(cu_.StreamQuery(s1), 600);
+	T_EQ_INT(cu_.StreamSynchronize(s1), 0);
 	sim.set_delay(0, 50);
 	T_EQ_INT(cu_.MemFree(a), 0);
 	T_EQ_INT(cu_.MemFree(a), 1);	/* twice: CUDA_ERROR_INVALID_VALUE */

@@ -8,7 +8,8 @@
  *    of device memory faults (SIGSEGV), as on a GPU; the simulator alone
  *    reaches the bytes through a second, private read-write mapping.
  *  - cuMemcpy*Async only queues the copy on its stream. One simulator
- *    thread executes the queue in order, each copy after a random delay
+ *    thread executes each stream's queue in order (streams in any order,
+ *    cuStreamWaitEvent honoured), each copy after a random delay
  *    ($NVIO_SIM_DELAY_US, default 50 us): a staging buffer read or
  *    reused before cuStreamSynchronize holds the wrong bytes.
  *  - Streams, events, cuCtxSynchronize wait for real.
@@ -91,7 +92,10 @@ struct sim_stream {
 	CUresult err;		/* an executed copy failed: reported at sync */
 	int alive;		/* not destroyed */
 	unsigned queued;	/* ops not yet executed */
+	unsigned refs;		/* events recorded on it, waits for it */
+	struct op *head, *tail;	/* its queue, in order */
 	struct sim_stream *next_all;
+	struct sim_stream *next_busy;	/* in sim.busy while queued */
 };
 
 struct sim_event {
@@ -101,7 +105,7 @@ struct sim_event {
 	struct sim_event *next_all;
 };
 
-enum { OP_HTOD, OP_DTOH, OP_DTOD, OP_SET };
+enum { OP_HTOD, OP_DTOH, OP_DTOD, OP_SET, OP_WAIT };
 
 struct op {
 	struct op *next;
@@ -116,6 +120,8 @@ struct op {
 	size_t host_n;
 	CUresult fail;
 	struct timespec at;
+	struct sim_stream *wait_s;	/* OP_WAIT: runs once wait_s->done */
+	uint64_t wait_seq;		/* reaches wait_seq */
 };
 
 struct alloc { uintptr_t off; size_t n; int dev; };
@@ -141,7 +147,7 @@ static struct {
 	struct sim_ctx ctx[MAX_DEVICES];
 	struct sim_stream *streams;
 	struct sim_event *events;
-	struct op *head, *tail;
+	struct sim_stream *busy;	/* streams with queued ops */
 	unsigned long copies, pageable, violations, queued;
 	unsigned delay_min_us, delay_us;
 	uint64_t rng;
@@ -242,6 +248,14 @@ static void sim_setup(void)
 		sim.rng = strtoull(e, NULL, 0) | 1;
 	if ((e = getenv("NVIO_SIM_FAIL")) && *e)
 		parse_rules(e);
+	{
+		pthread_condattr_t ca;
+
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&sim.cond, &ca);
+		pthread_condattr_destroy(&ca);
+	}
 	fd = memfd_create("cuda-sim-device-memory", MFD_CLOEXEC);
 	if (fd < 0 || ftruncate(fd, (off_t)sim.arena_n) < 0) {
 		perror("cuda-sim: memfd");
@@ -334,15 +348,23 @@ static void *alloc_locked(int dev, size_t n)
 /* Whether a queued or running op uses host memory in [p, p+n). Lock held. */
 static int queued_touches(uintptr_t p, size_t n)
 {
-	for (struct op *o = sim.head; o; o = o->next)
-		if (o->host_n && o->host < p + n && o->host + o->host_n > p)
-			return 1;
+	for (struct sim_stream *s = sim.busy; s; s = s->next_busy)
+		for (struct op *o = s->head; o; o = o->next)
+			if (o->host_n && o->host < p + n && o->host + o->host_n > p)
+				return 1;
 	return 0;
+}
+
+/* A destroyed stream goes once nothing is queued on or refers to it. */
+static void stream_free_if_idle(struct sim_stream *s)
+{
+	if (!s->alive && !s->queued && !s->refs)
+		free(s);
 }
 
 static void wait_idle_locked(void)
 {
-	while (sim.head)
+	while (sim.queued)
 		pthread_cond_wait(&sim.cond, &sim.lock);
 }
 
@@ -393,37 +415,71 @@ static void op_done_locked(struct op *o)
 		s->err = o->fail;
 	s->queued--;
 	sim.queued--;
-	if (!s->alive && !s->queued)
-		free(s);
+	if (!s->queued) {
+		struct sim_stream **pb = &sim.busy;
+
+		while (*pb != s)
+			pb = &(*pb)->next_busy;
+		*pb = s->next_busy;
+		stream_free_if_idle(s);
+	}
 	pthread_cond_broadcast(&sim.cond);
 }
 
+static int ts_before(const struct timespec *a, const struct timespec *b)
+{
+	return a->tv_sec < b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec < b->tv_nsec);
+}
+
+/*
+ * Runs the queued ops: each stream's in order, streams in any order
+ * (whichever head is due first), an OP_WAIT only once the stream it
+ * waits for has reached its event.
+ */
 static void *executor(void *arg)
 {
 	prctl(PR_SET_TIMERSLACK, 1000ul);	/* delays of microseconds */
 	pthread_mutex_lock(&sim.lock);
 	for (;;) {
-		struct op *o;
+		struct op *o = NULL;
+		struct sim_stream *s;
+		struct timespec now;
 
-		while (!sim.head)
-			pthread_cond_wait(&sim.cond, &sim.lock);
-		o = sim.head;
-		pthread_mutex_unlock(&sim.lock);
-		while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &o->at, NULL) == EINTR)
-			;
-		/* The bytes move without the lock, as DMA does. */
-		if (!o->fail) {
-			if (o->kind == OP_SET)
-				memset(o->dst, o->byte, o->n);
-			else
-				memmove(o->dst, o->src, o->n);
+		for (s = sim.busy; s; s = s->next_busy) {
+			struct op *h = s->head;
+
+			if (h->kind == OP_WAIT && h->wait_s->done < h->wait_seq)
+				continue;
+			if (!o || ts_before(&h->at, &o->at))
+				o = h;
 		}
+		if (!o) {
+			pthread_cond_wait(&sim.cond, &sim.lock);
+			continue;
+		}
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if (ts_before(&now, &o->at)) {	/* or until new work comes */
+			pthread_cond_timedwait(&sim.cond, &sim.lock, &o->at);
+			continue;
+		}
+		/* The bytes move without the lock, as DMA does; the op stays
+		 * at its stream's head (in flight) meanwhile. */
+		pthread_mutex_unlock(&sim.lock);
+		if (!o->fail && o->kind == OP_SET)
+			memset(o->dst, o->byte, o->n);
+		else if (!o->fail && o->kind != OP_WAIT)
+			memmove(o->dst, o->src, o->n);
 		pthread_mutex_lock(&sim.lock);
-		sim.head = o->next;
-		if (!sim.head)
-			sim.tail = NULL;
-		if (!o->fail && o->kind != OP_SET)
+		s = o->s;
+		s->head = o->next;
+		if (!s->head)
+			s->tail = NULL;
+		if (o->kind == OP_WAIT) {
+			o->wait_s->refs--;
+			stream_free_if_idle(o->wait_s);
+		} else if (!o->fail && o->kind != OP_SET) {
 			sim.copies++;
+		}
 		op_done_locked(o);
 		free(o);
 	}
@@ -446,7 +502,7 @@ static CUresult enqueue(struct sim_stream *s, int kind, char *dst, const char *s
 	o->byte = byte;
 	o->host = host;
 	o->host_n = host_n;
-	o->fail = fail_now("copy");
+	o->fail = kind == OP_WAIT ? 0 : fail_now("copy");
 	o->seq = ++s->submitted;
 	clock_gettime(CLOCK_MONOTONIC, &o->at);
 	if (sim.delay_us) {
@@ -465,13 +521,16 @@ static CUresult enqueue(struct sim_stream *s, int kind, char *dst, const char *s
 				pinned = 1;
 		sim.pageable += !pinned;
 	}
-	s->queued++;
+	if (!s->queued++) {
+		s->next_busy = sim.busy;
+		sim.busy = s;
+	}
 	sim.queued++;
-	if (sim.tail)
-		sim.tail->next = o;
+	if (s->tail)
+		s->tail->next = o;
 	else
-		sim.head = o;
-	sim.tail = o;
+		s->head = o;
+	s->tail = o;
 	pthread_cond_broadcast(&sim.cond);
 	return CUDA_SUCCESS;
 }
@@ -660,8 +719,7 @@ API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 			}
 			*ps = s->next_all;
 			s->alive = 0;
-			if (!s->queued)
-				free(s);
+			stream_free_if_idle(s);
 		}
 	}
 	LEAVE(CUDA_SUCCESS);
@@ -782,11 +840,7 @@ API CUresult cuStreamDestroy_v2(CUstream in)
 		;
 	*ps = s->next_all;
 	s->alive = 0;
-	for (struct sim_event *e = sim.events; e; e = e->next_all)
-		if (e->s == s)
-			e->s = NULL;	/* its work will be done by then */
-	if (!s->queued)
-		free(s);
+	stream_free_if_idle(s);
 	LEAVE(CUDA_SUCCESS);
 }
 
@@ -857,6 +911,10 @@ API CUresult cuEventDestroy_v2(CUevent in)
 	if (!in || !*pe)
 		LEAVE(CUDA_ERROR_INVALID_HANDLE);
 	*pe = in->next_all;
+	if (in->s) {
+		in->s->refs--;
+		stream_free_if_idle(in->s);
+	}
 	free(in);
 	LEAVE(CUDA_SUCCESS);
 }
@@ -874,6 +932,11 @@ API CUresult cuEventRecord(CUevent in, CUstream sin)
 		LEAVE(r);
 	if (e->ctx != s->ctx)
 		LEAVE(CUDA_ERROR_INVALID_HANDLE);
+	if (e->s) {
+		e->s->refs--;
+		stream_free_if_idle(e->s);
+	}
+	s->refs++;
 	e->s = s;
 	e->seq = s->submitted;
 	LEAVE(CUDA_SUCCESS);
@@ -906,19 +969,28 @@ API CUresult cuEventSynchronize(CUevent in)
 	LEAVE(inj_);
 }
 
-/* Ops execute in one queue, in order: an event recorded earlier on any
- * stream is complete before a later op of any stream runs. */
+/* Later work of the stream waits until the event's stream has done the
+ * work recorded before the event. */
 API CUresult cuStreamWaitEvent(CUstream sin, CUevent in, unsigned flags)
 {
 	ENTER("cuStreamWaitEvent");
 	struct sim_stream *s;
+	struct sim_event *e = find_event(in);
 	CUresult r = get_stream(sin, &s);
 
 	if (r)
 		LEAVE(r);
-	if (!find_event(in))
+	if (!e)
 		LEAVE(CUDA_ERROR_INVALID_HANDLE);
-	LEAVE(CUDA_SUCCESS);
+	if (event_done(e) || e->s == s)
+		LEAVE(CUDA_SUCCESS);
+	r = enqueue(s, OP_WAIT, NULL, NULL, 0, 0, 0, 0);
+	if (!r) {
+		s->tail->wait_s = e->s;
+		s->tail->wait_seq = e->seq;
+		e->s->refs++;
+	}
+	LEAVE(r);
 }
 
 API CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p)
