@@ -3,7 +3,8 @@
 # a C compiler (gcc and clang), liburing, libaio, fio, groff for the man
 # page checks, pkg-config and venv for the packaging checks, and the Python
 # test requirements with auditwheel (torch is pinned to the
-# CPU build: an unpinned torch pulls gigabytes of CUDA packages).
+# CPU build: an unpinned torch pulls gigabytes of CUDA packages), and
+# xfsprogs for the full-disk tests on a loop-mounted xfs.
 # Safe to run again: it only installs what is missing.
 set -eu
 
@@ -12,7 +13,7 @@ as_root() {
 		echo "deps.sh: need root (or sudo) to run: $*" >&2; exit 1; fi
 }
 
-pkgs="build-essential clang liburing-dev libaio-dev fio groff man-db pkg-config python3-dev python3-pip python3-venv"
+pkgs="build-essential clang liburing-dev libaio-dev fio groff man-db pkg-config python3-dev python3-pip python3-venv xfsprogs"
 missing=""
 for p in $pkgs; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"

@@ -173,17 +173,28 @@ class NvioFile(io.BufferedIOBase):
             super().close()
 
     def _teardown(self):
+        """Frees the stream, the file and an own handle, each whatever the
+        one before did. A stream still here is being abandoned (close()
+        takes it first): its error (writing its tail to a file that is
+        being discarded, on a full disk say) must not keep the file, and
+        the space its temporary holds, alive until the exception that
+        carries it is collected."""
         s, self._stream = self._stream, None
         f, self._file = self._file, None
         try:
             if s is not None:
-                s.close()
-            if f is not None:
-                f.close()            # an atomic file not committed is abandoned
+                try:
+                    s.close()
+                except Exception:   # noqa: BLE001 - abandoned: its bytes go anyway
+                    pass
         finally:
-            if self._own and self._handle is not None:
-                h, self._handle = self._handle, None
-                h.close()
+            try:
+                if f is not None:
+                    f.close()        # an atomic file not committed is abandoned
+            finally:
+                if self._own and self._handle is not None:
+                    h, self._handle = self._handle, None
+                    h.close()
 
     def __exit__(self, exc_type, exc, tb):
         if exc_type is not None and self.mode == "wb" and self._atomic:
