@@ -21,8 +21,9 @@ import torch
 
 #: The safetensors library refuses headers longer than this (100 MB): so do we.
 MAX_HEADER = 100_000_000
-#: Most dimensions a tensor may have (torch's own limit is 64 for most ops).
-MAX_RANK = 64
+#: Most dimensions a tensor may have (a bound on hostile headers; torch
+#: makes tensors of this many dimensions, and safetensors has no limit).
+MAX_RANK = 1024
 #: Largest dimension (torch sizes are int64; a zero-sized tensor may name
 #: any other dimension, so the byte-length check alone does not bound them).
 MAX_DIM = (1 << 63) - 1
