@@ -519,7 +519,7 @@ class _Streamer:
         if (off - a0) % dtype.itemsize:
             a0 = off                 # a view would be misaligned: exact read
         a1 = min(W.align_up(off + n), f.size)
-        buf = mmap.mmap(-1, W.align_up(a1 - a0))
+        buf = mmap.mmap(-1, W.align_up(a1 - a0), mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         got = f.pread(memoryview(buf)[:a1 - a0], a0)
         if got != a1 - a0:
             raise W.WeightsError("nvio: %s: %d of %d bytes of tensor %r at offset %d: the "
