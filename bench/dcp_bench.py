@@ -12,10 +12,11 @@ random weights, every tensor a DTensor sharded by rows over the W ranks
 
   dcp-tN      dcp.save(sd, storage_writer=torch's FileSystemWriter(d, thread_count=N))
   nvio        dcp.save(sd, storage_writer=nvio.dcp.FileSystemWriter(d))
-  fio-best    the better of libaio 1M x QD32 x 1 job and 8M x QD128 x W jobs,
+  fio-best    the better of libaio 1M x QD32 x 1 job and 8M x QD128 x W jobs
+              (QD64 for W = 4, to keep fio's huge-page buffers at 2 GiB),
               huge-page buffers, O_DIRECT, end_fsync, on a preallocated file
               of the checkpoint's data size (overwritten in place)
-  fio-new     8M x QD128 x W jobs writing a file created for the run
+  fio-new     8M x QD128 (64) x W jobs writing a file created for the run
               (posix_fallocate first, as nvio's writer does)
   loads: dcp (torch's FileSystemReader on DCP's checkpoint), nvio
   (nvio.dcp.FileSystemReader on nvio's), nvio-x (nvio's reader on DCP's
@@ -178,18 +179,19 @@ def main():
             fio = core_bench.Bench.__new__(core_bench.Bench)
             fio.args = argparse.Namespace(quick=False)
             fio.log = log
+            qd = 128 if W <= 2 else 64         # fio's buffers: <= 2 GiB of huge pages
             cfgs = [dict(engine="libaio", block=MiB, qd=32, jobs=1, huge=1),
-                    dict(engine="libaio", block=8 * MiB, qd=128, jobs=W, huge=1)]
+                    dict(engine="libaio", block=8 * MiB, qd=qd, jobs=W, huge=1)]
             gm = guestmem.page_reporting_paused(True)
             guest = gm.__enter__()
-            hp = hugepages.reserved(8 * MiB * 128 * W + 64 * MiB, log)
+            hp = hugepages.reserved(8 * MiB * qd * W + 64 * MiB, log)
             fio.huge_path = hp.__enter__()
         # the checkpoints the loads read
         for name, d in (("nvio", ck["nvio"]), ("dcp-t1", ck["dcp"])):
             timed_save(name, d)
         if a.rank == 0:
             sizes = {k: data_bytes(ck[k]) for k in ("nvio", "dcp")}
-        fbytes = state_bytes // (16 * MiB) * (16 * MiB)
+        fbytes = state_bytes // (64 * MiB) * (64 * MiB)   # whole 8 MiB blocks per job
         if a.rank == 0:
             core_bench.Bench.prepare_file(fio, pf, fbytes)
         saves = ["dcp-t%d" % n for n in tcs] + ["nvio", "fio-best", "fio-new"]
@@ -296,7 +298,7 @@ def report(a, res, state_bytes, sizes, guest, t_start, tcs):
            "- %d rounds, interleaved and rotated; page cache dropped before every run; saves "
            "durable into a directory removed before each run; GB/s = tensor bytes / wall time; "
            "ratios = median of per-round ratios; fio rows move the same bytes rounded down to "
-           "16 MiB" % a.rounds, ""]
+           "64 MiB" % a.rounds, ""]
     for phase in ("save", "load"):
         per = res[phase]
         base = "dcp" if phase == "load" else max(
