@@ -30,7 +30,6 @@ import itertools
 import mmap
 import os
 import time
-import warnings
 
 import torch
 from torch import nn
