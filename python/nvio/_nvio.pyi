@@ -44,6 +44,10 @@ def crc32(buffer: _BufferLike, crc: int = 0) -> int:
 def crc32_combine(crc1: int, crc2: int, len2: int, /) -> int:
     """CRC-32 of A + B from crc(A), crc(B), len(B)."""
 
+def crc32_many(regions: Sequence[tuple[int, int]], /) -> list[int]:
+    """CRC-32 of each (address, nbytes) of host memory, the GIL released for
+    the whole batch."""
+
 # --- errors (errors.c) ----------------------------------------------------
 
 class NvioError(OSError):

@@ -70,3 +70,26 @@ def test_saved_checkpoint_crcs_pass_zipfile(tmp_path):
             assert info.CRC == zlib.crc32(z.read(info.filename))
     got = torch.load(p)
     assert all(torch.equal(got[k], sd[k]) for k in sd)
+
+
+def test_crc32_many_equals_zlib_per_region():
+    rng = np.random.default_rng(3)
+    bufs = [rng.integers(0, 256, n, dtype=np.uint8) for n in (0, 1, 17, 4096, 300001)]
+    regions = [(b.ctypes.data, b.nbytes) for b in bufs]
+    assert _nvio.crc32_many(regions) == [zlib.crc32(b.tobytes()) for b in bufs]
+    assert _nvio.crc32_many([]) == []
+    with pytest.raises(TypeError):
+        _nvio.crc32_many([(1, 2, 3)])
+    with pytest.raises(ValueError):
+        _nvio.crc32_many([(0, 5)])
+
+
+def test_crc_submit_splits_and_joins():
+    """The checkpoint code's CRC batches: regions cut into CRC_CHUNK pieces,
+    dealt to threads, joined again, equal zlib's CRC of each region."""
+    from nvio.checkpoint import _plan
+    rng = np.random.default_rng(4)
+    bufs = [rng.integers(0, 256, n, dtype=np.uint8) for n in
+            (5, 0, _plan.CRC_CHUNK * 2 + 3, 1 << 20, _plan.CRC_CHUNK, 77)]
+    got = _plan.crc_submit([(b.ctypes.data, b.nbytes) for b in bufs])()
+    assert got == [zlib.crc32(b.tobytes()) for b in bufs]

@@ -225,17 +225,22 @@ class AsyncCheckpointer:
             from ._save import default_handle
             h = default_handle()
         flags = _nvio.FILE_ATOMIC | (0 if durable else _nvio.FILE_NOSYNC)
-        with h.open(path, flags) as f:
-            if plan.size >= 1 << 20:
-                try:
-                    f.allocate(0, plan.size)
-                except _nvio.NvioError as e:
-                    if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                        raise
-            if plan.size:
-                f.pwrite(mv[:plan.size], 0)
-            self._check()
-            f.commit()
+        from ._save import hold_replaced, release_replaced
+        old = hold_replaced(path)
+        try:
+            with h.open(path, flags) as f:
+                if plan.size >= 1 << 20:
+                    try:
+                        f.allocate(0, plan.size)
+                    except _nvio.NvioError as e:
+                        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                            raise
+                if plan.size:
+                    f.pwrite(mv[:plan.size], 0)
+                self._check()
+                f.commit()
+        finally:
+            release_replaced(old)
         return plan.size
 
 

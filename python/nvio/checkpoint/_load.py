@@ -150,6 +150,65 @@ def _alloc_host(nbytes, pin):
     return torch.frombuffer(m, dtype=torch.uint8).untyped_storage()
 
 
+def _alloc_region(nbytes, pin):
+    """Page-aligned host memory for every storage of a checkpoint at once
+    (a buffer object; huge pages where the kernel gives them)."""
+    if pin:
+        from ..handles import _locked_buffer
+        return _locked_buffer(nbytes, False)
+    m = _mmap.mmap(-1, nbytes)
+    if nbytes >= 2 << 20 and hasattr(m, "madvise") and hasattr(_mmap, "MADV_HUGEPAGE"):
+        try:
+            m.madvise(_mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
+    return m
+
+
+class _Span:
+    """All tensor records of a checkpoint read with ONE read, started before
+    unpickling, into one region laid out as the file is: each storage
+    the unpickler asks for is a slice of it (so the storages share one
+    allocation, freed once none is referenced any more)."""
+
+    def __init__(self, f, ix, pin):
+        recs = [e for n, e in ix.entries.items() if n.startswith(ix.prefix + "data/")]
+        self.base = min(e.data_offset for e in recs) & ~4095   # O_DIRECT-aligned
+        end = max(e.data_offset + e.size for e in recs)
+        self.buf = _alloc_region(end - self.base, pin)
+        self.mv = memoryview(self.buf)
+        self.path = ix.path
+        self.fut = f.pread_async(self.mv, self.base)
+
+    @staticmethod
+    def worth(ix):
+        """Whether the records are dense enough in the file for one read
+        (nvio's and torch.save's files are: gaps are headers and padding)."""
+        recs = [e for n, e in ix.entries.items() if n.startswith(ix.prefix + "data/")]
+        if not recs:
+            return False
+        lo = min(e.data_offset for e in recs)
+        hi = max(e.data_offset + e.size for e in recs)
+        data = sum(e.size for e in recs)
+        return (data >= 1 << 20 and hi <= ix.size and
+                hi - lo <= data + len(recs) * 8192 + (1 << 20))
+
+    def storage(self, e):
+        if e.size == 0:
+            return torch.UntypedStorage(0)
+        off = e.data_offset - self.base
+        return torch.frombuffer(self.mv[off:off + e.size], dtype=torch.uint8).untyped_storage()
+
+    def wait(self):
+        """The read's end (also after an error: the region is busy until then)."""
+        fut, self.fut = self.fut, None
+        if fut is not None:
+            n = fut.result()
+            if n != len(self.mv):
+                raise _err(self.path, "read %d of the %d bytes at offset %d: the file is "
+                           "truncated" % (n, len(self.mv), self.base))
+
+
 def _target(map_location, location):
     """Where a storage saved at ``location`` is read to: (device string or
     None for "read to the CPU, then restore", restore callable or None)."""
@@ -171,14 +230,17 @@ def _target(map_location, location):
 class _Reader:
     """persistent_load for the unpickler: allocates storages, queues reads."""
 
-    def __init__(self, ix, map_location, pin, eager):
+    def __init__(self, ix, map_location, pin, eager, span=None):
         self.ix = ix
         self.map_location = map_location
         self.pin = pin
         self.eager = eager
+        self.span = span        # a _Span: host storages come from its region
         self.storages = {}      # key -> TypedStorage
-        self.reads = []         # (UntypedStorage, Entry)
+        self.reads = []         # (UntypedStorage, Entry) still to be read
+        self.spanned = []       # (UntypedStorage, Entry) read by the span
         self.restores = []      # (key, restore, location)
+        self.targets = {}       # location -> _target(...)
 
     def __call__(self, saved_id):
         if not isinstance(saved_id, tuple) or len(saved_id) != 5:
@@ -203,7 +265,16 @@ class _Reader:
         if e.size != nbytes:
             raise _err(self.ix.path, "record data/%s holds %d bytes but its storage "
                        "needs %d: the file is corrupt" % (key, e.size, nbytes))
-        dev, restore = _target(self.map_location, location)
+        t = self.targets.get(location)
+        if t is None:
+            t = self.targets[location] = _target(self.map_location, location)
+        dev, restore = t
+        if dev == "cpu" and restore is None and self.span is not None:
+            s = self.span.storage(e)
+            self.spanned.append((s, e))
+            ts = torch.storage.TypedStorage(wrap_storage=s, dtype=dtype, _internal=True)
+            self.storages[key] = ts
+            return ts
         if dev == "cpu":
             s = _alloc_host(nbytes, self.pin)
         else:
@@ -297,8 +368,13 @@ def load_plain(f, map_location=None, weights_only=True, mmap=False, handle=None,
         if ix.has("byteorder") and ix.record("byteorder").decode() != sys.byteorder:
             nf.close()
             return _torch_load(path, map_location, weights_only, False)
-        reader = _Reader(ix, map_location, pin, eager=not weights_only)
-        up = _unpickler(ix.record("data.pkl"), weights_only)
+        pkl = ix.record("data.pkl")
+        # weights_only: no code runs during unpickling that could look at
+        # tensor bytes, so every record is read while the pickle is parsed
+        span = _Span(nf, ix, pin) if (weights_only and _read_all is None
+                                      and _Span.worth(ix)) else None
+        reader = _Reader(ix, map_location, pin, eager=not weights_only, span=span)
+        up = _unpickler(pkl, weights_only)
         up.persistent_load = reader
         tls = getattr(torch.serialization, "_serialization_tls", None)
         if tls is not None:
@@ -315,6 +391,12 @@ def load_plain(f, map_location=None, weights_only=True, mmap=False, handle=None,
         finally:
             if tls is not None:
                 tls.map_location = None
+            if span is not None:
+                try:
+                    span.wait()
+                except Exception:           # noqa: BLE001
+                    if sys.exc_info()[0] is None:
+                        raise
         if not reader.eager:
             reads = sorted(reader.reads, key=lambda r: r[1].data_offset)
             if _read_all is not None:
@@ -322,7 +404,7 @@ def load_plain(f, map_location=None, weights_only=True, mmap=False, handle=None,
             else:
                 _read_pieces(nf, [(u8(s), e.data_offset) for s, e in reads if e.size])
         if verify:
-            _verify_reads(path, reader.reads)
+            _verify_reads(path, reader.spanned + reader.reads)
     torch._utils._validate_loaded_sparse_tensors()
     return result
 

@@ -16,7 +16,6 @@ several times zlib's speed; it releases the GIL), in chunks combined with
 from __future__ import annotations
 
 import concurrent.futures
-import ctypes
 import io
 import os
 import pickle
@@ -188,10 +187,6 @@ def crc32_combine(crc1, crc2, len2):
     return _nvio.crc32_combine(crc1, crc2, len2)
 
 
-def _view(addr, n):
-    return memoryview((ctypes.c_ubyte * n).from_address(addr)).cast("B")
-
-
 class _CrcPool:
     """Threads that compute CRC-32s (nvio_crc32 releases the GIL). Not a
     concurrent.futures executor: those refuse work once interpreter exit has
@@ -246,22 +241,34 @@ if hasattr(os, "register_at_fork"):
 
 def crc_submit(regions):
     """Start CRC-32s of host memory regions [(address, nbytes)]; returns a
-    callable that waits and gives the list of CRCs, in order."""
+    callable that waits and gives the list of CRCs, in order.
+
+    Regions are cut into pieces of at most CRC_CHUNK bytes and the pieces
+    dealt, in order, to one batch per CRC thread with about equal bytes;
+    each batch is one ``crc32_many`` call (no Python work per tensor), and
+    the pieces of a region are joined with ``crc32_combine``."""
     ex = _executor()
-    jobs = []                    # per region: [(future, length)]
-    for addr, n in regions:
-        parts = []
-        for off in range(0, n, CRC_CHUNK):
-            k = min(CRC_CHUNK, n - off)
-            parts.append((ex.submit(_nvio.crc32, _view(addr + off, k)), k))
-        jobs.append(parts)
+    pieces = []                  # (address, nbytes)
+    owner = []                   # region index of each piece
+    for i, (addr, n) in enumerate(regions):
+        for off in range(0, n, CRC_CHUNK) if n else (0,):
+            pieces.append((addr + off, min(CRC_CHUNK, n - off)))
+            owner.append(i)
+    total = sum(n for _, n in pieces)
+    share = -(-total // ex.n) if total else 1
+    batches = []
+    start = acc = 0
+    for j, (_, n) in enumerate(pieces):
+        acc += n
+        if acc >= share * (len(batches) + 1) or j == len(pieces) - 1:
+            batches.append(pieces[start:j + 1])
+            start = j + 1
+    futs = [ex.submit(_nvio.crc32_many, b) for b in batches]
 
     def result():
-        out = []
-        for parts in jobs:
-            crc = 0
-            for fut, k in parts:
-                crc = crc32_combine(crc, fut.result(), k)
-            out.append(crc)
+        crcs = [c for f in futs for c in f.result()]
+        out = [0] * len(regions)
+        for (_, n), i, c in zip(pieces, owner, crcs):
+            out[i] = crc32_combine(out[i], c, n)
         return out
     return result

@@ -12,12 +12,13 @@ leaves the destination as it was and no temporary behind.
 from __future__ import annotations
 
 import os
+import stat
 import threading
 
 import torch
 
 from .. import _nvio
-from ._plan import DEFAULT_ALIGN, Plan, crc_submit, u8
+from ._plan import DEFAULT_ALIGN, Plan, _executor, crc_submit, u8
 
 __all__ = ["save", "default_handle", "write_plan", "write_plans"]
 
@@ -45,6 +46,30 @@ def _forget_handle_after_fork():
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_handle_after_fork)
+
+
+#: A destination at least this large is freed off the caller's path.
+RECLAIM_LATER_MIN = 64 << 20
+
+
+def hold_replaced(path):
+    """An fd of the regular file a save is about to replace (None if there
+    is none, or a small one). Held across the commit, it keeps the old
+    inode alive, so the rename does not free its blocks (0.1-0.3 s for
+    2 GiB on ext4 with discard); release_replaced frees them in the
+    background once the new file is in place."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+        if not stat.S_ISREG(st.st_mode) or st.st_size < RECLAIM_LATER_MIN:
+            return None
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def release_replaced(fd):
+    if fd is not None:
+        _executor().submit(os.close, fd)
 
 
 def _host(storage):
@@ -123,7 +148,11 @@ def save(obj, f, *, durable=True, handle=None, align=DEFAULT_ALIGN,
     plan = Plan(obj, f, align, pickle_protocol)
     h = handle if handle is not None else default_handle()
     flags = _nvio.FILE_ATOMIC | (0 if durable else _nvio.FILE_NOSYNC)
-    with h.open(f, flags) as nf:      # an exception abandons the temporary
-        write_plan(plan, nf)
-        nf.commit()
+    old = hold_replaced(f)
+    try:
+        with h.open(f, flags) as nf:      # an exception abandons the temporary
+            write_plan(plan, nf)
+            nf.commit()
+    finally:
+        release_replaced(old)
     return None
