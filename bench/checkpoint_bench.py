@@ -462,6 +462,10 @@ def main():
                                 os.unlink(x)
                     res.append((disk, sname, cell.nbytes, len(cell.st), cell.fsize,
                                 cell.fio_bytes, cell.checks, saves, loads))
+                    # a partial report after every cell
+                    report(a, res, disk_lines, guest, t_start,
+                           resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                           quiet=True)
                     del cell
                     gc.collect()
                 del sd
@@ -473,7 +477,7 @@ def main():
     report(a, res, disk_lines, guest, t_start, peak)
 
 
-def report(a, res, disk_lines, guest, t_start, peak):
+def report(a, res, disk_lines, guest, t_start, peak, quiet=False):
     now = datetime.datetime.now(datetime.timezone.utc)
     cpu = core_bench.sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").strip()
     out = ["# Checkpoints: nvio.save / async_save / load against torch and fio — %s"
@@ -519,6 +523,11 @@ def report(a, res, disk_lines, guest, t_start, peak):
         body += table(loads, "torch.load", "fio-best", "load (%s, %s)" % (disk, sname))
     out += summary + ["", "async.return × memcpy time: seconds until async_save returned / "
                       "seconds of one memcpy of the state (≤ 1 is the target).", ""] + body
+    if quiet:
+        if a.out:
+            with open(a.out, "w") as f:
+                f.write("\n".join(out) + "\n")
+        return
     core_bench.emit(out, a.out)
 
 
