@@ -89,7 +89,7 @@ def tmpfs(tmp_path):
 
 # ---- help and version ----
 
-@pytest.mark.parametrize("cmd", ["report", "bench", "tune"])
+@pytest.mark.parametrize("cmd", ["report", "bench", "tune", "clean"])
 def test_help_of_each_subcommand(cmd, env):
     p = run([cmd, "--help"], env)
     assert p.returncode == 0
@@ -100,7 +100,7 @@ def test_help_of_each_subcommand(cmd, env):
 def test_top_level_help_and_version(env):
     p = run(["--help"], env)
     assert p.returncode == 0
-    for cmd in ("report", "bench", "tune"):
+    for cmd in ("report", "bench", "tune", "clean"):
         assert cmd in p.stdout
     p = run(["--version"], env)
     assert p.returncode == 0 and p.stdout.startswith("nvio ")
@@ -464,7 +464,7 @@ def run_to(args, env, stdout, timeout=120):
 
 @pytest.mark.parametrize("args", [
     ["report", "--json"], ["report"], ["--version"], ["--help"],
-    ["bench", "--help"], ["tune", "--help"],
+    ["bench", "--help"], ["tune", "--help"], ["clean", "--help"], ["clean", "--dry-run"],
     ["bench", "--size", "1M", "--loops", "1", "--warmup", "0", "-q"],
     ["bench", "--size", "1M", "--loops", "1", "--warmup", "0", "-q",
      "--json"],
@@ -476,6 +476,8 @@ def test_write_error_on_stdout_fails(args, work, env):
         pytest.skip("no /dev/full")
     if args[0] in ("bench", "tune") and "--help" not in args:
         args = args + ["--dir", work]
+    if args[0] == "clean" and "--help" not in args:
+        args = args + [work]
     with open("/dev/full", "w") as full:
         p = run_to(args, env, full)
     assert p.returncode == 1, p.stderr
