@@ -19,4 +19,6 @@ __all__ = ["Swapper", "SwapError", "ALIGN"]
 __all__ += ["stream_model", "unstream", "streamed", "StreamError"]
 from ._optimizer import NVMeOptimizer  # noqa: E402
 
-__all__ += ["NVMeOptimizer"]
+from ._model import ModelOffload, offload_model  # noqa: E402
+
+__all__ += ["NVMeOptimizer", "offload_model", "ModelOffload"]

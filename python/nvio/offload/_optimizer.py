@@ -91,13 +91,18 @@ class NVMeOptimizer:
         for gi, g in enumerate(optimizer.param_groups):
             for p in g["params"]:
                 params.append((len(params), gi, p))
+        if model_offload is None:
+            from ._model import _owner
+            model_offload = _owner([p for _, _, p in params])
+        self._model = model_offload
+        numel = model_offload.numel if model_offload is not None else (lambda p: p.numel())
         if master_weights == "auto":
             master_weights = any(p.dtype in _LOWP for _, _, p in params)
         self.master_weights = bool(master_weights)
         self._subgroups = []
         cur, n = [], 0
         for item in params:
-            k = item[2].numel()
+            k = numel(item[2])
             if cur and n + k > sub_group_numel:
                 self._subgroups.append(_SubGroup(len(self._subgroups), cur))
                 cur, n = [], 0
@@ -106,11 +111,7 @@ class NVMeOptimizer:
         if cur:
             self._subgroups.append(_SubGroup(len(self._subgroups), cur))
         self._by_param = {id(p): (sg, idx) for sg in self._subgroups for idx, _, p in sg.params}
-        if model_offload is None:
-            from ._model import _owner
-            model_offload = _owner([p for _, _, p in params])
-        self._model = model_offload
-        biggest = max((sum(p.numel() for _, _, p in sg.params) for sg in self._subgroups),
+        biggest = max((sum(numel(p) for _, _, p in sg.params) for sg in self._subgroups),
                       default=0)
         if pool_bytes is None:
             per = _state_per_elem(optimizer) + (4 if self.master_weights else 0)
@@ -245,11 +246,13 @@ class NVMeOptimizer:
 
     # -- step ------------------------------------------------------------------
 
-    def _keys_of(self, sg):
-        keys = [sg.key] if sg.layout is not None else []
+    def _prefetch(self, sg):
+        """Start the reads of a sub-group: its state, and the parameters and
+        gradients of an offloaded model."""
+        if sg.layout is not None:
+            self.swapper.prefetch([sg.key])
         if self._model is not None:
-            keys += self._model.keys_for_step([p for _, _, p in sg.params])
-        return keys
+            self._model.swapper.prefetch(self._model.keys_for_step([p for _, _, p in sg.params]))
 
     @torch.no_grad()
     def _step_group(self, sg):
@@ -275,7 +278,8 @@ class NVMeOptimizer:
         # the parameters as they were, until the new state is on disk: a failed
         # write puts them back, so parameters and state always agree
         snap = [(p, p.detach().clone()) for _, _, p, _ in targets
-                if p.grad is not None] if self.safe_steps else []
+                if p.grad is not None and not (model is not None and model.is_offloaded(p))
+                ] if self.safe_steps else []
         saved = opt.param_groups
         groups = []
         for gi, g in enumerate(saved):
@@ -340,20 +344,24 @@ class NVMeOptimizer:
         t_start = _now()
         read_wait = compute = 0.0
         futs = []
+        if self._model is not None:
+            self._model.settle()
         with self._lock:
             t_w = None
             try:
                 if sgs:
-                    sw.prefetch(self._keys_of(sgs[0]))
+                    self._prefetch(sgs[0])
                 for i, sg in enumerate(sgs):
                     if i + 1 < len(sgs):
-                        sw.prefetch(self._keys_of(sgs[i + 1]))
+                        self._prefetch(sgs[i + 1])
                     r, c, fut = self._step_group(sg)
                     futs.append((sg, fut))
                     read_wait += r
                     compute += c
                 t_w = _now()
                 sw.wait()
+                if self._model is not None:
+                    self._model.swapper.wait()
             except BaseException as e:
                 try:
                     sw.wait()
