@@ -100,14 +100,20 @@ class NVMeOptimizer:
             master_weights = any(p.dtype in _LOWP for _, _, p in params)
         self.master_weights = bool(master_weights)
         self._subgroups = []
-        cur, n = [], 0
+        cur, n, b = [], 0, 0
+        # with an offloaded model, a sub-group's parameters and grads are read
+        # into the model's pool: two sub-groups (one updated, one read) and
+        # the writes behind them must fit there
+        room = model_offload.swapper.pool_bytes // 3 if model_offload is not None else None
         for item in params:
             k = numel(item[2])
-            if cur and n + k > sub_group_numel:
+            kb = 2 * _up(k * item[2].element_size()) if room else 0
+            if cur and (n + k > sub_group_numel or (room and b + kb > room)):
                 self._subgroups.append(_SubGroup(len(self._subgroups), cur))
-                cur, n = [], 0
+                cur, n, b = [], 0, 0
             cur.append(item)
             n += k
+            b += kb
         if cur:
             self._subgroups.append(_SubGroup(len(self._subgroups), cur))
         self._by_param = {id(p): (sg, idx) for sg in self._subgroups for idx, _, p in sg.params}
