@@ -108,7 +108,7 @@ def log(msg):
 def llama_adamw(scale=1.0):
     """Model + AdamW state dict of a Llama-style fp32 model (see the docstring)."""
     layers = max(1, int(round(10 * scale)))
-    vocab = 32000 if scale >= 1 else 4000
+    vocab = 32000 if scale >= 0.5 else 4000
     shapes, _ = vec_sizes.state_dict(hidden=1024, layers=layers, heads=16, kv_heads=4,
                                      inter=2816, vocab=vocab, dtype_bytes=4)
     g = torch.Generator().manual_seed(0)
@@ -410,6 +410,9 @@ def main():
                     help="a directory holding deepspeed (pip install --target DIR "
                          "deepspeed): adds its FastFileWriter")
     ap.add_argument("--quick", action="store_true", help="1 round, states of ~1/8 size")
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="state size factor (layers of the model, bytes of the small "
+                         "tensors; 0.5 keeps a run under ~4 GiB of memory)")
     ap.add_argument("--torch-threads", type=int, default=1,
                     help="torch.set_num_threads (default 1: on this shared 2-core VM "
                          "OpenMP's spinning threads made each small copy_ take ms)")
@@ -427,8 +430,9 @@ def main():
     fio = core_bench.Bench.__new__(core_bench.Bench)
     fio.args = argparse.Namespace(quick=False)
     fio.log = log
-    states = [("llama-adamw", lambda: llama_adamw(0.125 if a.quick else 1.0)),
-              ("small-5000", lambda: small_tensors(5000, (256 << 20) if a.quick else 2 << 30))]
+    scale = 0.125 if a.quick else a.scale
+    states = [("llama-adamw", lambda: llama_adamw(scale)),
+              ("small-5000", lambda: small_tensors(5000, int((2 << 30) * scale)))]
     states = [s for s in states if a.state in (s[0], "both")]
     disks = [d for d in ("real", "ram") if a.disk in (d, "both")]
     mnt = os.environ.get("NVIO_RAMDISK", "/mnt/nvio-ram")
