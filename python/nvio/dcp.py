@@ -338,7 +338,11 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
 
     def stage(self, state_dict):
         """Copy ``state_dict`` into page-locked memory (async_save calls this);
-        the copy is freed for reuse once its write_data has ended."""
+        the copy is freed for reuse once its write_data has ended. Staged
+        copies are released in order by this writer's write_data calls (DCP
+        runs async saves one after another): do not use the same writer
+        object for a plain dcp.save while an async save it staged is
+        pending."""
         return self._pool.stage(state_dict)
 
     def close(self):
