@@ -184,6 +184,10 @@ class Completions:
                     fut.set_exception(res)
                 else:
                     fut.set_result(res)
+            # Idle, the reaper must not keep the last future alive: a failed
+            # one's exception, raised by result(), pins its caller's frames
+            # (and the buffers they hold) through its traceback.
+            done = fut = res = None
 
     def _fail_pending(self, why):
         with self._lock:

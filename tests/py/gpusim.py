@@ -162,3 +162,56 @@ class DeviceBuffer:
         if self._owner and self.ptr:
             self.sim.cuda.sim_cuda_free(ctypes.c_void_p(self.ptr))
             self.ptr = 0
+
+
+class TorchProvider:
+    """Simulated device memory for nvio's applications on torch's CPU build
+    (installed with ``nvio._device._set_provider``): a storage nvio.load or
+    nvio.safetensors.load_file allocates for a "cuda" destination is a CPU
+    torch storage over simulated device memory. torch never reads it (a
+    load only builds views); libnvio finds it to be device memory through
+    the simulated driver and fills it through its GPU paths. The tests read
+    it back with :meth:`bytes` (the simulator's back door)."""
+
+    def __init__(self, sim):
+        import torch
+        self.torch = torch
+        self.sim = sim
+        sim.cuda.sim_cuda_range.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
+                                            ctypes.POINTER(ctypes.c_size_t)]
+        sim.cuda.sim_cuda_allocations.restype = ctypes.c_ulong
+
+    def is_available(self):
+        return True
+
+    def empty(self, nbytes, device):
+        if nbytes == 0:
+            return self.torch.UntypedStorage(0)
+        buf = DeviceBuffer(self.sim, nbytes)
+        arr = (ctypes.c_ubyte * nbytes).from_address(buf.ptr)
+        arr.device_buffer = buf     # freed when torch lets go of the array
+        return self.torch.frombuffer(arr, dtype=self.torch.uint8).untyped_storage()
+
+    def owns(self, storage):
+        """Whether a storage's (or tensor's) memory is simulated device memory."""
+        if storage.nbytes() == 0:
+            return False
+        base, n = ctypes.c_void_p(), ctypes.c_size_t()
+        return self.sim.cuda.sim_cuda_range(ctypes.c_void_p(storage.data_ptr()),
+                                            ctypes.byref(base), ctypes.byref(n)) == 0
+
+    def bytes(self, t):
+        """The bytes of a contiguous tensor or storage in device memory."""
+        n = t.nbytes() if callable(t.nbytes) else t.nbytes
+        b = ctypes.create_string_buffer(n)
+        if n and self.sim.cuda.sim_cuda_peek(b, ctypes.c_void_p(t.data_ptr()), n) != 0:
+            raise ValueError("not simulated device memory: %#x (%d bytes)" % (t.data_ptr(), n))
+        return b.raw
+
+    def to_host(self, storage):
+        return self.torch.frombuffer(bytearray(self.bytes(storage)),
+                                     dtype=self.torch.uint8).untyped_storage()
+
+    def allocations(self):
+        """Simulated device allocations alive now."""
+        return self.sim.cuda.sim_cuda_allocations()

@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from .. import _nvio
+from .. import _device, _nvio
 from . import _zip
 from ._plan import NVIO_FORMAT, NVIO_RECORD, CheckpointError, crc_submit, u8
 
@@ -278,7 +278,7 @@ class _Reader:
         if dev == "cpu":
             s = _alloc_host(nbytes, self.pin)
         else:
-            s = torch.empty(nbytes, dtype=torch.uint8, device=dev).untyped_storage()
+            s = _device.empty(nbytes, dev)
         self.reads.append((s, e))
         # restore() may copy the storage elsewhere: its bytes must be there
         if (self.eager or restore is not None) and nbytes:
@@ -432,7 +432,7 @@ def _check_versions(ix):
 
 
 def _verify_reads(path, reads):
-    host = [(s if s.device.type == "cpu" else s.cpu(), e) for s, e in reads]
+    host = [(_device.to_host(s), e) for s, e in reads]
     crcs = crc_submit([(s.data_ptr(), e.size) for s, e in host])()
     for (s, e), crc in zip(host, crcs):
         if crc != e.crc:

@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-from .. import _nvio
+from .. import _device, _nvio
 from ..checkpoint._load import _alloc_host, _read_pieces
 from ..checkpoint._plan import u8
 from ..checkpoint._save import default_handle
@@ -58,7 +58,7 @@ def target_device(device, path=None):
     if d.type != "cuda":
         raise ValueError("nvio.safetensors: device %r: only 'cpu' and CUDA devices are "
                          "supported (load to 'cpu' and move the tensors)" % (device,))
-    if not torch.cuda.is_available():
+    if not _device.cuda_available():
         raise RuntimeError("nvio.safetensors: %sdevice %r asked for, but CUDA is not "
                            "available here (torch.cuda.is_available() is False)"
                            % ("%s: " % path if path else "", str(d)))
@@ -124,7 +124,7 @@ def alloc(nbytes, device, pin):
                 return torch.UntypedStorage(nbytes)
             return torch.frombuffer(_nvio.LockedBuffer(nbytes), dtype=torch.uint8).untyped_storage()
         return _alloc_host(nbytes, pin)
-    return torch.empty(nbytes, dtype=torch.uint8, device=device).untyped_storage()
+    return _device.empty(nbytes, device)
 
 
 def tensors_from(header, storage, skip, order=None):
@@ -200,7 +200,7 @@ def read_owned(f, header, device, pin):
     pieces = []
     for e in header.by_offset():
         shape = e.torch_shape()
-        if device.type == "cpu" and e.nbytes >= (64 << 10):
+        if (device.type == "cpu" and e.nbytes >= (64 << 10)) or device.type == "cuda":
             t = view(alloc(e.nbytes, device, pin), 0, e)
         else:
             t = torch.empty(shape, dtype=e.dtype.torch, device=device)
