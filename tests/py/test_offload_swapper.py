@@ -143,11 +143,13 @@ def test_async_ordering_stress(engine, dirs):
                     k = rng.randrange(n_keys)
                     op = rng.random()
                     if op < 0.35:
+                        # writers of one key from several threads: the swapper
+                        # orders them as their calls return; number them so
                         with lock:
                             v = last[k] = last[k] + 1
-                        t = torch.full((20000 + k,), float(k * 1000 + v))
-                        vals[(k, v)] = t
-                        f = sw.swap_out(k, t, async_op=True)
+                            t = torch.full((20000 + k,), float(k * 1000 + v))
+                            vals[(k, v)] = t
+                            f = sw.swap_out(k, t, async_op=True)
                         mine[k] = v
                         if rng.random() < 0.5:
                             f.result()

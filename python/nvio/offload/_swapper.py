@@ -17,7 +17,8 @@ Layout (decided here, moved by libnvio):
   extents are freed once no read uses them. So a key is never overwritten
   while a read of it is pending, and a failed write (a full disk, EIO)
   leaves the previous value readable. A read of a key waits for that key's
-  pending write.
+  pending write; writes of one key from several threads take effect in the
+  order their swap_out calls return.
 * Memory: one LockedBuffer of ``pool_bytes`` (page-aligned, locked when
   RLIMIT_MEMLOCK allows), cut by a first-fit allocator into 4 KiB-aligned
   regions. ``swap_out`` copies into a region (so the caller may change its
