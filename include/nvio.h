@@ -237,6 +237,15 @@ NVIO_API int64_t nvio_file_size(const char *path);
  */
 NVIO_API int nvio_wait(nvio_handle_t *h);
 
+/*
+ * Waits, up to timeout_ns (0: just look; negative: no limit), until no op
+ * submitted with NVIO_ASYNC is still running, without reporting any:
+ * a later nvio_wait() reports them and returns at once. Returns 0, or
+ * -ETIMEDOUT if some are still running. Lets a caller wait in slices and
+ * react between them (a Ctrl-C) with the ops still accounted for.
+ */
+NVIO_API int nvio_wait_idle(nvio_handle_t *h, int64_t timeout_ns);
+
 /* Number of asynchronous ops submitted and not yet reported by a wait. */
 NVIO_API uint32_t nvio_pending(const nvio_handle_t *h);
 

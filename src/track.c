@@ -274,6 +274,34 @@ static struct timespec deadline_in(int64_t timeout_ns)
 	return ts;
 }
 
+int nvio_wait_idle(nvio_handle_t *h, int64_t timeout_ns)
+{
+	struct timespec until;
+	int r = 0;
+
+	if (!h)
+		return -EINVAL;
+	if (nvio__forked(h))
+		return -ECHILD;
+	if (timeout_ns > 0)
+		until = deadline_in(timeout_ns);
+	pthread_mutex_lock(&h->lock);
+	while (h->gens[0].inflight > 0 || h->gens[1].inflight > 0) {
+		if (timeout_ns == 0) {
+			r = -ETIMEDOUT;
+			break;
+		}
+		if (timeout_ns < 0)
+			pthread_cond_wait(&h->cond, &h->lock);
+		else if (pthread_cond_timedwait(&h->cond, &h->lock, &until) == ETIMEDOUT) {
+			r = h->gens[0].inflight > 0 || h->gens[1].inflight > 0 ? -ETIMEDOUT : 0;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&h->lock);
+	return r;
+}
+
 int nvio_reap(nvio_handle_t *h, nvio_completion_t *out, unsigned max,
 	      unsigned min, int64_t timeout_ns)
 {

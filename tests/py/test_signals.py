@@ -47,6 +47,7 @@ CHILD = textwrap.dedent(r"""
     path, size = sys.argv[1], int(sys.argv[2])
     cases = [c.split(":") for c in sys.argv[3:]]
     h = f = None
+    WAIT_READS = 96
 
     # a marker in the first byte of every page: a late read (of zeros)
     # would overwrite some
@@ -91,10 +92,20 @@ CHILD = textwrap.dedent(r"""
                 elif call == "future":
                     fut = f.pread_async(buf, 0)
                     fut.result()
+                elif call == "wait":
+                    # one wait for many async reads: seconds of copying
+                    for _ in range(WAIT_READS):
+                        h.async_pread(buf, path)
+                    print("waiting", flush=True)
+                    h.wait()
             print("not interrupted", flush=True)
             sys.exit(1)
         except KeyboardInterrupt:
             took = time.monotonic() - t0 - float(os.environ.get("NVIO_TEST_SIGINT_AFTER", 0))
+        if call == "wait":
+            # the interrupted wait reported nothing: the reads go on,
+            # holding the buffer, and the next wait reports them
+            h.wait()
         if call == "future":
             # the future's op goes on, holding the buffer; and an interrupt
             # that lands between a submit and its future's return leaves an
@@ -126,6 +137,9 @@ def test_sigint_during_blocking_reads(big_file):
             except ImportError:
                 continue
             cases += ["%s:%s:%s" % (engine, kind, c) for c in CALLS]
+        # handle.wait() for many async reads (seconds of copying): once per
+        # engine, into a bytearray (the wait itself sees no buffer)
+        cases.append("%s:bytearray:wait" % engine)
     env = dict(os.environ, NVIO_TEST_SIGINT_AFTER=str(AFTER))
     p = subprocess.Popen([sys.executable, "-c", CHILD, big_file, str(SIZE)] + cases,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -134,6 +148,9 @@ def test_sigint_during_blocking_reads(big_file):
         for case in cases:
             line = p.stdout.readline().split()
             assert line[:1] == ["ready"], (case, line, p.stderr.read() if p.poll() else "")
+            if case.endswith(":wait"):
+                line = p.stdout.readline().split()
+                assert line[:1] == ["waiting"], (case, line)
             time.sleep(AFTER)
             p.send_signal(signal.SIGINT)
             results.append((case, p.stdout.readline().split()))
@@ -149,3 +166,7 @@ def test_sigint_during_blocking_reads(big_file):
         # promptly: from the signal to the exception (the child's clock, less
         # the parent's wait), one slice of the call and the pieces in flight
         assert float(line[4]) < 3, (case, line)
+        if case.endswith(":wait"):
+            # the reads behind the wait take seconds more: a wait that
+            # ignored Ctrl-C until they ended would take that long
+            assert float(line[4]) < 1, (case, line)

@@ -696,6 +696,23 @@ static PyObject *h_wait(PyObject *s, PyObject *unused)
 	nvio_handle_t *h = self->h;
 	int rc;
 	self->busy++;
+	/*
+	 * Wait in slices of 50 ms so that Ctrl-C raises KeyboardInterrupt
+	 * promptly: an interrupted wait reports nothing and releases no
+	 * buffer (the ops keep theirs until a later wait reports them), so
+	 * what the ops write into stays alive and the next wait sees them.
+	 */
+	for (;;) {
+		Py_BEGIN_ALLOW_THREADS
+		rc = nvio_wait_idle(h, 50000000ll);
+		Py_END_ALLOW_THREADS
+		if (rc != -ETIMEDOUT)
+			break;
+		if (PyErr_CheckSignals() < 0) {
+			self->busy--;
+			return NULL;
+		}
+	}
 	Py_BEGIN_ALLOW_THREADS
 	rc = nvio_wait(h);
 	Py_END_ALLOW_THREADS
