@@ -230,6 +230,16 @@ def test_records_directory_named_as_torch_names_it(tmp_path, name):
     assert da == db and len(da) == 1
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this process has CUDA")
+@pytest.mark.parametrize("where", ["cuda", "cuda:0", {"cpu": "cuda"}])
+def test_map_location_cuda_without_cuda_names_the_problem(tmp_path, where):
+    p = tmp_path / "c.pt"
+    nvio.save({"w": torch.arange(10.0)}, p)
+    with pytest.raises(nvio.CheckpointError, match="no usable CUDA") as ei:
+        nvio.load(p, map_location=where)
+    assert str(p) in str(ei.value)
+
+
 class Thing:
     def __init__(self, v):
         self.v = v

@@ -278,6 +278,11 @@ class _Reader:
         if dev == "cpu":
             s = _alloc_host(nbytes, self.pin)
         else:
+            if torch.device(dev).type == "cuda" and not _device.cuda_available():
+                raise _err(self.ix.path, "storage %s is to go to %s (map_location=%r) but "
+                           "this process has no usable CUDA (torch.cuda.is_available() "
+                           "is False); load with map_location='cpu'"
+                           % (key, dev, self.map_location))
             s = _device.empty(nbytes, dev)
         self.reads.append((s, e))
         # restore() may copy the storage elsewhere: its bytes must be there
