@@ -141,13 +141,22 @@ def _alloc_host(nbytes, pin):
         return torch.frombuffer(_locked_buffer(nbytes, False), dtype=torch.uint8).untyped_storage()
     if nbytes < ALIGNED_ALLOC_MIN:
         return torch.UntypedStorage(nbytes)
-    m = _mmap.mmap(-1, nbytes)
+    return torch.frombuffer(_anon(nbytes), dtype=torch.uint8).untyped_storage()
+
+
+def _anon(nbytes):
+    """Private anonymous memory, in transparent huge pages where the kernel
+    gives them. (mmap.mmap(-1, n) alone is *shared* anonymous memory, which
+    gets no huge pages unless shmem_enabled says so: filling it cost 0.85-0.9
+    CPU s/GB here, 4 KiB faults of shmem, against 0.12 s/GB for private
+    memory in huge pages; 0.59 s/GB private in 4 KiB pages.)"""
+    m = _mmap.mmap(-1, nbytes, flags=_mmap.MAP_PRIVATE | _mmap.MAP_ANONYMOUS)
     if nbytes >= 2 << 20 and hasattr(m, "madvise") and hasattr(_mmap, "MADV_HUGEPAGE"):
         try:
             m.madvise(_mmap.MADV_HUGEPAGE)
         except OSError:
             pass
-    return torch.frombuffer(m, dtype=torch.uint8).untyped_storage()
+    return m
 
 
 def _alloc_region(nbytes, pin):
@@ -156,13 +165,7 @@ def _alloc_region(nbytes, pin):
     if pin:
         from ..handles import _locked_buffer
         return _locked_buffer(nbytes, False)
-    m = _mmap.mmap(-1, nbytes)
-    if nbytes >= 2 << 20 and hasattr(m, "madvise") and hasattr(_mmap, "MADV_HUGEPAGE"):
-        try:
-            m.madvise(_mmap.MADV_HUGEPAGE)
-        except OSError:
-            pass
-    return m
+    return _anon(nbytes)
 
 
 class _Span:
