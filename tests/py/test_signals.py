@@ -12,10 +12,12 @@ by repetition however fast the machine); the parent sends SIGINT a moment
 after the child says it started the case and expects the interruption
 within seconds."""
 import os
+import queue
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -24,6 +26,7 @@ SHM = "/dev/shm"
 SIZE = (128 << 20) + 4096      # more than two of the blocking calls' 64 MiB pieces
 KINDS = ("torch", "numpy", "bytearray")
 CALLS = ("sync_pread", "pread", "read", "file_pread", "future")
+LINE_TIMEOUT = 120             # s without a line from the child: it hung
 AFTER = 0.15                  # the parent's wait from "ready" to SIGINT
 
 
@@ -143,18 +146,33 @@ def test_sigint_during_blocking_reads(big_file):
     env = dict(os.environ, NVIO_TEST_SIGINT_AFTER=str(AFTER))
     p = subprocess.Popen([sys.executable, "-c", CHILD, big_file, str(SIZE)] + cases,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # the child's lines through a thread, so that a child that hangs fails
+    # the test after LINE_TIMEOUT instead of hanging the suite
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in p.stdout] + [lines.put("")],
+                     daemon=True).start()
+
+    class _Out:
+        @staticmethod
+        def readline():
+            try:
+                return lines.get(timeout=LINE_TIMEOUT)
+            except queue.Empty:
+                p.kill()
+                pytest.fail("the child printed nothing for %d s (hung)" % LINE_TIMEOUT)
+    out = _Out()
     results = []
     try:
         for case in cases:
-            line = p.stdout.readline().split()
+            line = out.readline().split()
             assert line[:1] == ["ready"], (case, line, p.stderr.read() if p.poll() else "")
             if case.endswith(":wait"):
-                line = p.stdout.readline().split()
+                line = out.readline().split()
                 assert line[:1] == ["waiting"], (case, line)
             time.sleep(AFTER)
             p.send_signal(signal.SIGINT)
-            results.append((case, p.stdout.readline().split()))
-        assert p.stdout.readline().strip() == "done"
+            results.append((case, out.readline().split()))
+        assert out.readline().strip() == "done"
         assert p.wait(timeout=60) == 0
     finally:
         if p.poll() is None:
