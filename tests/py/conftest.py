@@ -5,6 +5,8 @@ here) and with direct I/O on and off (on is skipped where the file system
 refuses O_DIRECT). Tests needing torch or numpy skip when it is absent.
 """
 import os
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -73,3 +75,19 @@ def torch():
 @pytest.fixture
 def np():
     return pytest.importorskip("numpy")
+
+
+# The LD_PRELOAD fault shim (faultlib/fault_preload.c), built once per module
+# that asks for it.
+@pytest.fixture(scope="module")
+def preload(tmp_path_factory):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler to build the fault shim")
+    out = tmp_path_factory.mktemp("fault") / "fault_preload.so"
+    r = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out),
+                        os.path.join(os.path.dirname(os.path.abspath(__file__)), "faultlib", "fault_preload.c"), "-ldl"],
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.fail("building the fault shim failed:\n" + r.stderr)
+    return str(out)

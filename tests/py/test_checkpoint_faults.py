@@ -20,7 +20,6 @@ the start, as on NFS).
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -35,18 +34,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ENGINES = ("io_uring", "libaio", "psync")
 
 
-@pytest.fixture(scope="module")
-def preload(tmp_path_factory):
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        pytest.skip("no C compiler to build the fault shim")
-    out = tmp_path_factory.mktemp("fault") / "fault_preload.so"
-    r = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out),
-                        os.path.join(HERE, "faultlib", "fault_preload.c"), "-ldl"],
-                       capture_output=True, text=True)
-    if r.returncode:
-        pytest.fail("building the fault shim failed:\n" + r.stderr)
-    return str(out)
 
 
 FAULT_SCRIPT = r"""

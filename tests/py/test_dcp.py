@@ -12,7 +12,6 @@ those and, in this process, the files left.
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -34,7 +33,6 @@ from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 
 #: dcp.save/load wrap a rank's error in CheckpointException (a BaseException)
 DCP_ERRORS = (nvio.CheckpointError, CheckpointException)
-HERE = os.path.dirname(os.path.abspath(__file__))
 ENGINES = ("io_uring", "libaio", "psync")
 
 RANK_SCRIPT = r"""
@@ -228,18 +226,6 @@ def run_ranks(world, d, preload=None, timeout=240):
     return res, outs
 
 
-@pytest.fixture(scope="module")
-def preload(tmp_path_factory):
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        pytest.skip("no C compiler to build the fault shim")
-    out = tmp_path_factory.mktemp("fault") / "fault_preload.so"
-    r = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out),
-                        os.path.join(HERE, "faultlib", "fault_preload.c"), "-ldl"],
-                       capture_output=True, text=True)
-    if r.returncode:
-        pytest.fail("building the fault shim failed:\n" + r.stderr)
-    return str(out)
 
 
 @pytest.fixture(scope="module")

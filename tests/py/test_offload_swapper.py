@@ -4,7 +4,6 @@ import errno
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +16,6 @@ import nvio
 torch = pytest.importorskip("torch")
 from nvio.offload import ALIGN, SwapError, Swapper  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8,
           torch.uint8, torch.int64, torch.bool, torch.complex64, torch.float8_e4m3fn]
 
@@ -346,18 +344,6 @@ def test_checkpoint_and_restore(engine, dirs, tmp_path):
         Swapper.restore(str(tmp_path), dirs[1:], engine=engine)
 
 
-@pytest.fixture(scope="module")
-def preload(tmp_path_factory):
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        pytest.skip("no C compiler to build the fault shim")
-    out = tmp_path_factory.mktemp("fault") / "fault_preload.so"
-    r = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out),
-                        os.path.join(HERE, "faultlib", "fault_preload.c"), "-ldl"],
-                       capture_output=True, text=True)
-    if r.returncode:
-        pytest.fail("building the fault shim failed:\n" + r.stderr)
-    return str(out)
 
 
 FAULTS = r"""
