@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import errno
-import itertools
 import os
 import threading
 import weakref
@@ -68,8 +67,11 @@ class Completions:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)   # pending became empty
         self._work = threading.Condition(self._lock)   # pending became non-empty
-        self._pending = {}             # token -> NvioFuture
-        self._tokens = itertools.count(1)
+        # The futures of the ops in flight. Handle.submit adds an accepted
+        # op's future in C (the future is the op's user_data), so no
+        # exception can come between an op's acceptance and its entry
+        # here; the reaper takes it out once the future is resolved.
+        self._pending = set()
         self._thread = None
         self._stop = False
         self._forked = False
@@ -103,29 +105,27 @@ class Completions:
             fut = NvioFuture(op[4] if len(op) > 4 else None)
             flags = op[5] if len(op) > 5 else 0
             futs.append(fut)
-            tagged.append((op[0], op[1], op[2], op[3], None, flags))
+            tagged.append((op[0], op[1], op[2], op[3], fut, flags))
         i = 0
         while i < len(tagged):
             with self._lock:
                 if self._stop:
                     raise ValueError("nvio: I/O operation on a closed handle")
-                batch = []
-                for k in range(i, len(tagged)):
-                    tok = next(self._tokens)
-                    self._pending[tok] = futs[k]
-                    batch.append(tagged[k][:4] + (tok,) + tagged[k][5:])
                 self._start_locked()
-                self._work.notify()
             try:
-                n = h.submit(batch)
+                n = h.submit(tagged[i:], pending=self._pending)
             except BaseException as e:
                 n, err = 0, e
             else:
                 err = None
-            with self._lock:   # forget the tokens of what was not accepted
-                for op in batch[n:]:
-                    self._pending.pop(op[4], None)
-                self._idle.notify_all()
+            with self._lock:
+                if self._pending:
+                    # a close() that raced this submit may have stopped the
+                    # reaper: the ops just accepted still get one
+                    self._start_locked()
+                    self._work.notify()
+                else:
+                    self._idle.notify_all()
             i += n
             if err is not None:
                 # Only an NvioError is op i's refusal; a TypeError or
@@ -159,45 +159,58 @@ class Completions:
                 while not self._pending and not self._stop:
                     self._work.wait(POLL_S)
                     if self._handle() is None:
+                        self._thread = None
                         return
                 if self._stop and not self._pending:
+                    self._thread = None    # a racing submit starts another
                     return
             h = self._handle()
             if h is None or h.closed:
                 self._fail_pending("nvio: the handle was closed before the op was reaped")
                 return
             try:
+                # min 1 is capped in C at the ops in flight: with none (a
+                # submit between its pending entry and nvio_submit) this
+                # returns at once, and the loop comes back here
                 done = h.reap(REAP_MAX, 1, POLL_S)
             except Exception as e:     # the handle closed under us
                 del h
                 self._fail_pending("nvio: reaping failed: %s" % e)
                 return
             del h
-            for tok, res in done:
+            for fut, res in done:
+                # resolved before it leaves pending: drain() returning means
+                # every future is resolved
+                if not fut.done():
+                    try:
+                        if isinstance(res, BaseException):
+                            fut.set_exception(res)
+                        else:
+                            fut.set_result(res)
+                    except concurrent.futures.InvalidStateError:
+                        pass           # failed meanwhile by a close or a fork
                 with self._lock:
-                    fut = self._pending.pop(tok, None)
+                    self._pending.discard(fut)
                     if not self._pending:
                         self._idle.notify_all()
-                if fut is None:
-                    continue
-                if isinstance(res, BaseException):
-                    fut.set_exception(res)
-                else:
-                    fut.set_result(res)
             # Idle, the reaper must not keep the last future alive: a failed
             # one's exception, raised by result(), pins its caller's frames
             # (and the buffers they hold) through its traceback.
             done = fut = res = None
 
     def _fail_pending(self, why):
+        left = []
         with self._lock:
-            left = list(self._pending.values())
-            self._pending.clear()
             self._stop = True
+            while self._pending:       # pop() by pop(): C may add meanwhile
+                left.append(self._pending.pop())
             self._idle.notify_all()
         for fut in left:
             if not fut.done():
-                fut.set_exception(RuntimeError(why))
+                try:
+                    fut.set_exception(RuntimeError(why))
+                except concurrent.futures.InvalidStateError:
+                    pass
 
     @property
     def pending(self):
@@ -243,7 +256,7 @@ def _after_fork_in_child():
         c._lock = threading.Lock()
         c._idle = threading.Condition(c._lock)
         c._work = threading.Condition(c._lock)
-        left = list(c._pending.values())
+        left = list(c._pending)
         c._pending.clear()
         c._thread = None
         c._stop = True

@@ -243,12 +243,14 @@ class Handle:
         """Open path once for any number of ops (FILE_* flags; default FILE_READ)."""
     def open_fd(self, fd: int, flags: int = ...) -> File:
         """A File over an open descriptor, never closed or changed by nvio."""
-    def submit(self, ops: Iterable[_Op], /) -> int:
+    def submit(self, ops: Iterable[_Op], /, pending: set[Any] | None = None) -> int:
         """Submit tagged ops; how many, from the first, were accepted.
 
         A refused first op raises NvioError; resubmit the rest to see a
         later one's. Buffers and files stay borrowed until reap() returns
-        the op. wait() never sees tagged ops.
+        the op. wait() never sees tagged ops. pending: a set that gets the
+        user_data of every accepted op, and of no refused one, before any
+        can complete (no Python code runs in between).
         """
     def reap(
         self, max: int = 64, min: int = 0, timeout: float | None = None

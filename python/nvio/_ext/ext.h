@@ -304,7 +304,7 @@ int ext_flag_converter(PyObject *o, void *arg);
 /* Handle methods defined in files.c. */
 PyObject *ext_h_open(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *ext_h_open_fd(PyObject *self, PyObject *args, PyObject *kw);
-PyObject *ext_h_submit(PyObject *self, PyObject *arg);
+PyObject *ext_h_submit(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *ext_h_reap(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *ext_h_completion_fd(PyObject *self, PyObject *unused);
 PyObject *ext_h_get_inflight(PyObject *self, void *unused);

@@ -1154,10 +1154,21 @@ static int parse_op(ext_state *st, ext_handle *hd, PyObject *item, Py_ssize_t id
 	return 0;
 }
 
-PyObject *ext_h_submit(PyObject *s, PyObject *arg)
+PyObject *ext_h_submit(PyObject *s, PyObject *args, PyObject *kw)
 {
+	static char *kwlist[] = { "", "pending", NULL };
 	ext_handle *hd = (ext_handle *)s;
 	ext_state *st = ext_handle_state(hd);
+	PyObject *arg, *pending = Py_None;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:submit", kwlist, &arg, &pending))
+		return NULL;
+	if (pending == Py_None)
+		pending = NULL;
+	else if (!PySet_Check(pending)) {
+		PyErr_SetString(PyExc_TypeError, "nvio: submit's pending must be a set or None");
+		return NULL;
+	}
 	if (ext_handle_check_open(hd) < 0)
 		return NULL;
 	PyObject *tup = PySequence_Tuple(arg);
@@ -1199,6 +1210,18 @@ PyObject *ext_h_submit(PyObject *s, PyObject *arg)
 	for (; added < n; added++)
 		if (tags_add(&hd->tags, tags[added], &ops[added].user_data) < 0)
 			goto out;
+	/*
+	 * The caller's set of ops in flight gets them here, in C, where no
+	 * signal handler runs: a KeyboardInterrupt between a Python-side
+	 * registration and this call would leave a token that no op will
+	 * ever complete (a reaper spinning, a drain() that never ends).
+	 */
+	for (Py_ssize_t i = 0; pending && i < n; i++)
+		if (PySet_Add(pending, tags[i]->user) < 0) {
+			for (Py_ssize_t k = 0; k < i; k++)
+				(void)PySet_Discard(pending, tags[k]->user);
+			goto out;
+		}
 	nvio_handle_t *h = hd->h;
 	hd->busy++;
 	Py_BEGIN_ALLOW_THREADS
@@ -1206,6 +1229,14 @@ PyObject *ext_h_submit(PyObject *s, PyObject *arg)
 	Py_END_ALLOW_THREADS
 	hd->busy--;
 	Py_ssize_t accepted = rc > 0 ? rc : 0;
+	for (Py_ssize_t i = accepted; pending && i < n; i++) {
+		PyObject *et, *ev, *tb;
+
+		PyErr_Fetch(&et, &ev, &tb);	/* Discard must not eat an error */
+		if (PySet_Discard(pending, tags[i]->user) < 0)
+			PyErr_Clear();
+		PyErr_Restore(et, ev, tb);
+	}
 	for (Py_ssize_t i = 0; i < accepted; i++)
 		tags[i] = NULL;	/* the table owns them now */
 	if (rc < 0) {

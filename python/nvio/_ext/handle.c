@@ -932,8 +932,8 @@ static PyMethodDef handle_methods[] = {
 	  "open_fd($self, fd, flags=FILE_READ)\n--\n\n"
 	  "A File over an open descriptor, which nvio never closes or changes.\n"
 	  "flags: FILE_READ and/or FILE_WRITE." },
-	{ "submit", ext_h_submit, METH_O,
-	  "submit($self, ops, /)\n--\n\n"
+	{ "submit", (PyCFunction)(void (*)(void))ext_h_submit, METH_VARARGS | METH_KEYWORDS,
+	  "submit($self, ops, /, pending=None)\n--\n\n"
 	  "Submit tagged ops; each is a tuple (opcode, file, buf, offset[, user_data[, flags]]):\n"
 	  "opcode OP_READ or OP_WRITE; buf one buffer, or a list/tuple of buffers laid\n"
 	  "end to end from offset, or with offset OFFSET_PER_IOV (-1) a list of\n"
@@ -941,7 +941,10 @@ static PyMethodDef handle_methods[] = {
 	  "flags VALIDATE | FSYNC. Every buffer and the file are kept alive until\n"
 	  "reap() returns the op. Returns how many ops, from the first, were\n"
 	  "accepted; a refused first op raises NvioError (resubmit the rest to see\n"
-	  "a later refusal). Accepted ops complete exactly once; wait() never sees them." },
+	  "a later refusal). Accepted ops complete exactly once; wait() never sees them.\n"
+	  "pending: a set that gets the user_data of every accepted op (and never of a\n"
+	  "refused one) before any of them can complete, with no Python code run in\n"
+	  "between: an exception such as KeyboardInterrupt cannot leave it wrong." },
 	{ "reap", (PyCFunction)(void (*)(void))ext_h_reap, METH_VARARGS | METH_KEYWORDS,
 	  "reap($self, max=64, min=0, timeout=None)\n--\n\n"
 	  "Up to max ended tagged ops as a list of (user_data, result): result is the\n"
