@@ -200,6 +200,16 @@ def reset():
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
 d = sys.argv[1]
+# a slow disk: writes end 20 ms late, so a step runs ahead of them (on a
+# fast one every write may end before the next sub-group, hiding what a
+# step holds on to until its writes end)
+import time, nvio._futures
+_set = nvio._futures.NvioFuture.set_result
+def _late(self, r):
+    if self.user_data is None:  # an op's future, not the swapper's own
+        time.sleep(0.02)
+    _set(self, r)
+nvio._futures.NvioFuture.set_result = _late
 torch.manual_seed(0)
 params = [torch.nn.Parameter(torch.randn(1 << 19)) for _ in range(16)]   # 32 MiB fp32
 opt = NVMeOptimizer(torch.optim.AdamW(params), d, sub_group_numel=1 << 19)
@@ -238,5 +248,5 @@ def test_memory_is_bounded_by_the_pool(tmp_path):
     assert out["same"]
     assert out["pool"] < out["state"] / 3
     assert out["save_state"] < 16 << 20, out          # regions are in the pool
-    assert out["step"] < 32 << 20, out
+    assert out["step"] < 24 << 20, out                # not the 32 MiB of parameters
     assert out["state_dict+save"] > out["state"] * 0.9, out

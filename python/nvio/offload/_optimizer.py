@@ -327,7 +327,11 @@ class NVMeOptimizer:
             if model is not None:
                 model.end_step([p for _, _, p in sg.params])
         if snap:
-            fut.add_done_callback(lambda f: f.exception() is not None and self._restore(snap))
+            # kept only while the write is in flight (the swapper's pool bounds
+            # those): step() holds every future until it ends, and a snapshot
+            # left in a done callback lived that long, the whole model's worth
+            fut.add_done_callback(
+                lambda f: self._restore(snap) if f.exception() is not None else snap.clear())
         return t1 - t0, t2 - t1, fut
 
     @staticmethod
