@@ -1,5 +1,7 @@
 """Device memory for nvio's applications: the one place where they
-allocate the CUDA memory a load reads into.
+allocate the CUDA memory a load reads into, tell a storage in device
+memory from one in host memory, and copy device bytes to the host where
+the host must see them (CRC-32s, snapshots).
 
 With torch's CUDA build this is ``torch.empty(..., device="cuda")``. A
 *provider* may be installed instead (private: the tests install one that
@@ -17,7 +19,17 @@ A provider has these methods:
   device memory for a ``torch.device`` of type ``cuda``;
 * ``owns(storage)``: whether a storage's memory is its device memory;
 * ``to_host(storage)``: a CPU copy of such a storage (what ``.cpu()`` is
-  for a real one).
+  for a real one);
+* ``device_index(storage)``: the CUDA device its memory is on;
+* ``copy_to_host(dst_address, src_address, nbytes)``: a synchronous copy
+  from its device memory to host memory through the CUDA driver (what
+  ``cpu_tensor.copy_(cuda_tensor)`` does for a real one).
+
+Saving from device memory (nvio.save) hands the device storages to
+libnvio as they are: they move to the file through its bounce buffers
+(AioHandle) or cuFile (GdsHandle), never through a host copy of the whole
+tensor. Only their CRC-32, which the zip format needs, is computed from a
+second copy, made in small chunks by :func:`copy_to_host`.
 """
 import torch
 
@@ -59,3 +71,53 @@ def to_host(storage):
     if _provider is not None and _provider.owns(storage):
         return _provider.to_host(storage)
     return storage if storage.device.type == "cpu" else storage.cpu()
+
+
+def index(storage):
+    """The CUDA device index of a device storage."""
+    if _provider is not None and _provider.owns(storage):
+        return int(_provider.device_index(storage))
+    return storage.device.index if storage.device.index is not None else 0
+
+
+def location(storage):
+    """torch's location tag of a storage, as a checkpoint records it
+    ("cpu", "cuda:0")."""
+    if _provider is not None and _provider.owns(storage):
+        return "cuda:%d" % index(storage)
+    return torch.serialization.location_tag(storage)
+
+
+def synchronize(storages):
+    """Wait for the work torch has queued on the current streams of the
+    devices holding these storages: libnvio's copies run on streams of
+    its own, which do not wait for torch's. (A provider's memory is
+    written by synchronous calls only: nothing to wait for.)"""
+    seen = set()
+    for s in storages:
+        d = s.device
+        if d.type == "cuda" and d not in seen:
+            seen.add(d)
+            torch.cuda.current_stream(d).synchronize()
+
+
+def _u8(storage):
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(
+        storage, 0, (storage.nbytes(),), (1,))
+
+
+def copy_to_host(dst, storage, offset=0):
+    """Copy ``dst.numel()`` bytes of ``storage`` from byte ``offset`` into
+    ``dst``, a contiguous uint8 CPU tensor. Device memory comes over
+    through the CUDA driver (torch's copy, or the provider's); host memory
+    is copied by torch."""
+    n = dst.numel()
+    if offset < 0 or offset + n > storage.nbytes():
+        raise ValueError("nvio: copy of %d bytes at %d from a storage of %d"
+                         % (n, offset, storage.nbytes()))
+    if n == 0:
+        return
+    if _provider is not None and _provider.owns(storage):
+        _provider.copy_to_host(dst.data_ptr(), storage.data_ptr() + offset, n)
+    else:
+        dst.copy_(_u8(storage)[offset:offset + n])

@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 
 import pytest
 
@@ -180,6 +181,17 @@ class TorchProvider:
         sim.cuda.sim_cuda_range.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
                                             ctypes.POINTER(ctypes.c_size_t)]
         sim.cuda.sim_cuda_allocations.restype = ctypes.c_ulong
+        sim.cuda.sim_cuda_shadow.restype = ctypes.c_void_p
+        sim.cuda.sim_cuda_shadow.argtypes = [ctypes.c_void_p, ctypes.c_size_t,
+                                             ctypes.POINTER(ctypes.c_int)]
+        c = sim.cuda
+        c.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_size_t]
+        c.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+        c.cuDevicePrimaryCtxRelease_v2.argtypes = [ctypes.c_int]
+        c.cuCtxPushCurrent_v2.argtypes = [ctypes.c_void_p]
+        c.cuCtxPopCurrent_v2.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        self.d2h = 0        # copies made by copy_to_host (torch's, on a GPU)
+        self._lock = threading.Lock()
 
     def is_available(self):
         return True
@@ -207,6 +219,39 @@ class TorchProvider:
         if n and self.sim.cuda.sim_cuda_peek(b, ctypes.c_void_p(t.data_ptr()), n) != 0:
             raise ValueError("not simulated device memory: %#x (%d bytes)" % (t.data_ptr(), n))
         return b.raw
+
+    def device_index(self, storage):
+        dev = ctypes.c_int(-1)
+        if not self.sim.cuda.sim_cuda_shadow(ctypes.c_void_p(storage.data_ptr()), 1,
+                                             ctypes.byref(dev)):
+            raise ValueError("not simulated device memory: %#x" % storage.data_ptr())
+        return dev.value
+
+    def copy_to_host(self, dst, src, n):
+        """What torch's CUDA copy to the host does: cuMemcpyDtoH in the
+        device's primary context, made current for the call (counted in
+        ``d2h``, and in the simulator's copies)."""
+        c = self.sim.cuda
+        dev = ctypes.c_int(-1)
+        if not c.sim_cuda_shadow(ctypes.c_void_p(src), n, ctypes.byref(dev)):
+            raise ValueError("not simulated device memory: %#x (%d bytes)" % (src, n))
+        ctx, old = ctypes.c_void_p(), ctypes.c_void_p()
+        for r in (c.cuInit(0), c.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev.value)):
+            if r:
+                raise RuntimeError("simulated CUDA driver: error %d" % r)
+        try:
+            if c.cuCtxPushCurrent_v2(ctx):
+                raise RuntimeError("simulated CUDA driver: cuCtxPushCurrent failed")
+            try:
+                r = c.cuMemcpyDtoH_v2(dst, src, n)
+            finally:
+                c.cuCtxPopCurrent_v2(ctypes.byref(old))
+        finally:
+            c.cuDevicePrimaryCtxRelease_v2(dev.value)
+        if r:
+            raise RuntimeError("simulated CUDA driver: cuMemcpyDtoH: error %d" % r)
+        with self._lock:
+            self.d2h += 1
 
     def to_host(self, storage):
         return self.torch.frombuffer(bytearray(self.bytes(storage)),

@@ -2,7 +2,8 @@
 
 ``async_save`` pickles the object and copies every storage into a buffer of
 page-locked memory laid out exactly as the file will be (each record's data
-at its aligned offset); then it returns an :class:`nvio.NvioFuture`, and the
+at its aligned offset; CUDA storages by a device-to-host copy,
+``nvio._device.copy_to_host``); then it returns an :class:`nvio.NvioFuture`, and the
 caller may change or free its tensors at once. A writer thread then fills
 in the CRCs, headers and directory and writes the whole image with one
 O_DIRECT write into an ATOMIC file, commits it (durable unless
@@ -29,9 +30,9 @@ import weakref
 
 import torch
 
-from .. import _nvio
+from .. import _device, _nvio
 from .._futures import NvioFuture
-from ._plan import DEFAULT_ALIGN, Plan, crc_submit, u8
+from ._plan import DEFAULT_ALIGN, Plan, crc_submit
 
 __all__ = ["AsyncCheckpointer", "async_save", "default_checkpointer"]
 
@@ -84,7 +85,7 @@ class AsyncCheckpointer:
                 if plan.size else None
             for r, s in plan.data:
                 if r.size:
-                    dst[r.data_offset:r.end].copy_(u8(s))
+                    _device.copy_to_host(dst[r.data_offset:r.end], s)   # CUDA too
             del dst
         except BaseException:
             self._release(buf)

@@ -36,7 +36,7 @@ import stat
 import torch
 import torch.distributed as dist
 
-from .. import _nvio
+from .. import _device, _nvio
 from ._plan import DEFAULT_ALIGN, CheckpointError, Plan, crc32_combine, crc_submit, u8
 
 __all__ = ["save_group", "load_group", "split_shares"]
@@ -275,7 +275,7 @@ def _write_share(g, plan, tmp, path, handle, writers, durable):
             for i, off, n in mine:
                 r, s = plan.data[i]
                 if i not in hosts:
-                    hosts[i] = s if s.device.type == "cpu" else s.cpu()
+                    hosts[i] = _device.to_host(s)   # CUDA: a host copy (untested on the simulator)
                 h = hosts[i]
                 regions.append((h.data_ptr() + off, n))
                 pieces.append((u8(h)[off:off + n], r.data_offset + off))

@@ -27,7 +27,7 @@ import zlib
 
 import torch
 
-from .. import _nvio
+from .. import _device, _nvio
 from . import _zip
 
 #: Record data aligned to this by default: the page size (every O_DIRECT
@@ -99,8 +99,7 @@ class _Pickler(pickle.Pickler):
             key = self._keys[storage._cdata] = str(len(self._keys))
             self._storages[key] = storage
         fake = getattr(obj, "_fake_device", None)
-        location = str(fake) if fake is not None else \
-            torch.serialization.location_tag(storage)
+        location = str(fake) if fake is not None else _device.location(storage)
         return ("storage", stype, key, location, numel)
 
 

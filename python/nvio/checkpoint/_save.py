@@ -17,7 +17,7 @@ import threading
 
 import torch
 
-from .. import _nvio
+from .. import _device, _nvio
 from ._plan import DEFAULT_ALIGN, Plan, _executor, crc_submit, u8
 
 __all__ = ["save", "default_handle", "write_plan", "write_plans"]
@@ -72,9 +72,55 @@ def release_replaced(fd):
         _executor().submit(os.close, fd)
 
 
-def _host(storage):
-    """The storage, or a CPU copy of it for one on another device."""
-    return storage if storage.device.type == "cpu" else storage.cpu()
+#: Bytes of a device storage copied to the host at a time for its CRC-32.
+DEVICE_CRC_CHUNK = 8 << 20
+
+
+def _crc_device(storage, n):
+    """CRC-32 of a device storage's first n bytes, from copies of
+    DEVICE_CRC_CHUNK bytes at a time into one host buffer (runs on a CRC
+    thread)."""
+    buf = torch.empty(min(n, DEVICE_CRC_CHUNK), dtype=torch.uint8)
+    crc = 0
+    for off in range(0, n, DEVICE_CRC_CHUNK):
+        k = min(DEVICE_CRC_CHUNK, n - off)
+        _device.copy_to_host(buf[:k], storage, off)
+        crc = _nvio.crc32(buf[:k], crc)
+    return crc
+
+
+def _write_device(f, recs):
+    """Start writing device storages [(base, Record, storage)] straight from
+    device memory; their futures. libnvio takes a vector all on one
+    device, and cuFile one buffer per op: a GDS handle gets an op per
+    storage, any other handle one vectored op per device (its bounce
+    buffers)."""
+    gds = f.handle.uses_gds()
+    groups = {}
+    for base, r, s in recs:
+        if r.size:
+            groups.setdefault(_device.location(s), []).append((u8(s), base + r.data_offset))
+    futs = []
+    for pieces in groups.values():
+        if gds:
+            futs += [f.pwrite_async(t, off) for t, off in pieces]
+        else:
+            futs.append(f.pwritev_async(pieces, _nvio.OFFSET_PER_IOV))
+    return futs
+
+
+def _wait_all(futs):
+    """Wait for every future (their buffers are busy until then); raise the
+    first failure."""
+    first = None
+    for fut in futs:
+        try:
+            fut.result()
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            if first is None:
+                first = e
+    if first is not None:
+        raise first
 
 
 def write_plan(plan, f):
@@ -86,26 +132,44 @@ def write_plans(f, placed, size):
     """Write laid-out checkpoints [(base offset, Plan)] into an open writable
     nvio File of ``size`` bytes (several torch.save images in one file, as
     DCP stores them): tensor bytes in one vectored op straight from their
-    memory while threads compute the CRC-32s, then everything else."""
-    recs = [(base, r, _host(s)) for base, plan in placed for r, s in plan.data]
+    memory while threads compute the CRC-32s, then everything else.
+
+    Storages in device memory (CUDA) go to the file from device memory,
+    through the handle's bounce buffers or cuFile; their CRC-32s come from
+    chunked copies to the host (:func:`_crc_device`)."""
+    host, dev = [], []
+    for base, plan in placed:
+        for r, s in plan.data:
+            if _device.is_device(s):
+                dev.append((base, r, s))
+            else:           # host memory; another device's (mps, xpu) copied here
+                host.append((base, r, s if s.device.type == "cpu" else s.cpu()))
     if size >= 1 << 20:
         try:
             f.allocate(0, size)           # ENOSPC now, before any data moves
         except _nvio.NvioError as e:
             if e.errno not in (95, 22):   # EOPNOTSUPP, EINVAL: no fallocate here
                 raise
-    pieces = [(u8(s), base + r.data_offset) for base, r, s in recs if r.size]
-    crcs = crc_submit([(s.data_ptr(), r.size) for _, r, s in recs])
-    fut = f.pwritev_async(pieces, _nvio.OFFSET_PER_IOV) if pieces else None
+    if dev:
+        _device.synchronize([s for _, _, s in dev])   # torch's writes to them ended
+    pieces = [(u8(s), base + r.data_offset) for base, r, s in host if r.size]
+    crcs = crc_submit([(s.data_ptr(), r.size) for _, r, s in host])
+    dev_crcs = [_executor().submit(_crc_device, s, r.size) for _, r, s in dev]
+    futs = []
     try:
-        for (_, r, _), crc in zip(recs, crcs()):
+        if pieces:
+            futs.append(f.pwritev_async(pieces, _nvio.OFFSET_PER_IOV))
+        if dev:
+            futs += _write_device(f, dev)
+        for (_, r, _), crc in zip(host, crcs()):
             r.crc = crc
+        for (_, r, _), crc in zip(dev, dev_crcs):
+            r.crc = crc.result()
     finally:
-        if fut is not None:
-            fut.result()                  # also on an error: buffers are busy
+        _wait_all(futs)                   # also on an error: buffers are busy
     meta = [(b, base + off) for base, plan in placed for off, b in plan.meta_pieces()]
     f.pwritev(meta, _nvio.OFFSET_PER_IOV)
-    del pieces, recs
+    del pieces, host, dev
 
 
 def save(obj, f, *, durable=True, handle=None, align=DEFAULT_ALIGN,
