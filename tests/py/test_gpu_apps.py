@@ -1,7 +1,10 @@
 """nvio's applications on CUDA tensors, on every engine, through AioHandle
-(bounce buffers) and GdsHandle (cuFile): nvio.load(map_location="cuda"),
-nvio.safetensors.load_file(device="cuda"), and nvio.save / async_save of a
-state whose storages are in device memory.
+(bounce buffers) and GdsHandle (cuFile): nvio.load(map_location="cuda");
+nvio.save / async_save of a state whose storages are in device memory; in
+nvio.safetensors load_file, safe_open (get_tensor, get_slice, get_tensors),
+load_model_dir and stream of a sharded directory, load_into a module whose
+tensors are in device memory, all with device="cuda", and save_file / save
+of tensors in device memory.
 
 With a usable CUDA device in torch the results are CUDA tensors. Without
 one (CI, torch's CPU build) the simulated driver (tests/sim/, loaded by
@@ -20,7 +23,16 @@ device memory: libnvio's bounce copies (AioHandle) or cuFile writes
 (GdsHandle); the provider counts the device-to-host copies it makes for
 the application (torch's copies on a GPU: CRC-32s, async snapshots). A
 host read of device memory would fault, and a back-door copy standing in
-for the device path leaves the counters still.
+for the device path leaves the counters still. safetensors save_file
+writes device tensors with no copy for the application at all (the format
+has no CRC), and its file must equal the safetensors library's, byte for
+byte.
+
+What the simulator cannot prove: work that needs torch's CUDA kernels on
+the data (dtype conversions in load_into, a misaligned tensor in a foreign
+safetensors file, which is copied, transformers' from_pretrained on the
+loaded state), nor torch's own stream ordering (nvio._device.synchronize
+waits for the current stream; here nothing is queued).
 """
 import gc
 import os
@@ -389,4 +401,164 @@ def test_save_from_cuda_driver_failure(gpu, how, engine, tmp_path):
     ref = str(tmp_path / "ref.pt")
     torch.save(state(), ref)
     check_saved(path, ref)
+    gpu.check_clean()
+
+
+# --- safetensors beyond load_file -------------------------------------------
+
+
+def tbytes(gpu, t):
+    """The bytes of a tensor whose storage is in device memory, in C order
+    (its storage read through the back door, viewed as the tensor views it)."""
+    s = t.untyped_storage()
+    if s.nbytes() == 0 or t.numel() == 0:
+        return b""
+    if not gpu.on_device(s):
+        raise AssertionError("not in device memory")
+    host = torch.frombuffer(bytearray(gpu.bytes(s)), dtype=torch.uint8).untyped_storage()
+    return cpu_bytes(torch.empty(0, dtype=t.dtype).set_(host, t.storage_offset(),
+                                                         t.shape, t.stride()))
+
+
+def cpu_bytes(t):
+    t = t.contiguous()
+    return t.reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def same(gpu, t, want, what):
+    """A device tensor holds a CPU tensor's bytes. (Compared here, not in
+    the caller's assert: pytest would print the device tensor, and reading
+    it faults.)"""
+    got, ref = tbytes(gpu, t), cpu_bytes(want)
+    assert len(got) == len(ref), what
+    assert got == ref, (what, next(i for i in range(len(got)) if got[i] != ref[i]))
+
+
+def check_moved(gpu, before):
+    """The bytes came through libnvio's device path (driver copies or
+    cuFile), with no copy made for the application."""
+    if before is None:
+        return
+    nv, d2h, io = (b - a for a, b in zip(before, gpu.counters()))
+    assert nv + io > 0 and d2h == 0, (nv, d2h, io)
+
+
+@pytest.mark.parametrize("cls", HANDLES)
+def test_safe_open_to_cuda(gpu, cls, engine, tmp_path):
+    from safetensors import safe_open as st_open
+    path = str(tmp_path / "m.safetensors")
+    nst.save_file(st_state(), path)
+    with st_open(path, framework="pt") as ref:
+        want = {k: ref.get_tensor(k) for k in ref.keys()}
+    indexes = [(slice(None),), (slice(3, 300), slice(None)), (slice(None), slice(1, 1000, 7)),
+               (5,), (Ellipsis, slice(2, 9)), (slice(10, 500, 3), 17)]
+    with cls(engine=engine) as h, nst.safe_open(path, device="cuda", handle=h) as f:
+        before = gpu.counters()
+        for k in f.keys():
+            t = f.get_tensor(k)
+            assert (t.dtype, t.shape) == (want[k].dtype, want[k].shape), k
+            same(gpu, t, want[k], k)
+        check_moved(gpu, before)
+        for ix in indexes:
+            before = gpu.counters()
+            got = f.get_slice("w")[ix]
+            r = want["w"][ix]
+            assert got.shape == r.shape, ix
+            same(gpu, got, r, ix)
+            check_moved(gpu, before)
+        same(gpu, f.get_slice("b")[100:200], want["b"][100:200], "b")
+        got = f.get_tensors()
+        assert list(got) == f.offset_keys()
+        for k, t in got.items():
+            same(gpu, t, want[k], k)
+    gpu.check_clean()
+
+
+def model_dir(tmp_path):
+    """A sharded Hugging Face directory: two shards and their index."""
+    import json
+    g = torch.Generator().manual_seed(9)
+    shards = [{"a.w": torch.randn(300, 257, generator=g), "a.b": torch.randn(257, generator=g),
+               "a.n": torch.arange(10, dtype=torch.int16)},
+              {"b.w": torch.randn(129, 1000, generator=g).to(torch.bfloat16),
+               "b.z": torch.empty(0, 4), "b.s": torch.tensor(3.25)}]
+    d = tmp_path / "model"
+    d.mkdir()
+    wm = {}
+    for i, sd in enumerate(shards):
+        name = "model-%05d-of-00002.safetensors" % (i + 1)
+        nst.save_file(sd, str(d / name))
+        wm.update({k: name for k in sd})
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
+    return str(d), {k: v for sd in shards for k, v in sd.items()}
+
+
+@pytest.mark.parametrize("cls", HANDLES)
+def test_model_dir_and_stream_to_cuda(gpu, cls, engine, tmp_path):
+    path, want = model_dir(tmp_path)
+    with cls(engine=engine) as h:
+        before = gpu.counters()
+        got = nst.load_model_dir(path, device="cuda", handle=h)
+        check_moved(gpu, before)
+        assert sorted(got) == sorted(want)
+        for k, t in got.items():
+            assert (t.dtype, t.shape) == (want[k].dtype, want[k].shape), k
+            same(gpu, t, want[k], k)
+        del got
+        before = gpu.counters()
+        seen = []
+        for k, t in nst.stream(path, window_bytes=256 << 10, device="cuda", handle=h):
+            same(gpu, t, want[k], k)
+            seen.append(k)
+        assert sorted(seen) == sorted(want)
+        check_moved(gpu, before)
+    gpu.check_clean()
+
+
+@pytest.mark.parametrize("cls", HANDLES)
+def test_load_into_module_on_cuda(gpu, cls, engine, tmp_path):
+    """load_into reads each tensor straight into the module's device memory
+    (same dtype: no conversion, which would be a device kernel)."""
+    path, want = model_dir(tmp_path)
+    m = torch.nn.Module()
+    for k, v in want.items():
+        mod, name = k.split(".")
+        if not hasattr(m, mod):
+            setattr(m, mod, torch.nn.Module())
+        dev = on_device(gpu, torch.full_like(v, 7))     # device memory, 7s at first
+        getattr(m, mod).register_buffer(name, dev)
+    with cls(engine=engine) as h:
+        before = gpu.counters()
+        missing, unexpected = nst.load_into(m, path, handle=h)
+        check_moved(gpu, before)
+    assert missing == [] and unexpected == []
+    for k, t in m.state_dict().items():
+        same(gpu, t, want[k], k)
+    gpu.check_clean()
+
+
+@pytest.mark.parametrize("cls", HANDLES)
+def test_safetensors_save_from_cuda(gpu, cls, engine, tmp_path):
+    """save_file from CUDA tensors writes the bytes the safetensors library
+    writes of the same values on the CPU, straight from device memory (no
+    copy to the host at all); save() copies them to the host."""
+    from safetensors.torch import save as st_save
+    sd = st_state()
+    want = st_save(sd)
+    dsd = on_device(gpu, sd)
+    n = sum(1 for t in sd.values() if t.numel())
+    path = str(tmp_path / "dev.safetensors")
+    with cls(engine=engine) as h:
+        before = gpu.counters()
+        nst.save_file(dsd, path, handle=h)
+        if before is not None:
+            nv, d2h, io = (b - a for a, b in zip(before, gpu.counters()))
+            assert d2h == 0, d2h
+            assert (io >= n) if cls is nvio.GdsHandle else (nv >= n and io == 0), (nv, io)
+    with open(path, "rb") as f:
+        assert f.read() == want
+    before = gpu.counters()
+    assert nst.save(dsd) == want
+    if before is not None:
+        assert gpu.counters()[1] - before[1] == n
     gpu.check_clean()

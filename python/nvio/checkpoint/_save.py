@@ -20,7 +20,7 @@ import torch
 from .. import _device, _nvio
 from ._plan import DEFAULT_ALIGN, Plan, _executor, crc_submit, u8
 
-__all__ = ["save", "default_handle", "write_plan", "write_plans"]
+__all__ = ["save", "default_handle", "write_plan", "write_plans", "write_device"]
 
 _handle = None
 _handle_lock = threading.Lock()
@@ -89,23 +89,25 @@ def _crc_device(storage, n):
     return crc
 
 
-def _write_device(f, recs):
-    """Start writing device storages [(base, Record, storage)] straight from
-    device memory; their futures. libnvio takes a vector all on one
-    device, and cuFile one buffer per op: a GDS handle gets an op per
-    storage, any other handle one vectored op per device (its bounce
+def write_device(f, pieces):
+    """Start writing [(uint8 tensor over device memory, file offset)]
+    straight from device memory; their futures. libnvio takes a vector all
+    on one device, and cuFile one buffer per op: a GDS handle gets an op
+    per piece, any other handle vectored ops per device (its bounce
     buffers)."""
     gds = f.handle.uses_gds()
     groups = {}
-    for base, r, s in recs:
-        if r.size:
-            groups.setdefault(_device.location(s), []).append((u8(s), base + r.data_offset))
+    for t, off in pieces:
+        if t.numel():
+            groups.setdefault(_device.location(t.untyped_storage()), []).append((t, off))
     futs = []
-    for pieces in groups.values():
+    for group in groups.values():
         if gds:
-            futs += [f.pwrite_async(t, off) for t, off in pieces]
+            futs += [f.pwrite_async(t, off) for t, off in group]
         else:
-            futs.append(f.pwritev_async(pieces, _nvio.OFFSET_PER_IOV))
+            step = _nvio.MAX_IOV
+            futs += [f.pwritev_async(group[i:i + step], _nvio.OFFSET_PER_IOV)
+                     for i in range(0, len(group), step)]
     return futs
 
 
@@ -160,7 +162,7 @@ def write_plans(f, placed, size):
         if pieces:
             futs.append(f.pwritev_async(pieces, _nvio.OFFSET_PER_IOV))
         if dev:
-            futs += _write_device(f, dev)
+            futs += write_device(f, [(u8(s), base + r.data_offset) for base, r, s in dev])
         for (_, r, _), crc in zip(host, crcs()):
             r.crc = crc
         for (_, r, _), crc in zip(dev, dev_crcs):

@@ -23,7 +23,7 @@ import torch
 from .. import _device, _nvio
 from ..checkpoint._load import _alloc_host, _read_pieces
 from ..checkpoint._plan import u8
-from ..checkpoint._save import default_handle
+from ..checkpoint._save import default_handle, write_device
 from ._format import (BY_TORCH, PACKED, PREFIX, SafetensorsError, header_length, layout,
                       parse_header)
 
@@ -349,7 +349,8 @@ def check_tensors(tensors):
 
 
 def plan(tensors, metadata):
-    """(header bytes, [(name, data offset, host tensor)]) of a save."""
+    """(header bytes, [(name, data offset, flat uint8 tensor)]) of a save;
+    the tensors are in host memory or CUDA memory."""
     if sys.byteorder != "little":
         raise NotImplementedError("nvio.safetensors: saving on a big-endian machine")
     check_tensors(tensors)
@@ -365,7 +366,8 @@ def plan(tensors, metadata):
     for name, begin, end in placed:
         t = tensors[name]
         if end > begin:
-            t = t if t.device.type == "cpu" else t.cpu()
+            if t.device.type != "cpu" and not _device.is_device(t.untyped_storage()):
+                t = t.cpu()         # another device's (mps, xpu): a host copy
             data.append((name, len(head) + begin, t.reshape(-1).view(torch.uint8)))
     return head, data
 
@@ -378,7 +380,11 @@ def save(tensors, metadata=None):
     out[:len(head)] = head
     dst = torch.frombuffer(out, dtype=torch.uint8) if size else None
     for _, off, t in data:
-        dst[off:off + t.numel()].copy_(t)
+        if _device.is_device(t.untyped_storage()):
+            _device.copy_to_host(dst[off:off + t.numel()], t.untyped_storage(),
+                                 t.storage_offset())
+        else:
+            dst[off:off + t.numel()].copy_(t)
     return bytes(out)
 
 
@@ -391,7 +397,9 @@ def save_file(tensors, filename, metadata=None, *, durable=True, handle=None):
     on any error (a refused tensor, ENOSPC, EIO, Ctrl-C) ``filename`` keeps
     its old content and no temporary is left. ``durable=False`` skips the
     fsyncs. Shared and non-contiguous tensors are refused as safetensors
-    refuses them (RuntimeError, ValueError).
+    refuses them (RuntimeError, ValueError). CUDA tensors go to the file
+    straight from device memory (the handle's bounce buffers, or cuFile on
+    a GdsHandle), with no host copy.
     """
     path = _path(filename)
     head, data = plan(tensors, metadata)
@@ -405,8 +413,16 @@ def save_file(tensors, filename, metadata=None, *, durable=True, handle=None):
             except _nvio.NvioError as e:
                 if e.errno not in (95, 22):  # EOPNOTSUPP, EINVAL: no fallocate here
                     raise
-        pieces = [(head, 0)] + [(t, off) for _, off, t in data]
+        on_dev = [(t, off) for _, off, t in data if _device.is_device(t.untyped_storage())]
+        pieces = [(head, 0)] + [(t, off) for _, off, t in data
+                                if not _device.is_device(t.untyped_storage())]
+        if on_dev:
+            _device.synchronize([t.untyped_storage() for t, _ in on_dev])
         step = _nvio.MAX_IOV
-        for i in range(0, len(pieces), step):
-            f.pwritev(pieces[i:i + step], _nvio.OFFSET_PER_IOV)
+        futs = write_device(f, on_dev) if on_dev else []
+        try:
+            for i in range(0, len(pieces), step):
+                f.pwritev(pieces[i:i + step], _nvio.OFFSET_PER_IOV)
+        finally:
+            wait_all(futs)
         f.commit()

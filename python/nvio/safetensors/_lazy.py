@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _nvio
+from .. import _device, _nvio
 from ..checkpoint._load import _read_pieces
 from ..checkpoint._save import default_handle
 from ._format import PACKED, SafetensorsError
@@ -20,6 +20,18 @@ MAX_RUNS = 1 << 16
 
 def _bytes_of(t):
     return t.reshape(-1).view(torch.uint8)
+
+
+def _empty(shape, dtype, device):
+    """An uninitialised contiguous tensor on device (CUDA memory through
+    nvio._device, as every load of nvio's allocates it)."""
+    if device.type != "cuda":
+        return torch.empty(shape, dtype=dtype, device=device)
+    n = torch._utils._element_size(dtype)
+    for d in shape:
+        n *= d
+    s = _device.empty(n, device)
+    return torch.empty(0, dtype=dtype, device=s.device).set_(s, 0, tuple(shape))
 
 
 class safe_open:  # noqa: N801  (the safetensors library's name)
@@ -79,7 +91,7 @@ class safe_open:  # noqa: N801  (the safetensors library's name)
     def get_tensor(self, name):
         """One tensor, read alone into memory of its own."""
         e = self._entry(name)
-        t = torch.empty(e.torch_shape(), dtype=e.dtype.torch, device=self._device)
+        t = _empty(e.torch_shape(), e.dtype.torch, self._device)
         if e.nbytes:
             self._f.pread(_bytes_of(t), self._header.data_start + e.begin)
         return t
@@ -151,7 +163,7 @@ class _Slice:
             return o.get_tensor(e.name)[index]
         sel = _norm(index, shape, e.name)
         dims = [len(range(a, b, s)) for a, b, s, _ in sel]
-        out = torch.empty(dims, dtype=e.dtype.torch, device=o._device)
+        out = _empty(dims, e.dtype.torch, o._device)
         keep = [d for d, (_, _, _, k) in zip(dims, sel) if k]
         if out.numel() == 0:
             return out.reshape(keep)
