@@ -121,3 +121,101 @@ def copy_to_host(dst, storage, offset=0):
         _provider.copy_to_host(dst.data_ptr(), storage.data_ptr() + offset, n)
     else:
         dst.copy_(_u8(storage)[offset:offset + n])
+
+
+# --- streams and events (stream_model's copies to the device) ------------------
+#
+# A provider stands in for these with the driver's streams, events and
+# asynchronous copies: ``current_device()``, ``new_stream(index)``,
+# ``current_stream(index)``, ``record(stream)`` (a new event),
+# ``wait_event(stream, event)``, ``event_synchronize(event)``,
+# ``copy_to_device_async(dst_address, src_address, nbytes, stream)``,
+# ``host_register(address, nbytes)``, ``host_unregister(address)`` and
+# ``to_device(tensor, index)``.
+
+
+def current_device():
+    """The index of the CUDA device torch uses now."""
+    if _provider is not None:
+        return int(_provider.current_device())
+    return torch.cuda.current_device()
+
+
+def _index_of(device):
+    d = torch.device(device)
+    return d.index if d.index is not None else current_device()
+
+
+def new_stream(device):
+    """A new stream on device (torch.cuda.Stream)."""
+    if _provider is not None:
+        return _provider.new_stream(_index_of(device))
+    return torch.cuda.Stream(device)
+
+
+def current_stream(device):
+    """The stream torch's work on device is queued on now."""
+    if _provider is not None:
+        return _provider.current_stream(_index_of(device))
+    return torch.cuda.current_stream(device)
+
+
+def record(stream):
+    """A new event recorded on stream (done once the work queued on it so
+    far is)."""
+    if _provider is not None:
+        return _provider.record(stream)
+    ev = torch.cuda.Event()
+    ev.record(stream)
+    return ev
+
+
+def wait_event(stream, event):
+    """Work queued on stream from now on waits for event."""
+    if _provider is not None:
+        return _provider.wait_event(stream, event)
+    stream.wait_event(event)
+
+
+def event_synchronize(event):
+    """Block until event is done."""
+    if _provider is not None:
+        return _provider.event_synchronize(event)
+    event.synchronize()
+
+
+def copy_to_device_async(dst, src, stream):
+    """Queue a copy of the host uint8 tensor src into the device uint8
+    tensor dst (same size) on stream; src must stay untouched until an
+    event recorded after it is done."""
+    if dst.numel() != src.numel():
+        raise ValueError("nvio: copy of %d bytes into %d" % (src.numel(), dst.numel()))
+    if _provider is not None:
+        if dst.numel():
+            _provider.copy_to_device_async(dst.data_ptr(), src.data_ptr(), dst.numel(), stream)
+        return
+    with torch.cuda.stream(stream):
+        dst.copy_(src, non_blocking=True)
+
+
+def host_register(address, nbytes):
+    """Page-lock host memory for the device's asynchronous copies; raises
+    on failure."""
+    if _provider is not None:
+        return _provider.host_register(address, nbytes)
+    torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(address, nbytes, 0))
+
+
+def host_unregister(address):
+    if _provider is not None:
+        return _provider.host_unregister(address)
+    torch.cuda.cudart().cudaHostUnregister(address)
+
+
+def to_device(t, device):
+    """t on device (itself if it is there already), like ``t.to(device)``."""
+    if _provider is not None:
+        if t.numel() and _provider.owns(t.untyped_storage()):
+            return t
+        return _provider.to_device(t, _index_of(device))
+    return t.to(device)

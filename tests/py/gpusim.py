@@ -190,7 +190,21 @@ class TorchProvider:
         c.cuDevicePrimaryCtxRelease_v2.argtypes = [ctypes.c_int]
         c.cuCtxPushCurrent_v2.argtypes = [ctypes.c_void_p]
         c.cuCtxPopCurrent_v2.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        c.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_ulonglong, ctypes.c_void_p,
+                                           ctypes.c_size_t, ctypes.c_void_p]
+        c.cuMemcpyDtoHAsync_v2.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong,
+                                           ctypes.c_size_t, ctypes.c_void_p]
+        c.cuMemcpyHtoD_v2.argtypes = [ctypes.c_ulonglong, ctypes.c_void_p, ctypes.c_size_t]
+        c.cuEventRecord.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        c.cuStreamWaitEvent.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
+        for f in ("cuEventSynchronize", "cuEventDestroy_v2", "cuStreamSynchronize",
+                  "cuStreamDestroy_v2", "cuMemHostUnregister"):
+            getattr(c, f).argtypes = [ctypes.c_void_p]
+        c.cuMemHostRegister_v2.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+        c.cuStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+        c.cuEventCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
         self.d2h = 0        # copies made by copy_to_host (torch's, on a GPU)
+        self.h2d = 0        # asynchronous copies queued by copy_to_device_async
         self._lock = threading.Lock()
 
     def is_available(self):
@@ -252,6 +266,106 @@ class TorchProvider:
             raise RuntimeError("simulated CUDA driver: cuMemcpyDtoH: error %d" % r)
         with self._lock:
             self.d2h += 1
+
+    # -- streams and events, as torch.cuda's (nvio._device's stream seam) --
+    # All in device 0's primary context, retained while the provider has
+    # streams or events (close() releases it) and made current per call.
+
+    def _ctx(self):
+        c = self.sim.cuda
+        if getattr(self, "_primary", None) is None:
+            ctx = ctypes.c_void_p()
+            for r in (c.cuInit(0), c.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0)):
+                if r:
+                    raise RuntimeError("simulated CUDA driver: error %d" % r)
+            self._primary, self._streams, self._events = ctx, {}, []
+        return self._primary
+
+    def _call(self, name, *args):
+        c = self.sim.cuda
+        old = ctypes.c_void_p()
+        if c.cuCtxPushCurrent_v2(self._ctx()):
+            raise RuntimeError("simulated CUDA driver: cuCtxPushCurrent failed")
+        try:
+            r = getattr(c, name)(*args)
+        finally:
+            c.cuCtxPopCurrent_v2(ctypes.byref(old))
+        if r:
+            raise RuntimeError("simulated CUDA driver: %s: error %d" % (name, r))
+
+    def current_device(self):
+        return 0
+
+    def new_stream(self, index):
+        assert index == 0, index
+        st = ctypes.c_void_p()
+        self._call("cuStreamCreate", ctypes.byref(st), 1)      # CU_STREAM_NON_BLOCKING
+        self._streams.setdefault("all", []).append(st)
+        return st
+
+    def current_stream(self, index):
+        """The stream "torch's kernels" run on (one per provider)."""
+        self._ctx()
+        if "current" not in self._streams:
+            self._streams["current"] = self.new_stream(index)
+        return self._streams["current"]
+
+    def record(self, stream):
+        ev = ctypes.c_void_p()
+        self._call("cuEventCreate", ctypes.byref(ev), 0)
+        self._events.append(ev)
+        self._call("cuEventRecord", ev, stream)
+        return ev
+
+    def wait_event(self, stream, event):
+        self._call("cuStreamWaitEvent", stream, event, 0)
+
+    def event_synchronize(self, event):
+        self._call("cuEventSynchronize", event)
+
+    def stream_synchronize(self, stream):
+        self._call("cuStreamSynchronize", stream)
+
+    def copy_to_device_async(self, dst, src, n, stream):
+        self.h2d += 1
+        self._call("cuMemcpyHtoDAsync_v2", ctypes.c_ulonglong(dst), ctypes.c_void_p(src),
+                   ctypes.c_size_t(n), stream)
+
+    def copy_to_host_async(self, dst, src, n, stream):
+        """What a kernel reading device memory on stream does (the tests'
+        stand-in for the model's work): a copy queued on it."""
+        self._call("cuMemcpyDtoHAsync_v2", ctypes.c_void_p(dst), ctypes.c_ulonglong(src),
+                   ctypes.c_size_t(n), stream)
+
+    def host_register(self, address, n):
+        self._call("cuMemHostRegister_v2", ctypes.c_void_p(address), ctypes.c_size_t(n), 0)
+
+    def host_unregister(self, address):
+        self._call("cuMemHostUnregister", ctypes.c_void_p(address))
+
+    def to_device(self, t, index):
+        """A contiguous copy of a host tensor in device memory (synchronous
+        cuMemcpyHtoD, as tensor.to("cuda"))."""
+        t = t.contiguous()
+        n = t.numel() * t.element_size()
+        st = self.empty(n, self.torch.device("cuda", index))
+        if n:
+            self._call("cuMemcpyHtoD_v2", ctypes.c_ulonglong(st.data_ptr()),
+                       ctypes.c_void_p(t.data_ptr()), ctypes.c_size_t(n))
+        return self.torch.empty(0, dtype=t.dtype).set_(st, 0, t.shape)
+
+    def close(self):
+        """Destroy the streams and events made here and release the
+        context (their queued work still runs)."""
+        if getattr(self, "_primary", None) is None:
+            return
+        c = self.sim.cuda
+        for ev in self._events:
+            c.cuEventDestroy_v2(ev)
+        for st in self._streams.get("all", []):
+            self._call("cuStreamDestroy_v2", st)
+        c.cuDevicePrimaryCtxRelease_v2(0)
+        self._primary = None
 
     def to_host(self, storage):
         return self.torch.frombuffer(bytearray(self.bytes(storage)),

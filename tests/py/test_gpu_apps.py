@@ -4,7 +4,8 @@ nvio.save / async_save of a state whose storages are in device memory; in
 nvio.safetensors load_file, safe_open (get_tensor, get_slice, get_tensors),
 load_model_dir and stream of a sharded directory, load_into a module whose
 tensors are in device memory, all with device="cuda", and save_file / save
-of tensors in device memory.
+of tensors in device memory; nvio.offload.stream_model(device="cuda") (the
+copies to the device, slot reuse, the events ordering them).
 
 With a usable CUDA device in torch the results are CUDA tensors. Without
 one (CI, torch's CPU build) the simulated driver (tests/sim/, loaded by
@@ -28,11 +29,15 @@ writes device tensors with no copy for the application at all (the format
 has no CRC), and its file must equal the safetensors library's, byte for
 byte.
 
+stream_model's blocks cannot compute on simulated memory (see the section
+below): they read their weights on the "current stream" instead.
+
 What the simulator cannot prove: work that needs torch's CUDA kernels on
-the data (dtype conversions in load_into, a misaligned tensor in a foreign
-safetensors file, which is copied, transformers' from_pretrained on the
-loaded state), nor torch's own stream ordering (nvio._device.synchronize
-waits for the current stream; here nothing is queued).
+the data (a forward pass, dtype conversions in load_into, a misaligned
+tensor in a foreign safetensors file, which is copied, transformers'
+from_pretrained on the loaded state), nor that torch's streams behave as
+the simulated driver's (nvio._device.synchronize waits for the current
+stream before a save; here nothing is queued on it).
 """
 import gc
 import os
@@ -117,6 +122,7 @@ def gpu():
     old = _device._set_provider(g.provider)
     yield g
     _device._set_provider(old)
+    g.provider.close()
 
 
 def host_bytes(s):
@@ -561,4 +567,106 @@ def test_safetensors_save_from_cuda(gpu, cls, engine, tmp_path):
     assert nst.save(dsd) == want
     if before is not None:
         assert gpu.counters()[1] - before[1] == n
+    gpu.check_clean()
+
+
+# --- stream_model(device="cuda") ----------------------------------------------
+#
+# A forward pass cannot run on simulated device memory (torch's CPU kernels
+# would read it and fault), so the blocks here do what a kernel does with
+# its weights: read them on torch's current stream, as copies to the host
+# queued there and checked once the stream is synchronised. The streamer's
+# copies to the device (a side stream, from locked host slots), its
+# events (the block waits for its copy; a slot's next copy waits for the
+# block that used it; a host slot is refilled only after its copy ended)
+# run on the simulator, whose copies are asynchronous with random delays:
+# a missing wait gives wrong bytes here.
+
+
+class Probe(torch.nn.Module):
+    def __init__(self, i, rows, log):
+        super().__init__()
+        g = torch.Generator().manual_seed(100 + i)
+        self.idx, self.log = i, log
+        self.w = torch.nn.Parameter(torch.randn(rows, 97, generator=g), requires_grad=False)
+        self.register_buffer("b", torch.randn(rows, generator=g).to(torch.float16))
+
+    def forward(self, x):
+        if self.log is not None:
+            self.log.read(self.idx, "w", self.w)
+            self.log.read(self.idx, "b", self.b)
+        return x
+
+
+class Model(torch.nn.Module):
+    def __init__(self, log=None):
+        super().__init__()
+        self.embed = torch.nn.Parameter(torch.randn(33, 16, generator=torch.Generator().manual_seed(1)),
+                                        requires_grad=False)
+        self.layers = torch.nn.ModuleList([Probe(i, 40 + 30 * (i % 3), log) for i in range(5)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class Reads:
+    """What the blocks read of their weights, on the current stream."""
+
+    def __init__(self, gpu):
+        self.p = gpu.provider
+        self.stream = self.p.current_stream(0)
+        self.got = []
+
+    def read(self, i, name, t):
+        import ctypes
+        n = t.numel() * t.element_size()
+        buf = ctypes.create_string_buffer(n)
+        self.p.copy_to_host_async(ctypes.addressof(buf), t.data_ptr(), n, self.stream)
+        self.got.append((i, name, buf))
+
+    def check(self, want):
+        self.p.stream_synchronize(self.stream)
+        assert self.got
+        for i, name, buf in self.got:
+            if buf.raw != cpu_bytes(want[i][name]):
+                raise AssertionError("block %d read wrong bytes of %r" % (i, name))
+        self.got = []
+
+
+@pytest.mark.skipif(REAL, reason="the blocks read their weights through the simulator")
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
+def test_stream_model_to_cuda(gpu, engine, prefetch, tmp_path):
+    from nvio.offload import stream_model, unstream
+    want = {i: {"w": l.w.detach().clone(), "b": l.b.clone()} for i, l in enumerate(Model().layers)}
+    embed = Model().embed.detach().clone()
+    reads = Reads(gpu)
+    m = Model(reads)
+    gpu.sim.cuda.sim_cuda_set_delay(0, 1500)      # copies overtake each other often
+    try:
+        h2d, pageable = gpu.provider.h2d, gpu.sim.cuda.sim_cuda_pageable_copies()
+        registered = gpu.sim.cuda.sim_cuda_host_registered()
+        stream_model(m, str(tmp_path / "store"), device="cuda", prefetch=prefetch,
+                     blocks="layers", engine=engine)
+        st = m._nvio_streamer.stats()
+        assert st["device"] == "cuda:0" and st["slots"] == prefetch + 1
+        same(gpu, m.embed, embed, "embed")     # resident: moved to the device
+        with torch.no_grad():
+            for _ in range(3):                   # the pool wraps around
+                m(torch.zeros(1))
+                reads.check(want)
+        # a copy to the device per block run (or prefetched), each from
+        # registered (page-locked) memory: the pageable copies are the
+        # blocks' reads and the resident embed's move alone
+        assert gpu.provider.h2d - h2d >= 3 * 5 - prefetch
+        assert gpu.sim.cuda.sim_cuda_pageable_copies() - pageable == 3 * 5 * 2 + 1
+        assert m._nvio_streamer.stats()["block_reads"] >= 3 * 5 - prefetch - 1
+        unstream(m)
+    finally:
+        gpu.sim.cuda.sim_cuda_set_delay(0, 50)
+    for i, layer in enumerate(m.layers):
+        same(gpu, layer.w, want[i]["w"], (i, "w"))
+        same(gpu, layer.b, want[i]["b"], (i, "b"))
+    assert gpu.sim.cuda.sim_cuda_host_registered() == registered   # slots unregistered
     gpu.check_clean()

@@ -12,6 +12,13 @@ just released, so ``prefetch`` blocks are read while one computes.
 Everything else (embeddings, norms, lm_head, rotary buffers, whatever the
 user pins) stays resident; the KV cache and activations are untouched.
 
+CUDA (``device="cuda"``): each slot has a device twin; a block's host slot
+is copied to it on a side stream, the block's work on torch's current
+stream waits for that copy (an event), the slot's next copy waits for the
+block's work (another event), and a host slot is refilled only once its
+copy has ended. Streams, events and copies go through ``nvio._device``
+(the tests run them on the simulated driver).
+
 Peak resident weight memory = resident tensors + (prefetch + 1) slots
 (``model._nvio_streamer.stats()`` states and measures both).
 
@@ -34,7 +41,7 @@ import time
 import torch
 from torch import nn
 
-from .. import _nvio
+from .. import _device, _nvio
 from .._futures import completions
 from . import _weights as W
 
@@ -87,11 +94,11 @@ def stream_model(model, dir=None, device="cpu", prefetch=1, pool_bytes=None, blo
         raise ValueError("nvio: source must be 'auto', 'safetensors' or 'store', not %r" % (source,))
     dev = torch.device(device)
     if dev.type == "cuda":
-        if not torch.cuda.is_available():
+        if not _device.cuda_available():
             raise RuntimeError("nvio: stream_model(device=%r): CUDA is not available "
                                "(torch.cuda.is_available() is False)" % (device,))
         if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
+            dev = torch.device("cuda", _device.current_device())
     elif dev.type != "cpu":
         raise ValueError("nvio: device must be 'cpu' or 'cuda', not %r" % (device,))
     s = _Streamer(model, dir, dev, prefetch, pool_bytes, blocks, pin, source, rebuild,
@@ -246,7 +253,10 @@ class _Slot:
         self.host = torch.frombuffer(self.buf, dtype=torch.uint8) if nbytes else \
             torch.empty(0, dtype=torch.uint8)
         self.mv = memoryview(self.buf)
-        self.dev = torch.empty(nbytes, dtype=torch.uint8, device=dev) if dev.type == "cuda" else None
+        self.dev = None
+        if dev.type == "cuda":
+            st = _device.empty(nbytes, dev)
+            self.dev = torch.empty(0, dtype=torch.uint8, device=st.device).set_(st)
         self.owner, self.futs, self.ready, self.last = None, [], False, 0
         self.copied, self.copy_ev, self.free_ev = False, None, None
 
@@ -501,9 +511,9 @@ class _Streamer:
                 cur = (m._parameters if isp else m._buffers)[k]
                 if cur.device != self.dev:
                     if isp:
-                        cur.data = cur.data.to(self.dev)
+                        cur.data = _device.to_device(cur.data, self.dev)
                     else:
-                        m._buffers[k] = cur.to(self.dev)
+                        m._buffers[k] = _device.to_device(cur, self.dev)
 
     def _read_tensor(self, path, off, shape, dtype, name):
         """A tensor read from path at off into page-aligned memory: the
@@ -542,14 +552,13 @@ class _Streamer:
         self.prefetch = want - 1
         self.slots = [_Slot(i, self.slot_bytes, self.dev) for i in range(want)]
         if self.dev.type == "cuda":
-            self.side = torch.cuda.Stream(self.dev)
+            self.side = _device.new_stream(self.dev)
             self._registered = []
             for s in self.slots:
                 if not s.buf.nbytes:
                     continue
                 try:        # page-locked for CUDA: the copies can be asynchronous
-                    torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(
-                        s.buf.address, s.buf.nbytes, 0))
+                    _device.host_register(s.buf.address, s.buf.nbytes)
                 except Exception:  # noqa: BLE001  (then torch copies synchronously)
                     continue
                 self._registered.append(s.buf.address)
@@ -608,7 +617,8 @@ class _Streamer:
             self._wait(s, b)
             if self.dev.type == "cuda":
                 self._copy(s)
-                torch.cuda.current_stream(self.dev).wait_event(s.copy_ev)
+                # the block's work (on torch's current stream) after the copy
+                _device.wait_event(_device.current_stream(self.dev), s.copy_ev)
             s.last = next(self._clock)
             for p, v in zip(b.pieces, b.views[s.idx]):
                 p.put(v)
@@ -622,8 +632,8 @@ class _Streamer:
         self.running.discard(b.idx)
         s = self._slot_of(b.idx)
         if s is not None and self.dev.type == "cuda":
-            s.free_ev = torch.cuda.Event()
-            s.free_ev.record(torch.cuda.current_stream(self.dev))
+            # the slot's next copy waits until the block's work has used it
+            s.free_ev = _device.record(_device.current_stream(self.dev))
         # the slot just released takes the block prefetch + 1 ahead
         # (a read refused here is refused again, and raised, when its block runs)
         win = self._window(b.idx + 1)
@@ -698,7 +708,7 @@ class _Streamer:
                 pass
         s.futs = []
         if s.copy_ev is not None:
-            s.copy_ev.synchronize()
+            _device.event_synchronize(s.copy_ev)     # its host memory is read no more
 
     def _wait(self, s, b):
         if s.ready:
@@ -727,12 +737,10 @@ class _Streamer:
     def _copy(self, s):
         if s.copied:
             return
-        with torch.cuda.stream(self.side):
-            if s.free_ev is not None:
-                self.side.wait_event(s.free_ev)
-            s.dev.copy_(s.host, non_blocking=True)
-            s.copy_ev = torch.cuda.Event()
-            s.copy_ev.record(self.side)
+        if s.free_ev is not None:
+            _device.wait_event(self.side, s.free_ev)
+        _device.copy_to_device_async(s.dev, s.host, self.side)
+        s.copy_ev = _device.record(self.side)
         s.copied = True
 
     def _error(self, b, path, e):
@@ -768,7 +776,7 @@ class _Streamer:
                 self._wait(s, b)
                 for p in b.pieces:
                     src = s.host[b.lay.slices[p.name].off:][:W._nbytes(p.dtype, p.shape)]
-                    new = src.view(p.dtype).view(p.shape).clone().to(self.dev)
+                    new = _device.to_device(src.view(p.dtype).view(p.shape).clone(), self.dev)
                     if isinstance(p.orig, nn.Parameter) and p.orig.device == new.device:
                         p.orig.data = new
                         p.put(p.orig)
@@ -784,7 +792,7 @@ class _Streamer:
             self._settle(s)
         if self.dev.type == "cuda":
             for a in getattr(self, "_registered", []):
-                torch.cuda.cudart().cudaHostUnregister(a)
+                _device.host_unregister(a)
             self._registered = []
         for f in self.files.values():
             f.close()
