@@ -23,7 +23,9 @@ A provider has these methods:
 * ``device_index(storage)``: the CUDA device its memory is on;
 * ``copy_to_host(dst_address, src_address, nbytes)``: a synchronous copy
   from its device memory to host memory through the CUDA driver (what
-  ``cpu_tensor.copy_(cuda_tensor)`` does for a real one).
+  ``cpu_tensor.copy_(cuda_tensor)`` does for a real one);
+  ``copy_to_device(dst_address, src_address, nbytes)`` the other way;
+* the stream and event methods listed below (stream_model).
 
 Saving from device memory (nvio.save) hands the device storages to
 libnvio as they are: they move to the file through its bounce buffers
@@ -121,6 +123,19 @@ def copy_to_host(dst, storage, offset=0):
         _provider.copy_to_host(dst.data_ptr(), storage.data_ptr() + offset, n)
     else:
         dst.copy_(_u8(storage)[offset:offset + n])
+
+
+def copy_to_device(dst, src):
+    """Copy the contiguous uint8 CPU tensor src into the contiguous uint8
+    tensor dst over device memory (same size), synchronously."""
+    if dst.numel() != src.numel():
+        raise ValueError("nvio: copy of %d bytes into %d" % (src.numel(), dst.numel()))
+    if not dst.numel():
+        return
+    if _provider is not None and _provider.owns(dst.untyped_storage()):
+        _provider.copy_to_device(dst.data_ptr(), src.data_ptr(), dst.numel())
+    else:
+        dst.copy_(src)
 
 
 # --- streams and events (stream_model's copies to the device) ------------------

@@ -205,6 +205,7 @@ class TorchProvider:
         c.cuEventCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
         self.d2h = 0        # copies made by copy_to_host (torch's, on a GPU)
         self.h2d = 0        # asynchronous copies queued by copy_to_device_async
+        self.h2d_sync = 0   # copies made by copy_to_device
         self._lock = threading.Lock()
 
     def is_available(self):
@@ -330,6 +331,12 @@ class TorchProvider:
         self.h2d += 1
         self._call("cuMemcpyHtoDAsync_v2", ctypes.c_ulonglong(dst), ctypes.c_void_p(src),
                    ctypes.c_size_t(n), stream)
+
+    def copy_to_device(self, dst, src, n):
+        """cuMemcpyHtoD, as ``cuda_tensor.copy_(cpu_tensor)`` (counted in h2d_sync)."""
+        self.h2d_sync += 1
+        self._call("cuMemcpyHtoD_v2", ctypes.c_ulonglong(dst), ctypes.c_void_p(src),
+                   ctypes.c_size_t(n))
 
     def copy_to_host_async(self, dst, src, n, stream):
         """What a kernel reading device memory on stream does (the tests'

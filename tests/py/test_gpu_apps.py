@@ -5,7 +5,8 @@ nvio.safetensors load_file, safe_open (get_tensor, get_slice, get_tensors),
 load_model_dir and stream of a sharded directory, load_into a module whose
 tensors are in device memory, all with device="cuda", and save_file / save
 of tensors in device memory; nvio.offload.stream_model(device="cuda") (the
-copies to the device, slot reuse, the events ordering them).
+copies to the device, slot reuse, the events ordering them); the offload
+Swapper's swap_out / swap_in of device tensors.
 
 With a usable CUDA device in torch the results are CUDA tensors. Without
 one (CI, torch's CPU build) the simulated driver (tests/sim/, loaded by
@@ -669,4 +670,50 @@ def test_stream_model_to_cuda(gpu, engine, prefetch, tmp_path):
         same(gpu, layer.w, want[i]["w"], (i, "w"))
         same(gpu, layer.b, want[i]["b"], (i, "b"))
     assert gpu.sim.cuda.sim_cuda_host_registered() == registered   # slots unregistered
+    gpu.check_clean()
+
+
+# --- the offload swapper -------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", HANDLES)
+def test_swapper_cuda_tensors(gpu, cls, engine, tmp_path):
+    """swap_out of device tensors: one that fits the pool is copied into it
+    (a device-to-host copy), one larger than the pool is written from device
+    memory by libnvio; swap_in(out=device tensor) reads straight into
+    device memory, or copies a key resident in the pool to it."""
+    from nvio.offload import Swapper
+    g = torch.Generator().manual_seed(4)
+    small = torch.randn(3000, generator=g)                        # 12 KB
+    big = torch.randn(300, 1000, generator=g).to(torch.bfloat16)  # 600 KB > the pool
+    dsmall, dbig = on_device(gpu, small), on_device(gpu, big)
+    d1, d2 = tmp_path / "a", tmp_path / "b"
+    d1.mkdir()
+    d2.mkdir()
+    with cls(engine=engine) as h, Swapper([str(d1), str(d2)], 256 << 10, handle=h,
+                                          stripe_min=64 << 10) as sw:
+        c0 = gpu.counters()
+        sw.swap_out("small", dsmall)
+        if c0 is not None:
+            assert gpu.counters()[1] - c0[1] == 1        # copied to the pool
+        c0 = gpu.counters()
+        sw.swap_out("big", dbig)
+        check_moved(gpu, c0)                             # from device memory
+        assert cpu_bytes(sw.swap_in("small")) == cpu_bytes(small)
+        sw.release("small")
+        out_small = on_device(gpu, torch.zeros_like(small))
+        out_big = on_device(gpu, torch.zeros_like(big))
+        for key, out, want in (("small", out_small, small), ("big", out_big, big)):
+            c0 = gpu.counters()
+            assert sw.swap_in(key, out) is out
+            check_moved(gpu, c0)                         # straight into device memory
+            same(gpu, out, want, key)
+        # resident in the pool: copied from there to the device
+        out2 = on_device(gpu, torch.zeros_like(small))
+        sw.swap_in("small")
+        before = getattr(gpu, "provider", None) and gpu.provider.h2d_sync
+        sw.swap_in("small", out2)
+        if before is not None:
+            assert gpu.provider.h2d_sync - before == 1
+        same(gpu, out2, small, "resident")
     gpu.check_clean()

@@ -44,7 +44,7 @@ import weakref
 
 import torch
 
-from .. import _nvio
+from .. import _device, _nvio
 from .._futures import NvioFuture, completions
 from ..handles import AioHandle
 
@@ -502,8 +502,10 @@ class Swapper:
         """Write tensor under key (any dtype, shape, size, device). Returns when
         written, or at once with a future of the key when ``async_op``; the
         caller may change the tensor as soon as the call returns, except a
-        CPU tensor bigger than the whole pool, which is written straight from
-        its memory and must stay unchanged until the future resolves."""
+        contiguous CPU or CUDA tensor bigger than the whole pool, which is
+        written straight from its memory (CUDA: through the handle's bounce
+        buffers or cuFile) and must stay unchanged until the future
+        resolves."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError("nvio.offload: swap_out(%r) needs a torch.Tensor, not %s"
                             % (key, type(tensor).__name__))
@@ -531,20 +533,29 @@ class Swapper:
             src = self._alloc_region(size, key, "swap_out")
             u8 = src.u8[:nbytes]
             try:
-                if nbytes:
+                if nbytes and tensor.is_contiguous() and \
+                        _device.is_device(tensor.untyped_storage()):   # CUDA: to the host
+                    _device.copy_to_host(u8, tensor.untyped_storage(),
+                                         tensor.storage_offset() * tensor.element_size())
+                elif nbytes:
                     u8.view(tensor.dtype).view(tensor.shape).copy_(tensor)
             except BaseException:
                 with self._cond:
                     self._unref(src)
                 raise
         else:
-            held = _flat_u8(tensor) if tensor.device.type == "cpu" else None
+            # host or CUDA memory: written from where it is (libnvio's
+            # bounce buffers or cuFile for device memory)
+            dev = bool(nbytes) and _device.is_device(tensor.untyped_storage())
+            held = _flat_u8(tensor) if tensor.device.type == "cpu" or dev else None
             if held is None:
                 raise ValueError(
                     "nvio.offload: swap_out of key %r needs %d bytes of pool (the tensor is "
                     "%s), but pool_bytes is %d: make pool_bytes >= %d"
-                    % (key, size, "not contiguous" if tensor.device.type == "cpu"
+                    % (key, size, "not contiguous" if tensor.device.type == "cpu" or dev
                        else "on " + str(tensor.device), self.pool_bytes, size))
+            if dev:
+                _device.synchronize([tensor.untyped_storage()])
             u8 = held
         with self._cond:
             try:
@@ -683,7 +694,11 @@ class Swapper:
             try:
                 if rfut is not None:
                     self._result(rfut)
-                out.copy_(resident.view(out.shape))
+                if out.numel() and out.is_contiguous() and \
+                        _device.is_device(out.untyped_storage()):
+                    _device.copy_to_device(_flat_u8(out), _u8(resident))
+                else:
+                    out.copy_(resident.view(out.shape))
             finally:
                 with self._cond:
                     self._unref(rr)
@@ -691,6 +706,8 @@ class Swapper:
             fut.set_result(out)
             return fut if async_op else out
         direct = _flat_u8(out) if out.is_contiguous() else None
+        if direct is not None and direct.numel() and _device.is_device(out.untyped_storage()):
+            _device.synchronize([out.untyped_storage()])    # torch's work on out ended
         r = None
         if direct is None:
             try:
