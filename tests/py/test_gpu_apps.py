@@ -602,8 +602,8 @@ class Probe(torch.nn.Module):
 class Model(torch.nn.Module):
     def __init__(self, log=None):
         super().__init__()
-        self.embed = torch.nn.Parameter(torch.randn(33, 16, generator=torch.Generator().manual_seed(1)),
-                                        requires_grad=False)
+        g = torch.Generator().manual_seed(1)
+        self.embed = torch.nn.Parameter(torch.randn(33, 16, generator=g), requires_grad=False)
         self.layers = torch.nn.ModuleList([Probe(i, 40 + 30 * (i % 3), log) for i in range(5)])
 
     def forward(self, x):
