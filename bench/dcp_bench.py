@@ -291,9 +291,10 @@ def report(a, res, state_bytes, sizes, guest, t_start, tcs):
            % (W, "s" if W > 1 else "", datetime.date.today()), "",
            "- date: %s UTC; wall %.0f min" % (datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M"),
                                              (time.time() - t_start) / 60),
-           "- machine: %d cores (shared with other jobs: several helpers ran builds and tests "
-           "at the same time), kernel %s; torch %s; Python %s; nvio %s" % (
-               os.cpu_count(), platform.release(), torch.__version__,
+           "- machine: %d cores (load average %s at the end; above ~0.5: other jobs shared "
+           "the machine), kernel %s; torch %s; Python %s; nvio %s" % (
+               os.cpu_count(), open("/proc/loadavg").read().split()[0], platform.release(),
+               torch.__version__,
                platform.python_version(), nvio.__version__),
            "- nvio commit: %s" % subprocess.run(["git", "-C", REPO, "log", "-1", "--format=%h %s"],
                                                  capture_output=True, text=True).stdout.strip(),

@@ -113,7 +113,7 @@ def main():
     med = lambda k: statistics.median(x[k] for x in rows)
     ratio = lambda a_, b: statistics.median(x[a_] / x[b] for x in rows)
     lines = ["# Offload: AdamW step with the state on NVMe (%s)" % datetime.date.today(), "",
-             "Machine: %s, %d cores, kernel %s; shared with other jobs (load average %s)."
+             "Machine: %s, %d cores, kernel %s; load average %s at the end (above ~0.5: other jobs shared the machine)."
              % (platform.node(), os.cpu_count(), platform.release(),
                 open("/proc/loadavg").read().split()[0]),
              "Directory: %s (%s). nvio %s, torch %s." % (

@@ -138,6 +138,7 @@ def main():
     one = os.path.join(a.dir, "one.safetensors")
     pf = os.path.join(a.dir, "fio.bin")
     t_start = time.time()
+    load_start = "%.2f" % os.getloadavg()[0]
     res, checks = {}, []
     try:
         log("making the model")
@@ -342,9 +343,9 @@ def main():
            "(%s disk) — %s" % (disk, datetime.date.today()), "",
            "- date: %s UTC; wall %.0f min" % (datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M"),
                                              (time.time() - t_start) / 60),
-           "- machine: %d cores, kernel %s; shared with other jobs (up to 8 helpers building "
-           "and testing): absolute numbers vary, compare within a round" % (
-               os.cpu_count(), platform.release()),
+           "- machine: %d cores, kernel %s; load average %s at the start, %s at the end "
+           "(above ~0.5: other jobs shared the machine; compare within a round)" % (
+               os.cpu_count(), platform.release(), load_start, "%.2f" % os.getloadavg()[0]),
            "- torch %s; safetensors %s; transformers %s; Python %s; nvio %s" % (
                torch.__version__, safetensors.__version__, transformers.__version__,
                platform.python_version(), nvio.__version__),

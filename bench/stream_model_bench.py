@@ -145,17 +145,55 @@ def child(a):
     print("RESULT " + json.dumps(res), flush=True)
 
 
+CGROUP_V1 = "/sys/fs/cgroup/memory"
+
+
 def run_child(a, name, mode):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--mode", mode]
     for k in ("dir", "scratch", "layers", "hidden", "inter", "vocab", "batch", "prompt",
               "tokens", "prefetch"):
         cmd += ["--" + k, str(getattr(a, k))]
     drop_caches()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    cg = None
+    if a.limit_bytes:
+        # a cgroup v1 memory group: its limit charges the page cache too, so
+        # the child cannot keep the model cached, as on a machine whose
+        # memory is smaller than the model
+        cg = os.path.join(CGROUP_V1, "nvio-stream-bench-%d" % os.getpid())
+        os.makedirs(cg, exist_ok=True)
+        with open(os.path.join(cg, "memory.limit_in_bytes"), "w") as f:
+            f.write(str(a.limit_bytes))
+        with open(os.path.join(cg, "memory.max_usage_in_bytes"), "w") as f:
+            f.write("0")
+
+    def enter():
+        with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600,
+                           preexec_fn=enter if cg else None)
+        cg_peak = cg_fail = None
+        if cg:
+            with open(os.path.join(cg, "memory.max_usage_in_bytes")) as f:
+                cg_peak = int(f.read())
+            with open(os.path.join(cg, "memory.failcnt")) as f:
+                cg_fail = int(f.read())
+    finally:
+        if cg:
+            try:
+                with open(os.path.join(cg, "memory.force_empty"), "w") as f:
+                    f.write("0")
+            except OSError:
+                pass
+            os.rmdir(cg)
     if p.returncode:
-        raise RuntimeError("%s failed:\n%s" % (name, p.stderr[-3000:]))
+        raise RuntimeError("%s failed (exit %d%s):\n%s" % (
+            name, p.returncode, ", killed: over the memory cgroup's limit?" if
+            p.returncode == -9 and cg else "", p.stderr[-3000:]))
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    res = json.loads(line[len("RESULT "):])
+    res.update(cg_peak=cg_peak, cg_failcnt=cg_fail)
+    return res
 
 
 # --- fio-best -----------------------------------------------------------------
@@ -197,6 +235,10 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--child", default=None)
     ap.add_argument("--mode", default="cold")
+    ap.add_argument("--memory-limit", default=None, metavar="BYTES|third",
+                    help="run every contender in a cgroup v1 memory group with this limit "
+                         "(page cache charged too); 'third': a third of the weights' bytes. "
+                         "The in-memory contender is left out (the model does not fit)")
     a = ap.parse_args()
     a.scratch = a.scratch or a.dir + "-scratch"
     if a.child:
@@ -214,7 +256,15 @@ def main():
     fio = core_bench.Bench.__new__(core_bench.Bench)
     fio.args = _ap.Namespace(quick=False)
     fio.log = log
-    names = [c for c in a.contenders.split(",") if c]
+    a.limit_bytes = None
+    if a.memory_limit:
+        if not os.path.isdir(CGROUP_V1):
+            raise SystemExit("--memory-limit needs the cgroup v1 memory controller at " + CGROUP_V1)
+        a.limit_bytes = (weight_bytes // 3 if a.memory_limit == "third"
+                         else int(float(a.memory_limit)))
+        log("memory cgroup limit %.2f GB (weights %.2f GB)" % (a.limit_bytes / 1e9,
+                                                               weight_bytes / 1e9))
+    names = [c for c in a.contenders.split(",") if c and not (a.limit_bytes and c == "memory")]
     modes = [m for m in a.modes.split(",") if m]
     res = {(m, n): [] for m in modes for n in names}
     t_start = time.time()
@@ -250,8 +300,8 @@ def report(a, res, names, modes, weight_bytes, t_start):
     import transformers
     lines += [
         "- date: %s" % datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-        "- machine: %s cores (%s), %s RAM, kernel %s; **shared with other jobs** (up to 8 "
-        "helpers building and testing at the same time: load average %s at the end)" % (
+        "- machine: %s cores (%s), %s RAM, kernel %s; load average %s at the end (above "
+        "~0.5: other jobs shared the machine)" % (
             os.cpu_count(), cpu, mem, platform.release(), sh("cut -d' ' -f1-3 /proc/loadavg")),
         "- disk: %s (%s)" % (a.dir, sh("findmnt -n -o SOURCE,FSTYPE --target %s" % a.dir)),
         "- nvio %s (git %s), torch %s, transformers %s, accelerate %s, fio %s" % (
@@ -268,8 +318,13 @@ def report(a, res, names, modes, weight_bytes, t_start):
         "tokens/s = batch x new tokens / generate wall time" % (
             a.batch, a.prompt, a.tokens, a.tokens),
         "- nvio: prefetch=%d (pool of %d slots)" % (a.prefetch, a.prefetch + 1),
-        "",
     ]
+    if a.limit_bytes:
+        lines += ["- **every contender ran in a memory cgroup (v1) limited to %.2f GB = %.2f× "
+                  "the weights' bytes**; the limit charges the page cache, so the weights "
+                  "cannot stay cached between forwards whatever the mode" % (
+                      a.limit_bytes / 1e9, a.limit_bytes / weight_bytes)]
+    lines += [""]
     fio = res.get((modes[0], "fio-best"), [])
     fio_gbps = med([x["gbps"] for x in fio]) if fio else None
     for mode in modes:
@@ -279,8 +334,8 @@ def report(a, res, names, modes, weight_bytes, t_start):
                                   if mode == "cold" else "page cache dropped once before the "
                                   "run; it may hold the weights after the first forward"), ""]
         lines += ["| contender | tokens/s median | min–max | × accelerate | × memory | "
-                  "decode forward s (median) | peak RSS GiB | RSS growth GiB |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "decode forward s (median) | peak RSS GiB | RSS growth GiB | cgroup peak GB |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for n, v in runs.items():
             if not v:
                 continue
@@ -292,10 +347,12 @@ def report(a, res, names, modes, weight_bytes, t_start):
                     return "—"
                 return "%.2f" % med([x["tok_s"] / y["tok_s"] for x, y in zip(v, o)])
             dec = med([med(x["forwards"][1:]) for x in v])
-            lines.append("| %s | %.3f | %.3f–%.3f | %s | %s | %.2f | %.2f | %.2f |" % (
+            cgp = [x["cg_peak"] for x in v if x.get("cg_peak")]
+            lines.append("| %s | %.3f | %.3f–%.3f | %s | %s | %.2f | %.2f | %.2f | %s |" % (
                 n, med(ts), min(ts), max(ts), ratio("accelerate"), ratio("memory"), dec,
                 med([x["peak_rss_kb"] / 2**20 for x in v]),
-                med([(x["peak_rss_kb"] - x["rss_before_kb"]) / 2**20 for x in v])))
+                med([(x["peak_rss_kb"] - x["rss_before_kb"]) / 2**20 for x in v]),
+                "%.2f" % (med(cgp) / 1e9) if cgp else "—"))
         lines.append("")
         nv = runs.get("nvio") or []
         if nv and fio_gbps:
