@@ -350,6 +350,7 @@ def test_generate_command(tmp_path, capsys):
     assert "tokens: %s\n" % " ".join(map(str, ref)) in out
     assert "tokens/s" in out and "GB/s" in out and "peak resident weight memory" in out
     assert "source: safetensors" in out
+    assert "\nreads: O_DIRECT (" in out or "\nreads: through the page cache (" in out
 
 
 def test_layouts():
@@ -378,3 +379,204 @@ def test_layouts():
     assert [off for off, _ in store] == [0, 4096, 4096] and size == 4096
     assert store[0][1].slices["b"].off == 64 and store[0][1].size == 4096
     assert store[1][1].size == 0
+
+
+# --- direct="auto": page cache when the model fits in it, else O_DIRECT -----
+
+GiB = 1 << 30
+
+
+def _fake(root, meminfo_kb=None, cgroup=None, files=None, mountinfo=None):
+    """A fake /proc and /sys/fs/cgroup under root for _room.page_cache_room."""
+    (root / "proc/self").mkdir(parents=True, exist_ok=True)
+    if meminfo_kb is not None:
+        (root / "proc/meminfo").write_text(
+            "MemTotal:       99999999 kB\nMemFree:        1 kB\nMemAvailable:   %d kB\n"
+            % meminfo_kb)
+    if cgroup is not None:
+        (root / "proc/self/cgroup").write_text(cgroup)
+    if mountinfo is not None:
+        (root / "proc/self/mountinfo").write_text(mountinfo)
+    for path, text in (files or {}).items():
+        p = root / path
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return str(root)
+
+
+V1 = "9:name=systemd:/\n4:memory:%s\n1:cpu:/\n0::/\n"
+HUGE = "9223372036854771712\n"
+
+
+def test_room_no_limit_lots_of_memory(tmp_path):
+    from nvio.offload import _room as R
+    root = _fake(tmp_path, meminfo_kb=64 << 20, cgroup=V1 % "/job",
+                 files={"sys/fs/cgroup/memory/memory.limit_in_bytes": HUGE,
+                        "sys/fs/cgroup/memory/memory.usage_in_bytes": "%d\n" % (5 * GiB),
+                        "sys/fs/cgroup/memory/job/memory.limit_in_bytes": HUGE,
+                        "sys/fs/cgroup/memory/job/memory.usage_in_bytes": "%d\n" % GiB})
+    r = R.page_cache_room(root)
+    assert r["error"] is None and r["cgroup"] == "v1 /job" and r["cgroup_room"] is None
+    assert r["room"] == r["mem_available"] == 64 * GiB
+    direct, why, inp = R.choose_direct(10 * GiB, GiB, root=root)
+    assert direct is False and why.startswith("page cache:") and "no limit" in why
+    assert inp["need"] == 11 * GiB + R.MARGIN_MIN + 10 * GiB // R.MARGIN_DIV
+    # the margin counts: streamed bytes just under MemAvailable do not fit
+    assert R.choose_direct(63 * GiB, 0, root=root)[0] is True
+
+
+def test_room_cgroup_v1_limit(tmp_path):
+    from nvio.offload import _room as R
+    lim = "sys/fs/cgroup/memory/grp/job/memory.limit_in_bytes"
+    files = {lim: "%d\n" % (3 * GiB),
+             "sys/fs/cgroup/memory/grp/job/memory.usage_in_bytes": "%d\n" % GiB,
+             "sys/fs/cgroup/memory/grp/memory.limit_in_bytes": HUGE,
+             "sys/fs/cgroup/memory/grp/memory.usage_in_bytes": "%d\n" % GiB,
+             "sys/fs/cgroup/memory/memory.limit_in_bytes": HUGE,
+             "sys/fs/cgroup/memory/memory.usage_in_bytes": "7\n"}
+    root = _fake(tmp_path, meminfo_kb=64 << 20, cgroup=V1 % "/grp/job", files=files)
+    r = R.page_cache_room(root)
+    assert (r["cgroup_limit"], r["cgroup_usage"], r["cgroup_room"], r["room"]) == (
+        3 * GiB, GiB, 2 * GiB, 2 * GiB)
+    direct, why, _ = R.choose_direct(6 * GiB, 256 << 20, root=root)   # limit < the bytes
+    assert direct is True and why.startswith("O_DIRECT:") and "limit 3.00 GiB" in why
+    assert R.choose_direct(512 << 20, 64 << 20, root=root)[0] is False
+    # an ancestor's limit binds when it leaves less room
+    (tmp_path / "sys/fs/cgroup/memory/grp/memory.limit_in_bytes").write_text("%d\n" % (GiB + 5))
+    r = R.page_cache_room(root)
+    assert (r["cgroup_limit"], r["cgroup_room"], r["room"]) == (GiB + 5, 5, 5)
+    assert R.choose_direct(1, 0, root=root)[0] is True
+    # found through mountinfo (a container: the mount's root is the group itself)
+    box = tmp_path / "box"
+    mi = ("30 25 0:27 /grp/job /sys/fs/cgroup/mem\\040ory rw,nosuid - cgroup cgroup "
+          "rw,memory\n31 25 0:28 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n")
+    root = _fake(box, meminfo_kb=64 << 20, cgroup=V1 % "/grp/job", mountinfo=mi,
+                 files={"sys/fs/cgroup/mem ory/memory.limit_in_bytes": "%d\n" % (2 * GiB),
+                        "sys/fs/cgroup/mem ory/memory.usage_in_bytes": "%d\n" % (GiB // 2)})
+    r = R.page_cache_room(root)
+    assert r["error"] is None and r["room"] == GiB * 3 // 2
+
+
+def test_room_cgroup_v2(tmp_path):
+    from nvio.offload import _room as R
+    root = _fake(tmp_path, meminfo_kb=8 << 20, cgroup="0::/user.slice/app.scope\n",
+                 mountinfo="28 22 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n",
+                 files={"sys/fs/cgroup/user.slice/app.scope/memory.max": "max\n",
+                        "sys/fs/cgroup/user.slice/app.scope/memory.current": "%d\n" % GiB,
+                        "sys/fs/cgroup/user.slice/memory.max": "max\n",
+                        "sys/fs/cgroup/user.slice/memory.current": "%d\n" % GiB})
+    # 'max' everywhere (the root group has no memory.max): MemAvailable decides
+    r = R.page_cache_room(root)
+    assert r["error"] is None and r["cgroup"] == "v2 /user.slice/app.scope"
+    assert r["cgroup_room"] is None and r["room"] == 8 * GiB
+    assert R.choose_direct(4 * GiB, 0, root=root)[0] is False
+    assert R.choose_direct(9 * GiB, 0, root=root)[0] is True
+    (tmp_path / "sys/fs/cgroup/user.slice/app.scope/memory.max").write_text("%d\n" % (2 * GiB))
+    r = R.page_cache_room(root)
+    assert (r["cgroup_room"], r["room"]) == (GiB, GiB)
+    assert R.choose_direct(4 * GiB, 0, root=root)[0] is True
+
+
+def test_room_unreadable_means_direct(tmp_path):
+    from nvio.offload import _room as R
+    ok = {"sys/fs/cgroup/memory/job/memory.limit_in_bytes": HUGE,
+          "sys/fs/cgroup/memory/job/memory.usage_in_bytes": "1\n",
+          "sys/fs/cgroup/memory/memory.limit_in_bytes": HUGE,
+          "sys/fs/cgroup/memory/memory.usage_in_bytes": "1\n"}
+    cases = {
+        "no meminfo": dict(cgroup=V1 % "/job", files=ok),
+        "no /proc/self/cgroup": dict(meminfo_kb=64 << 20, files=ok),
+        "no group directory": dict(meminfo_kb=64 << 20, cgroup=V1 % "/other", files=ok),
+        "a limit that is no number": dict(
+            meminfo_kb=64 << 20, cgroup=V1 % "/job",
+            files=dict(ok, **{"sys/fs/cgroup/memory/job/memory.limit_in_bytes": "lots\n"})),
+        "a limit without its usage": dict(
+            meminfo_kb=64 << 20, cgroup=V1 % "/job",
+            files={k: "%d\n" % GiB if "job/memory.limit" in k else v
+                   for k, v in ok.items() if "job/memory.usage" not in k}),
+    }
+    for i, (what, kw) in enumerate(cases.items()):
+        root = _fake(tmp_path / str(i), **kw)
+        r = R.page_cache_room(root)
+        assert r["room"] is None and r["error"], what
+        direct, why, _ = R.choose_direct(1, 0, root=root)
+        assert direct is True and "unknown" in why, what
+    root = _fake(tmp_path / "m", cgroup="0::/\n", files={"proc/meminfo": "MemTotal: 5 kB\n"})
+    assert "no MemAvailable" in R.page_cache_room(root)["error"]
+    # the whole tree missing
+    assert R.choose_direct(1, 0, root=str(tmp_path / "nothing"))[0] is True
+
+
+def _room_is(monkeypatch, room):
+    from nvio.offload import _room as R
+    monkeypatch.setattr(R, "page_cache_room", lambda root="/": dict(
+        room=room, mem_available=room, cgroup=None, cgroup_room=None, cgroup_limit=None,
+        cgroup_usage=None, error=None))
+
+
+def test_explicit_direct_wins(tmp_path, monkeypatch):
+    import nvio as nv
+    m = _stack(seed=8)
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        ref = m(x)
+    o_direct_ok = nv.probe(str(tmp_path))["direct_ok"]
+    cases = [(100 * GiB, "auto", False, "page cache:"), (0, "auto", True, "O_DIRECT:"),
+             (0, False, False, "direct=False given"), (0, "off", False, "direct='off' given")]
+    if o_direct_ok:
+        cases.append((100 * GiB, True, True, "direct=True given"))
+    for room, direct, want, why in cases:
+        _room_is(monkeypatch, room)
+        stream_model(m, str(tmp_path), direct=direct)
+        with torch.no_grad():
+            assert torch.equal(m(x), ref)
+        s = m._nvio_streamer.stats()
+        assert s["direct"] is want and s["why"].startswith(why), (room, direct, s["why"])
+        assert s["o_direct"] is (want and o_direct_ok)
+        unstream(m)
+    # the environment counts as an explicit choice; so does a handle's setting
+    _room_is(monkeypatch, 100 * GiB)
+    monkeypatch.setenv("NVIO_DIRECT", "on" if o_direct_ok else "off")
+    with streamed(m, str(tmp_path)) as sm:
+        with torch.no_grad():
+            sm(x)
+        s = sm._nvio_streamer.stats()
+        assert s["direct"] is o_direct_ok and s["o_direct"] is o_direct_ok
+        assert s["why"].startswith("NVIO_DIRECT=")
+    monkeypatch.delenv("NVIO_DIRECT")
+    with nv.AioHandle(direct=False) as h:
+        _room_is(monkeypatch, 0)
+        with streamed(m, str(tmp_path), handle=h) as sm:
+            with torch.no_grad():
+                sm(x)
+            s = sm._nvio_streamer.stats()
+            assert s["direct"] is False and s["o_direct"] is False
+            assert s["why"] == "the handle given decides (direct=off)"
+    with pytest.raises(ValueError, match="direct"):
+        stream_model(m, str(tmp_path), direct="sometimes")
+    assert not hasattr(m, "_nvio_streamer")
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "mixtral"])
+def test_same_tokens_direct_or_page_cache(tmp_path, monkeypatch, engine, family):
+    """Every family on every engine: O_DIRECT forced, the page cache forced,
+    and auto deciding each way, all generate what memory generates."""
+    import nvio as nv
+    m = _model(family, seed=9)
+    ref = _run(m)
+    m.save_pretrained(tmp_path)
+    o_direct_ok = nv.probe(str(tmp_path))["direct_ok"]
+    modes = [(None, False), (0, "auto"), (100 * GiB, "auto")]
+    if o_direct_ok:
+        modes.append((None, True))
+    for room, direct in modes:
+        if room is not None:
+            _room_is(monkeypatch, room)
+        stream_model(m, str(tmp_path), prefetch=1, engine=engine, direct=direct)
+        s = m._nvio_streamer
+        assert _same(_run(m), ref), (family, engine, room, direct)
+        st = s.stats()
+        assert st["direct"] is (direct is True or room == 0)
+        assert st["o_direct"] is (st["direct"] and o_direct_ok)
+        assert st["bytes_read"] > 0
+        unstream(m)

@@ -43,6 +43,7 @@ from torch import nn
 
 from .. import _device, _nvio
 from .._futures import completions
+from . import _room
 from . import _weights as W
 
 __all__ = ["stream_model", "unstream", "streamed", "StreamError"]
@@ -80,6 +81,23 @@ def stream_model(model, dir=None, device="cpu", prefetch=1, pool_bytes=None, blo
     resident. ``source``: "auto", "safetensors" or "store". ``rebuild``:
     rewrite nvio's store even if it looks current. ``handle`` (an
     nvio.AioHandle) or ``engine``/``direct``: how reads are done.
+
+    ``direct="auto"`` decides once, here, whether the streamed weights can
+    stay in the page cache: if the streamed bytes + the pool + a margin
+    (256 MiB + 1/8 of the streamed bytes) fit in the memory this process
+    can use for page cache now, min(MemAvailable of /proc/meminfo, the
+    room left in its memory cgroup: v2 memory.max - memory.current, v1
+    memory.limit_in_bytes - memory.usage_in_bytes, of its group and each
+    ancestor with a limit), blocks are read through the page cache and
+    every forward after the first copies them from memory; otherwise with
+    O_DIRECT (where the file system takes it), so that a model bigger than
+    the cache neither thrashes it nor evicts what other processes need.
+    A file that cannot be read counts as no room (O_DIRECT). ``True``/
+    ``False`` (or NVIO_DIRECT in the environment, or ``handle``'s setting)
+    always win; ``True`` means O_DIRECT or an error.
+    ``model._nvio_streamer.stats()`` says what was chosen: ``direct``,
+    ``why`` (the numbers), ``direct_inputs`` and ``o_direct`` (whether
+    the open weight files do use O_DIRECT).
 
     Inference only: a block run with autograd recording an input that
     requires grad raises RuntimeError.
@@ -292,9 +310,10 @@ class _Streamer:
         self._clock = itertools.count(1)
         self.running = set()
         own = handle is None
+        hdirect = self._decide_direct(direct, handle, prefetch, pool_bytes)
         if own:
             from ..handles import AioHandle
-            handle = AioHandle(block_size=8 << 20, queue_depth=32, engine=engine, direct=direct,
+            handle = AioHandle(block_size=8 << 20, queue_depth=32, engine=engine, direct=hdirect,
                                intra_op_parallelism=max(1, min(4, os.cpu_count() or 1)))
         self.handle, self._own_handle = handle, own
         self.comps = completions(handle)
@@ -344,6 +363,34 @@ class _Streamer:
                 raise ValueError("nvio: buffer %r is on the meta device and is not saved with "
                                  "the weights: build the model with buffers materialised "
                                  "(accelerate.init_empty_weights(include_buffers=False))" % name)
+
+    def _decide_direct(self, direct, handle, prefetch, pool_bytes):
+        """Sets self.direct (O_DIRECT where the file system takes it, or
+        the page cache), self.why and self.direct_inputs; returns the
+        direct argument for the handle nvio makes."""
+        self.direct_inputs = {}
+        if handle is not None:
+            mode = handle.get_direct()
+            self.direct, self.why = mode != "off", "the handle given decides (direct=%s)" % mode
+            return None
+        auto = direct is None or (isinstance(direct, str) and direct.lower() == "auto")
+        if not auto:
+            name = str(direct).lower()
+            self.direct = name not in ("false", "off", "0", "no")
+            self.why = "direct=%r given" % (direct,)
+            return direct        # AioHandle refuses what it does not know
+        env = os.environ.get("NVIO_DIRECT", "")
+        if env and env.lower() != "auto":
+            self.direct = env.lower() not in ("false", "off", "0", "no")
+            self.why = "NVIO_DIRECT=%s in the environment" % env
+            return "auto"        # the handle takes it from the environment
+        streamed = sum(b.nbytes for b in self.blocks)
+        big = max(b.nbytes for b in self.blocks)
+        pool = (prefetch + 1) * big
+        if pool_bytes is not None:
+            pool = min(pool, max(pool_bytes // big * big if big else 0, big))
+        self.direct, self.why, self.direct_inputs = _room.choose_direct(streamed, pool)
+        return "auto" if self.direct else False
 
     def _tensor_list(self, b):
         return [(p.name, p.dtype, p.shape) for p in b.pieces]
@@ -753,7 +800,8 @@ class _Streamer:
     def stats(self):
         """Memory bound and I/O so far. resident_bytes + pool_bytes is the
         peak resident weight memory (weights outside the pool are never
-        materialised)."""
+        materialised). direct, why, direct_inputs, o_direct: how blocks
+        are read (see stream_model)."""
         res = sum(t.numel() * t.element_size() for _, m, k, isp, t, _ in self.resident
                   if _materialised((m._parameters if isp else m._buffers)[k]))
         d = dict(self._stats)
@@ -762,7 +810,9 @@ class _Streamer:
                  pool_bytes=self.slot_bytes * len(self.slots), resident_bytes=res,
                  streamed_bytes=sum(b.nbytes for b in self.blocks),
                  peak_weight_bytes=res + self.slot_bytes * len(self.slots),
-                 files=sorted(self.files), device=str(self.dev))
+                 files=sorted(self.files), device=str(self.dev), direct=self.direct,
+                 why=self.why, direct_inputs=dict(self.direct_inputs),
+                 o_direct=(all(f.direct for f in self.files.values()) if self.files else None))
         return d
 
     def restore(self):

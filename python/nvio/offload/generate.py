@@ -10,7 +10,8 @@ weight store to ``--dir`` once. The prompt goes through the directory's
 tokenizer when it has one, else it becomes token ids (its UTF-8 bytes
 modulo the vocabulary). Prints the tokens, tokens/s, the weight bytes read
 and the GB/s achieved, peak resident weight memory as stated by the
-streamer, and the process's peak RSS.
+streamer, the process's peak RSS, and whether blocks were read with O_DIRECT
+or through the page cache, and why (``--direct auto|on|off``).
 """
 from __future__ import annotations
 
@@ -79,6 +80,8 @@ def main(argv=None):
     ap.add_argument("--prefetch", type=int, default=1)
     ap.add_argument("--pool-bytes", type=int, default=None)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--direct", choices=("auto", "on", "off"), default="auto",
+                    help="O_DIRECT reads (on), the page cache (off), or let nvio decide")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     import torch
@@ -90,7 +93,8 @@ def main(argv=None):
     if store is None:
         raise SystemExit("nvio: %s holds no weights: give --dir for nvio's weight store" % a.config)
     t0 = time.perf_counter()
-    stream_model(m, store, device=a.device, prefetch=a.prefetch, pool_bytes=a.pool_bytes)
+    stream_model(m, store, device=a.device, prefetch=a.prefetch, pool_bytes=a.pool_bytes,
+                 direct=a.direct)
     setup = time.perf_counter() - t0
     s = m._nvio_streamer
     ids, tok = _prompt_ids(a.config, a.prompt, cfg.vocab_size, a.batch)
@@ -114,6 +118,8 @@ def main(argv=None):
               st["peak_weight_bytes"] / 1e9, st["resident_bytes"] / 1e9, st["slots"],
               st["slot_bytes"] / 1e9, st["streamed_bytes"] / 1e9, _peak_rss() / 1e9,
               st["wait_s"]))
+    print("reads: %s (%s)" % ("O_DIRECT" if st["o_direct"] else "through the page cache",
+                              st["why"]))
     return 0
 
 
