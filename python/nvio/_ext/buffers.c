@@ -144,11 +144,40 @@ static int has_tensor_methods(ext_state *st, PyObject *o)
 }
 
 /*
- * Returns 1 if obj looks like a torch.Tensor (duck typing, no import):
- * it has the methods nvio calls. Types that have them are remembered,
- * the last few, with a reference so that an address is never reused for
- * another type while cached. Objects whose type lacks them (proxies,
- * methods set on the instance) are asked each time.
+ * torch.Tensor once torch is imported (borrowed from the state), NULL
+ * without an exception before: no tensor can exist then. A failed
+ * lookup (torch half imported) is NULL too, and is asked again later.
+ */
+static PyObject *torch_tensor_type(ext_state *st)
+{
+	if (st->torch_tensor_type)
+		return st->torch_tensor_type;
+	PyObject *name = PyUnicode_FromString("torch");
+	PyObject *torch = name ? PyImport_GetModule(name) : NULL;
+	Py_XDECREF(name);
+	if (torch) {
+		PyObject *t = PyObject_GetAttrString(torch, "Tensor");
+		Py_DECREF(torch);
+		if (t && PyType_Check(t))
+			st->torch_tensor_type = t;
+		else
+			Py_XDECREF(t);
+	}
+	PyErr_Clear();
+	return st->torch_tensor_type;
+}
+
+/*
+ * What obj is: 2 a torch.Tensor (its type is a subclass), 1 something
+ * that looks like one (duck typing: it has the methods nvio calls), 0
+ * neither. Both kinds of type are remembered, the last few, with a
+ * reference so that an address is never reused for another type while
+ * cached; what is remembered is only what the type says (never a
+ * tensor's values: its device, layout, size and contiguity are asked
+ * each time). A type's bases cannot change so that it stops or starts
+ * being a torch.Tensor subclass (CPython refuses a __bases__ assignment
+ * that changes the instance layout). Objects whose type lacks the methods
+ * (proxies, methods set on the instance) are asked each time.
  */
 static int is_torch_like(ext_state *st, PyObject *obj)
 {
@@ -157,14 +186,17 @@ static int is_torch_like(ext_state *st, PyObject *obj)
 
 	for (unsigned i = 0; i < EXT_TORCH_TYPES; i++)
 		if (seen[i] == type)
-			return 1;
-	if (!has_tensor_methods(st, type))
+			return st->torch_real[i] ? 2 : 1;
+	PyObject *tensor = torch_tensor_type(st);
+	int real = tensor && PyType_IsSubtype(Py_TYPE(obj), (PyTypeObject *)tensor);
+	if (!real && !has_tensor_methods(st, type))
 		return has_tensor_methods(st, obj);
 	unsigned i = st->torch_types_next++ % EXT_TORCH_TYPES;
 	PyObject *old = seen[i];
 	seen[i] = Py_NewRef(type);
+	st->torch_real[i] = (unsigned char)real;
 	Py_XDECREF(old);
-	return 1;
+	return real ? 2 : 1;
 }
 
 /*
@@ -281,12 +313,45 @@ static int torch_strided(ext_state *st, PyObject *obj)
 	return yes;
 }
 
-static int torch_get(ext_state *st, PyObject *obj, ext_buf *b)
+/* o.name() true or not, for a method o's type is known to have (a
+ * torch.Tensor's): no bound method is made. -1 on error. */
+static int call_bool(PyObject *o, PyObject *name)
+{
+	PyObject *r = PyObject_CallMethodObjArgs(o, name, NULL);
+	if (!r)
+		return -1;
+	int v = PyObject_IsTrue(r);
+	Py_DECREF(r);
+	return v;
+}
+
+static int attr_u64(PyObject *o, PyObject *name, uint64_t *out)
+{
+	PyObject *r = PyObject_GetAttr(o, name);
+	if (!r)
+		return -1;
+	unsigned long long v = PyLong_AsUnsignedLongLong(r);
+	Py_DECREF(r);
+	if (v == (unsigned long long)-1 && PyErr_Occurred())
+		return -1;
+	*out = v;
+	return 0;
+}
+
+/*
+ * kind: 2 a torch.Tensor, 1 a duck type (is_torch_like). A real tensor
+ * has every method, so they are called without asking first, and its
+ * size is one read of .nbytes (torch defines it as numel() *
+ * element_size()); a duck type may lack is_conj/is_neg (then it has no
+ * such bits) and is sized by numel() * element_size().
+ */
+static int torch_get(ext_state *st, PyObject *obj, int kind, ext_buf *b)
 {
 	if (torch_device(st, obj) <= 0 || torch_strided(st, obj) <= 0)
 		return -1;
 
-	int c = get_bool_method(obj, st->s_is_contiguous, 1);
+	int c = kind == 2 ? call_bool(obj, st->s_is_contiguous)
+			  : get_bool_method(obj, st->s_is_contiguous, 1);
 	if (c < 0)
 		return -1;
 	if (!c) {
@@ -294,9 +359,11 @@ static int torch_get(ext_state *st, PyObject *obj, ext_buf *b)
 				"nvio: tensor is not contiguous; call .contiguous() first");
 		return -1;
 	}
-	int lazy = get_bool_method(obj, st->s_is_conj, 0);
+	int lazy = kind == 2 ? call_bool(obj, st->s_is_conj)
+			     : get_bool_method(obj, st->s_is_conj, 0);
 	if (lazy == 0)
-		lazy = get_bool_method(obj, st->s_is_neg, 0);
+		lazy = kind == 2 ? call_bool(obj, st->s_is_neg)
+				 : get_bool_method(obj, st->s_is_neg, 0);
 	if (lazy < 0)
 		return -1;
 	if (lazy) {
@@ -307,9 +374,19 @@ static int torch_get(ext_state *st, PyObject *obj, ext_buf *b)
 	}
 
 	uint64_t numel, esize;
-	if (get_u64_method(obj, st->s_numel, &numel) < 0 ||
-	    get_u64_method(obj, st->s_element_size, &esize) < 0)
-		return -1;
+	if (kind == 2) {
+		if (attr_u64(obj, st->s_nbytes, &b->nbytes) < 0)
+			return -1;
+	} else {
+		if (get_u64_method(obj, st->s_numel, &numel) < 0 ||
+		    get_u64_method(obj, st->s_element_size, &esize) < 0)
+			return -1;
+		if (esize && numel > UINT64_MAX / esize) {
+			PyErr_SetString(PyExc_OverflowError, "nvio: tensor too large");
+			return -1;
+		}
+		b->nbytes = numel * esize;
+	}
 	PyObject *p = PyObject_CallMethodObjArgs(obj, st->s_data_ptr, NULL);
 	if (!p)
 		return -1;
@@ -317,11 +394,6 @@ static int torch_get(ext_state *st, PyObject *obj, ext_buf *b)
 	Py_DECREF(p);
 	if (!ptr && PyErr_Occurred())
 		return -1;
-	if (esize && numel > UINT64_MAX / esize) {
-		PyErr_SetString(PyExc_OverflowError, "nvio: tensor too large");
-		return -1;
-	}
-	b->nbytes = numel * esize;
 	if (!ptr && b->nbytes) {
 		PyErr_SetString(PyExc_ValueError,
 				"nvio: tensor has no storage (data_ptr() is 0)");
@@ -520,8 +592,11 @@ int ext_buf_get(ext_state *st, PyObject *obj, int writable, ext_buf *b)
 	memset(b, 0, sizeof(*b));
 	if (PyObject_CheckBuffer(obj))
 		return view_get(obj, writable, b);
-	if (is_torch_like(st, obj))
-		return torch_get(st, obj, b);
+	int kind = is_torch_like(st, obj);
+	if (kind < 0)
+		return -1;
+	if (kind)
+		return torch_get(st, obj, kind, b);
 	if (PyObject_HasAttrString(obj, "__dlpack__"))
 		return dlpack_get(obj, b);
 	PyObject *tn = PyType_GetName(Py_TYPE(obj));
@@ -612,13 +687,15 @@ void ext_holds_fini(ext_holds *hs)
  */
 static int bump(ext_state *st, PyObject *obj)
 {
+	PyObject *tensor = torch_tensor_type(st);
+	if (!tensor)
+		return -1;
 	if (!st->torch_increment_version) {
 		PyObject *name = PyUnicode_FromString("torch");
 		PyObject *torch = name ? PyImport_GetModule(name) : NULL;
 		Py_XDECREF(name);
 		if (!torch)
 			return -1;
-		st->torch_tensor_type = PyObject_GetAttrString(torch, "Tensor");
 		/*
 		 * torch.autograd.graph.increment_version is a Python function
 		 * around torch._C._increment_version(tuple): calling the latter
@@ -637,15 +714,21 @@ static int bump(ext_state *st, PyObject *obj)
 		}
 		st->torch_increment_version = f;
 		Py_DECREF(torch);
-		if (!st->torch_tensor_type || !st->torch_increment_version) {
-			Py_CLEAR(st->torch_tensor_type);
-			Py_CLEAR(st->torch_increment_version);
+		if (!f)
 			return -1;
-		}
 	}
-	int is = PyObject_IsInstance(obj, st->torch_tensor_type);
-	if (is <= 0)
-		return is;
+	/* Only real tensors: the type cache usually knows (ext_buf_get just
+	 * filled it); a subtype check otherwise, never a Python-level
+	 * isinstance (an object may claim __class__ = torch.Tensor). */
+	PyTypeObject *type = Py_TYPE(obj);
+	int is = -1;
+	for (unsigned i = 0; i < EXT_TORCH_TYPES && is < 0; i++)
+		if (st->torch_types[i] == (PyObject *)type)
+			is = st->torch_real[i];
+	if (is < 0)
+		is = PyType_IsSubtype(type, (PyTypeObject *)tensor);
+	if (!is)
+		return 0;
 	PyObject *arg = st->torch_incver_tuple ? PyTuple_Pack(1, obj) : Py_NewRef(obj);
 	PyObject *r = arg ? PyObject_CallFunctionObjArgs(st->torch_increment_version, arg, NULL) : NULL;
 	Py_XDECREF(arg);

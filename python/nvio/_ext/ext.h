@@ -59,7 +59,7 @@
  * from 5.1 to 1.5 us.
  */
 #define EXT_TORCH_NAMES(X) X(data_ptr) X(element_size) X(is_contiguous) \
-	X(numel) X(is_conj) X(is_neg) X(is_cpu) X(layout)
+	X(numel) X(is_conj) X(is_neg) X(is_cpu) X(layout) X(nbytes)
 
 typedef struct ext_state {
 	/* errors.c: NvioError, and the class for each errno of its table
@@ -76,6 +76,7 @@ typedef struct ext_state {
 	EXT_TORCH_NAMES(EXT_DECLARE_NAME)
 #undef EXT_DECLARE_NAME
 	PyObject *torch_types[EXT_TORCH_TYPES];	/* types seen to be tensors */
+	unsigned char torch_real[EXT_TORCH_TYPES];	/* ... subclasses of torch.Tensor */
 	unsigned torch_types_next;
 	PyObject *torch_strided;	/* torch.strided, once seen */
 	PyObject *torch_tensor_type;	/* torch.Tensor, once torch is imported */
