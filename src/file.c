@@ -349,6 +349,9 @@ int nvio__file_make(struct nvio_handle *h, const char *path, int fd,
 		atomic_store(&f->size, size);
 		if (h->cfg.direct != NVIO_DIRECT_OFF)
 			f->align = dio_align(f->fd, &f->mem_align);
+		if (f->align && !f->plain)
+			f->split_small = nvio__dev_splits_small_pages(
+				S_ISBLK(f->st.st_mode) ? f->st.st_rdev : f->st.st_dev);
 		if (!f->align && h->cfg.direct == NVIO_DIRECT_ON) {
 			*what = "open O_DIRECT (not supported here)";
 			r = -EINVAL;

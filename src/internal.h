@@ -135,6 +135,7 @@ struct nvio_file {
 	int caller_fd;		/* from_fd: the caller's descriptor */
 	struct stat st;		/* of fd at open */
 	int plain;		/* not a regular file or block device */
+	int split_small;	/* its device splits direct I/O from 4 KiB pages (pages.c) */
 	uint32_t align;		/* O_DIRECT offset alignment, 0: none here */
 	uint32_t mem_align;	/* O_DIRECT buffer alignment */
 	pthread_mutex_t lock;	/* guards dfd_state, dfd, cufh */
@@ -155,6 +156,13 @@ struct nvio_file {
 	int private;		/* made for one by-path/fd op, closed with it */
 	int created;		/* its open created it */
 };
+
+/* pages.c: whether a direct write is better staged than sent from its pages */
+int nvio__dev_splits_small_pages(dev_t dev);
+int nvio__op_stage_small_pages(const struct nvio__op *op);
+int64_t nvio__mem_huge_bytes(const void *p, uint64_t n);	/* -1: cannot tell */
+/* Direct writes smaller than this always go from their own memory. */
+#define NVIO__STAGE_PAGES_MIN (4u << 20)
 
 /* file.c */
 int nvio__file_make(struct nvio_handle *h, const char *path, int fd,
@@ -213,6 +221,7 @@ struct nvio__op {
 	int direct;		/* body pieces go through the file's dfd */
 	int dfd;		/* that descriptor, or -1 */
 	uint32_t mem_align;	/* for direct pieces */
+	int stage_body;		/* direct pieces go through staging too (pages.c) */
 	void *cufh;		/* cuFile handle: pieces go through cuFile */
 	atomic_uint tasks_left;
 	atomic_int err;		/* first error, 0 if none */

@@ -461,7 +461,8 @@ static int vector_parts(struct slot *sl, const struct nvio__op *op,
 
 /*
  * Whether a piece goes through a bounce buffer: GPU memory always (the
- * kernel cannot reach it), an O_DIRECT piece whose memory is not aligned
+ * kernel cannot reach it), an O_DIRECT piece of an op staged for its
+ * small pages (pages.c), an O_DIRECT piece whose memory is not aligned
  * as the file needs, and a piece spanning several of the op's buffers
  * that cannot go as one vectored request (vector_parts). *mem: the
  * piece's own bytes when they lie in one buffer.
@@ -474,7 +475,7 @@ static int needs_stage(struct slot *sl, const struct nvio__op *op,
 	sl->io.iovcnt = 0;
 	if (op->cufh)
 		return 0;	/* cuFile reaches GPU memory itself */
-	if (op->mem != NVIO__MEM_HOST)
+	if (op->mem != NVIO__MEM_HOST || (pc->body && op->stage_body))
 		return 1;
 	if (!*mem)
 		return vector_parts(sl, op, pc) < 0;

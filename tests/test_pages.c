@@ -1,0 +1,118 @@
+/*
+ * test_pages.c - large O_DIRECT writes from memory in 4 KiB pages go
+ * through the staging buffers where the file's device splits such memory
+ * into small requests (src/pages.c); writes from huge pages, writes under
+ * 4 MiB and reads go straight from the caller's memory. Which way a write
+ * went shows in the staging budget: a handle makes its bounce pools on
+ * first use. The bytes are compared on every engine either way.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include "t.h"
+#include "../src/internal.h"
+
+#define BIG (16u << 20)
+#define SMALL (2u << 20)
+
+/* A buffer in memory of the page size asked for, touched. */
+static unsigned char *region(size_t n, int huge)
+{
+	void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	if (p == MAP_FAILED)
+		return NULL;
+	madvise(p, n, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+	return p;
+}
+
+/* Writes n bytes of buf with a fresh handle; returns the staging bytes
+ * its pools took (0: nothing was staged). */
+static uint64_t write_with(int engine, const char *path, const unsigned char *buf, size_t n)
+{
+	nvio_handle_t *h = NULL;
+	nvio_config_t c;
+	uint64_t in_use = 0;
+	unsigned char *got = malloc(n);
+	size_t size = 0;
+
+	T_OK(t_write_file(path, "", 0));	/* a new file each time */
+	t_config(&c, engine, NVIO_DIRECT_ON, 8u << 20, 32);
+	if (T_OK(nvio_handle_create(&h, &c))) {
+		T_OK(nvio_pwrite(h, buf, n, path, 0, NVIO_FSYNC));
+		nvio_staging_limit(&in_use);
+		nvio_handle_destroy(h);
+	}
+	if (got && T_OK(t_read_file(path, got, n, &size))) {
+		T_EQ_U64(size, n);
+		T_MEM_EQ(got, buf, n);
+	}
+	free(got);
+	return in_use;
+}
+
+static uint64_t read_with(int engine, const char *path, unsigned char *buf, size_t n,
+			  const unsigned char *want)
+{
+	nvio_handle_t *h = NULL;
+	nvio_config_t c;
+	uint64_t in_use = 0;
+
+	memset(buf, 0, n);
+	t_config(&c, engine, NVIO_DIRECT_ON, 8u << 20, 32);
+	if (T_OK(nvio_handle_create(&h, &c))) {
+		T_OK(nvio_pread(h, buf, n, path, 0, 0));
+		nvio_staging_limit(&in_use);
+		nvio_handle_destroy(h);
+	}
+	T_MEM_EQ(buf, want, n);
+	return in_use;
+}
+
+int main(void)
+{
+	unsigned char *small = region(BIG, 0), *huge = region(BIG, 1);
+	char path[T_PATH_MAX];
+	struct stat st;
+	int64_t hb;
+	int splits;
+
+	t_init("pages");
+	if (!small || !huge)
+		t_skip("no memory for the buffers");
+	t_fill_random(small, BIG, 5);
+	t_fill_random(huge, BIG, 6);
+	t_path(path, "pages");
+	T_OK(t_write_file(path, "", 0));
+	T_OK(stat(path, &st));
+	splits = nvio__dev_splits_small_pages(st.st_dev);
+	T_TRUE(splits == 0 || splits == 1);
+	T_EQ_INT(nvio__dev_splits_small_pages(st.st_dev), splits);	/* remembered */
+	hb = nvio__mem_huge_bytes(small, BIG);
+	T_TRUE(hb <= 0);		/* asked for 4 KiB pages: none huge (or cannot tell) */
+	hb = nvio__mem_huge_bytes(huge, BIG);
+	T_TRUE(hb <= (int64_t)BIG);
+	T_FOR_EACH_COMBO(e, d) {
+		if (d != NVIO_DIRECT_ON)
+			continue;
+		setenv("NVIO_STAGE_SMALL_PAGES", "1", 1);
+		T_TRUE(write_with(e, path, small, BIG) > 0);		/* staged */
+		T_EQ_U64(write_with(e, path, small, SMALL), 0);	/* too small to stage */
+		T_EQ_U64(read_with(e, path, huge, SMALL, small), 0);	/* reads go direct */
+		t_fill_random(huge, BIG, 6);
+		setenv("NVIO_STAGE_SMALL_PAGES", "0", 1);
+		T_EQ_U64(write_with(e, path, small, BIG), 0);		/* never staged */
+		unsetenv("NVIO_STAGE_SMALL_PAGES");
+		/* auto: 4 KiB pages are staged where the device splits them and
+		 * the kernel can tell (PAGEMAP_SCAN); huge pages never */
+		T_EQ_U64(write_with(e, path, small, BIG) > 0,
+			 splits && nvio__mem_huge_bytes(small, BIG) == 0);
+		if (nvio__mem_huge_bytes(huge, BIG) == (int64_t)BIG)
+			T_EQ_U64(write_with(e, path, huge, BIG), 0);
+	}
+	munmap(small, BIG);
+	munmap(huge, BIG);
+	return t_done();
+}
