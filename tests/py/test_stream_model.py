@@ -457,6 +457,32 @@ def test_room_cgroup_v1_limit(tmp_path):
     assert r["error"] is None and r["room"] == GiB * 3 // 2
 
 
+def test_room_counts_weights_cached_already(tmp_path):
+    """A cgroup's usage includes the model's own cached pages: a second run
+    in the same group must not take them for a lack of room."""
+    from nvio.offload import _room as R
+    files = {"sys/fs/cgroup/memory/job/memory.limit_in_bytes": "%d\n" % (2 * GiB),
+             "sys/fs/cgroup/memory/job/memory.usage_in_bytes": "%d\n" % (GiB * 3 // 2),
+             "sys/fs/cgroup/memory/memory.limit_in_bytes": HUGE,
+             "sys/fs/cgroup/memory/memory.usage_in_bytes": "1\n"}
+    root = _fake(tmp_path, meminfo_kb=64 << 20, cgroup=V1 % "/job", files=files)
+    direct, why, _ = R.choose_direct(GiB, 0, root=root)
+    assert direct is True and "= 512.0 MiB" in why
+    direct, why, inp = R.choose_direct(GiB, 0, root=root, cached=GiB)
+    assert direct is False and "+ 1.00 GiB of the weights cached = 1.50 GiB" in why
+    assert inp["room"] == GiB * 3 // 2
+    # MemAvailable already counts page cache as available: nothing added there
+    root = _fake(tmp_path / "nolimit", meminfo_kb=1 << 20, cgroup=V1 % "/",
+                 files={k: v for k, v in files.items() if "/job/" not in k})
+    assert R.choose_direct(GiB, 0, root=root, cached=GiB)[0] is True
+    # mincore: a file just written is in the page cache, a missing one is not
+    p = tmp_path / "w.bin"
+    p.write_bytes(os.urandom(1 << 20))
+    got = R.cached_bytes([(str(p), 0, 1 << 20), (str(tmp_path / "none"), 0, 4096)])
+    assert got == 1 << 20
+    assert R.cached_bytes([(str(p), 4096, 8192)]) == 8192
+
+
 def test_room_cgroup_v2(tmp_path):
     from nvio.offload import _room as R
     root = _fake(tmp_path, meminfo_kb=8 << 20, cgroup="0::/user.slice/app.scope\n",

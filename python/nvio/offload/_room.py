@@ -8,10 +8,12 @@ from the disk every forward anyway). The room is the smaller of
 MemAvailable (/proc/meminfo) and what the process's memory cgroup has left:
 ``limit - usage`` of its own group and of each ancestor that sets a limit
 (cgroup v2 ``memory.max - memory.current``; v1 ``memory.limit_in_bytes -
-memory.usage_in_bytes``, which charge the page cache too). ``max`` or a
-huge v1 limit means none. Anything that cannot be read makes the room
-unknown, and an unknown room means O_DIRECT (the choice that cannot
-thrash).
+memory.usage_in_bytes``, which charge the page cache too), plus what of the
+weights is cached already (the usage counts those pages: without this a
+second run in the same group would see its own cached model as no room,
+and flip to O_DIRECT). ``max`` or a huge v1 limit means none. Anything
+that cannot be read makes the room unknown, and an unknown room means
+O_DIRECT (the choice that cannot thrash).
 
 ``page_cache_room(root)`` reads ``root/proc/...`` and ``root/sys/fs/cgroup``
 (and the mounts of ``root/proc/self/mountinfo``), so tests drive it with a
@@ -141,24 +143,80 @@ def _b(n):
     return "%.2f GiB" % (n / (1 << 30)) if n >= 1 << 30 else "%.1f MiB" % (n / (1 << 20))
 
 
-def choose_direct(streamed, pool=0, root="/"):
+def cached_bytes(ranges):
+    """Bytes of the file ranges [(path, offset, length)] in the page cache
+    now (mincore of a read-only mapping, whole pages); what cannot be
+    checked counts as not cached."""
+    import ctypes
+    import mmap
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    except (OSError, AttributeError):
+        return 0
+    page, chunk = mmap.PAGESIZE, 1 << 30
+    by_path = {}
+    for path, off, n in ranges:
+        by_path.setdefault(path, []).append((off, n))
+    total = 0
+    for path, rs in by_path.items():
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            size = os.fstat(fd).st_size
+            for off, n in rs:
+                a, end = off // page * page, min(off + n, size)
+                while a < end:
+                    ln = min(chunk, end - a)
+                    addr = libc.mmap(None, ln, mmap.PROT_READ, mmap.MAP_SHARED, fd, a)
+                    if addr in (None, ctypes.c_void_p(-1).value):
+                        break
+                    vec = ctypes.create_string_buffer((ln + page - 1) // page)
+                    try:
+                        if libc.mincore(addr, ln, vec) == 0:
+                            raw = vec.raw
+                            total += (len(raw) - raw.count(0)) * page
+                    finally:
+                        libc.munmap(addr, ln)
+                    a += ln
+        finally:
+            os.close(fd)
+    return total
+
+
+def choose_direct(streamed, pool=0, root="/", cached=0):
     """(direct, why, inputs) for a model that streams ``streamed`` bytes
     through a pool of ``pool`` bytes: buffered (False) when streamed + pool
-    + margin fit in page_cache_room(), else O_DIRECT (True)."""
+    + margin fit in page_cache_room(), else O_DIRECT (True). ``cached``:
+    bytes of the weights in the page cache already; a cgroup's usage
+    counts them, so they are added back to its room (MemAvailable counts
+    page cache as available already)."""
     r = page_cache_room(root)
     margin = MARGIN_MIN + streamed // MARGIN_DIV
     need = streamed + pool + margin
-    inputs = dict(r, need=need, streamed=streamed, pool=pool, margin=margin)
+    cached = max(0, min(cached, streamed))
+    inputs = dict(r, need=need, streamed=streamed, pool=pool, margin=margin, cached=cached)
     if r["room"] is None:
         why = "O_DIRECT: the memory left for page cache is unknown (%s)" % r["error"]
         return True, why, inputs
+    room = r["room"]
     if r["cgroup_room"] is None:
         cg = "cgroup %s: no limit" % r["cgroup"] if r["cgroup"] else "no memory cgroup"
     else:
-        cg = "cgroup %s: limit %s - usage %s = %s" % (
-            r["cgroup"], _b(r["cgroup_limit"]), _b(r["cgroup_usage"]), _b(r["cgroup_room"]))
-    fits = need <= r["room"]
+        cg = "cgroup %s: limit %s - usage %s%s = %s" % (
+            r["cgroup"], _b(r["cgroup_limit"]), _b(r["cgroup_usage"]),
+            " + %s of the weights cached" % _b(cached) if cached else "",
+            _b(r["cgroup_room"] + cached))
+        room = min(r["mem_available"], r["cgroup_room"] + cached)
+    inputs["room"] = room
+    fits = need <= room
     why = "%s: %s streamed + %s pool + %s margin %s %s of room (MemAvailable %s; %s)" % (
         "page cache" if fits else "O_DIRECT", _b(streamed), _b(pool), _b(margin),
-        "fit in" if fits else "exceed", _b(r["room"]), _b(r["mem_available"]), cg)
+        "fit in" if fits else "exceed", _b(room), _b(r["mem_available"]), cg)
     return not fits, why, inputs

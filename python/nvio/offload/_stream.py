@@ -88,7 +88,8 @@ def stream_model(model, dir=None, device="cpu", prefetch=1, pool_bytes=None, blo
     can use for page cache now, min(MemAvailable of /proc/meminfo, the
     room left in its memory cgroup: v2 memory.max - memory.current, v1
     memory.limit_in_bytes - memory.usage_in_bytes, of its group and each
-    ancestor with a limit), blocks are read through the page cache and
+    ancestor with a limit, plus the weights' pages cached already, which
+    that usage counts), blocks are read through the page cache and
     every forward after the first copies them from memory; otherwise with
     O_DIRECT (where the file system takes it), so that a model bigger than
     the cache neither thrashes it nor evicts what other processes need.
@@ -310,17 +311,16 @@ class _Streamer:
         self._clock = itertools.count(1)
         self.running = set()
         own = handle is None
-        hdirect = self._decide_direct(direct, handle, prefetch, pool_bytes)
-        if own:
-            from ..handles import AioHandle
-            handle = AioHandle(block_size=8 << 20, queue_depth=32, engine=engine, direct=hdirect,
-                               intra_op_parallelism=max(1, min(4, os.cpu_count() or 1)))
-        self.handle, self._own_handle = handle, own
-        self.comps = completions(handle)
+        self.handle, self._own_handle, self._engine = handle, own, engine
         self.files = {}
         self.slots = []
         try:
             self._choose_source(source, rebuild)
+            # after the source: the decision counts what of it is cached
+            hdirect = self._decide_direct(direct, handle, prefetch, pool_bytes)
+            if own:
+                self.handle = self._new_handle(hdirect)
+            self.comps = completions(self.handle)
             self._fill_resident_meta()
             self._make_pool(prefetch, pool_bytes)
             self._attach_hooks()
@@ -364,6 +364,11 @@ class _Streamer:
                                  "the weights: build the model with buffers materialised "
                                  "(accelerate.init_empty_weights(include_buffers=False))" % name)
 
+    def _new_handle(self, direct):
+        from ..handles import AioHandle
+        return AioHandle(block_size=8 << 20, queue_depth=32, engine=self._engine, direct=direct,
+                         intra_op_parallelism=max(1, min(4, os.cpu_count() or 1)))
+
     def _decide_direct(self, direct, handle, prefetch, pool_bytes):
         """Sets self.direct (O_DIRECT where the file system takes it, or
         the page cache), self.why and self.direct_inputs; returns the
@@ -389,7 +394,11 @@ class _Streamer:
         pool = (prefetch + 1) * big
         if pool_bytes is not None:
             pool = min(pool, max(pool_bytes // big * big if big else 0, big))
-        self.direct, self.why, self.direct_inputs = _room.choose_direct(streamed, pool)
+        cached = _room.cached_bytes([(path, off, n) for b in self.blocks
+                                     for path, reads in b.lay.reads.items()
+                                     for _so, off, n in reads])
+        self.direct, self.why, self.direct_inputs = _room.choose_direct(streamed, pool,
+                                                                         cached=cached)
         return "auto" if self.direct else False
 
     def _tensor_list(self, b):
@@ -514,7 +523,24 @@ class _Streamer:
         stage = _Slot(-1, biggest, torch.device("cpu"))
         hm = hashlib.sha256()
         mv = memoryview(stage.buf)
-        with self.handle.open(data, _nvio.FILE_ATOMIC) as f:
+        h = self.handle if self.handle is not None else self._new_handle("auto")
+        try:
+            self._write_store_data(h, data, layout, size, tensors, stage, mv, hm)
+        finally:
+            if h is not self.handle:
+                h.close()
+        W.write_manifest(self.dir, {
+            "format": W.STORE_FORMAT, "version": W.STORE_VERSION, "fingerprint": fp,
+            "sample": hm.hexdigest(), "data": W.STORE_DATA, "data_size": size,
+            "blocks": [{"name": n, "offset": off, "nbytes": lay.size,
+                        "tensors": [[s.name, W.dtype_name(s.dtype), list(s.shape), s.off]
+                                    for s in lay.slices.values()]}
+                       for n, (off, lay) in zip(names, layout)],
+        })
+
+    @staticmethod
+    def _write_store_data(h, data, layout, size, tensors, stage, mv, hm):
+        with h.open(data, _nvio.FILE_ATOMIC) as f:
             f.truncate(size)
             for (off, lay), ts in zip(layout, tensors):
                 stage.host[:lay.size].zero_()
@@ -525,14 +551,6 @@ class _Streamer:
                 if lay.size:
                     f.pwrite(mv[:lay.size], off)
             f.commit()
-        W.write_manifest(self.dir, {
-            "format": W.STORE_FORMAT, "version": W.STORE_VERSION, "fingerprint": fp,
-            "sample": hm.hexdigest(), "data": W.STORE_DATA, "data_size": size,
-            "blocks": [{"name": n, "offset": off, "nbytes": lay.size,
-                        "tensors": [[s.name, W.dtype_name(s.dtype), list(s.shape), s.off]
-                                    for s in lay.slices.values()]}
-                       for n, (off, lay) in zip(names, layout)],
-        })
 
     def _file(self, path):
         f = self.files.get(path)
@@ -847,7 +865,7 @@ class _Streamer:
         for f in self.files.values():
             f.close()
         self.files = {}
-        if self._own_handle:
+        if self._own_handle and self.handle is not None:
             self.handle.close()
         self.slots = []
 
