@@ -30,6 +30,8 @@ def _kinds(torch):
     yield "view-offset", base[64:]           # storage offset 64
     yield "int64", torch.zeros(512, dtype=torch.int64)
     yield "2d", torch.zeros(16, 64, dtype=torch.float32)
+    yield "complex", torch.zeros(256, dtype=torch.complex64)
+    yield "conj-resolved", torch.zeros(256, dtype=torch.complex64).conj().resolve_conj()
 
 
 def test_tensor_kinds_read_and_write(handle, torch, tmp_path):
@@ -96,13 +98,19 @@ def test_refusals_stay(handle, torch, tmp_path):
     class Sub(torch.Tensor):
         pass
 
+    f.pread(torch.zeros(4), 0)      # float32 now known not complex
+    f.pread(torch.zeros(4, dtype=torch.complex64), 0)
     for make in (lambda t: t, lambda t: t.as_subclass(Sub)):
         with pytest.raises(ValueError, match="contiguous"):
             f.pread(make(torch.zeros(8, 8)).t(), 0)
         with pytest.raises(ValueError, match="conj"):
             f.pread(make(torch.zeros(4, dtype=torch.complex64)).conj(), 0)
         with pytest.raises(ValueError, match="conj"):
+            f.pread(make(torch.zeros(4, dtype=torch.complex128)).conj(), 0)
+        with pytest.raises(ValueError, match="conj"):
             f.pread(make(torch._neg_view(torch.zeros(4))), 0)
+        with pytest.raises(ValueError, match="conj"):
+            f.pread(make(torch._neg_view(torch.zeros(4, dtype=torch.int32))), 0)
     with pytest.raises(ValueError, match="layout"):
         f.pread(torch.eye(3).to_sparse(), 0)
     with pytest.raises(ValueError, match="layout"):

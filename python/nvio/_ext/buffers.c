@@ -339,6 +339,42 @@ static int attr_u64(PyObject *o, PyObject *name, uint64_t *out)
 }
 
 /*
+ * A torch.Tensor's conjugate bit, asked only where it can mean something:
+ * conjugation is the identity on real numbers, so a tensor whose dtype is
+ * not complex holds its values as they are, bit or not (torch sets it
+ * only on complex tensors anyway). Reading the dtype is cheaper than
+ * is_conj(); the dtypes seen not to be complex are remembered (a dtype is
+ * a fixed object: what it says never changes). 1, 0, or -1 on error.
+ */
+static int maybe_conj(ext_state *st, PyObject *obj)
+{
+	PyObject *dt = PyObject_GetAttr(obj, st->s_dtype);
+	if (!dt)
+		return -1;
+	for (unsigned i = 0; i < EXT_TORCH_DTYPES; i++)
+		if (st->torch_real_dtypes[i] == dt) {
+			Py_DECREF(dt);
+			return 0;
+		}
+	PyObject *c = PyObject_GetAttr(dt, st->s_is_complex);
+	if (!c) {
+		Py_DECREF(dt);
+		return -1;
+	}
+	int real = c == Py_False;
+	Py_DECREF(c);
+	if (real) {
+		unsigned i = st->torch_real_dtypes_next++ % EXT_TORCH_DTYPES;
+		PyObject *old = st->torch_real_dtypes[i];
+		st->torch_real_dtypes[i] = dt;	/* the reference moves in */
+		Py_XDECREF(old);
+		return 0;
+	}
+	Py_DECREF(dt);
+	return call_bool(obj, st->s_is_conj);
+}
+
+/*
  * kind: 2 a torch.Tensor, 1 a duck type (is_torch_like). A real tensor
  * has every method, so they are called without asking first, and its
  * size is one read of .nbytes (torch defines it as numel() *
@@ -359,8 +395,7 @@ static int torch_get(ext_state *st, PyObject *obj, int kind, ext_buf *b)
 				"nvio: tensor is not contiguous; call .contiguous() first");
 		return -1;
 	}
-	int lazy = kind == 2 ? call_bool(obj, st->s_is_conj)
-			     : get_bool_method(obj, st->s_is_conj, 0);
+	int lazy = kind == 2 ? maybe_conj(st, obj) : get_bool_method(obj, st->s_is_conj, 0);
 	if (lazy == 0)
 		lazy = kind == 2 ? call_bool(obj, st->s_is_neg)
 				 : get_bool_method(obj, st->s_is_neg, 0);

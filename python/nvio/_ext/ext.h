@@ -51,6 +51,8 @@
 
 /* How many tensor types buffers.c remembers as torch-like. */
 #define EXT_TORCH_TYPES 8
+/* How many torch dtypes it remembers as not complex. */
+#define EXT_TORCH_DTYPES 8
 
 /*
  * Names looked up on every tensor, interned once: a name made from a C
@@ -59,7 +61,8 @@
  * from 5.1 to 1.5 us.
  */
 #define EXT_TORCH_NAMES(X) X(data_ptr) X(element_size) X(is_contiguous) \
-	X(numel) X(is_conj) X(is_neg) X(is_cpu) X(layout) X(nbytes)
+	X(numel) X(is_conj) X(is_neg) X(is_cpu) X(layout) X(nbytes) \
+	X(dtype) X(is_complex)
 
 typedef struct ext_state {
 	/* errors.c: NvioError, and the class for each errno of its table
@@ -78,6 +81,8 @@ typedef struct ext_state {
 	PyObject *torch_types[EXT_TORCH_TYPES];	/* types seen to be tensors */
 	unsigned char torch_real[EXT_TORCH_TYPES];	/* ... subclasses of torch.Tensor */
 	unsigned torch_types_next;
+	PyObject *torch_real_dtypes[EXT_TORCH_DTYPES];	/* dtypes seen not complex */
+	unsigned torch_real_dtypes_next;
 	PyObject *torch_strided;	/* torch.strided, once seen */
 	PyObject *torch_tensor_type;	/* torch.Tensor, once torch is imported */
 	PyObject *torch_increment_version;

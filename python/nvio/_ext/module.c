@@ -59,7 +59,7 @@ PyObject *ext_module_of_type(PyTypeObject *type)
 
 #define ONE(name) + 1
 #define EXT_STATE_REFS (1 + EXT_NERRNO + 4 + (0 EXT_TORCH_NAMES(ONE)) + \
-			EXT_TORCH_TYPES + 3)
+			EXT_TORCH_TYPES + EXT_TORCH_DTYPES + 3)
 
 /* Every reference the state owns, so that traverse and clear agree. */
 static size_t state_refs(ext_state *st, PyObject **refs[EXT_STATE_REFS])
@@ -78,6 +78,8 @@ static size_t state_refs(ext_state *st, PyObject **refs[EXT_STATE_REFS])
 #undef NAME_REF
 	for (size_t i = 0; i < EXT_TORCH_TYPES; i++)
 		refs[n++] = &st->torch_types[i];
+	for (size_t i = 0; i < EXT_TORCH_DTYPES; i++)
+		refs[n++] = &st->torch_real_dtypes[i];
 	refs[n++] = &st->torch_strided;
 	refs[n++] = &st->torch_tensor_type;
 	refs[n++] = &st->torch_increment_version;
