@@ -75,6 +75,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -370,8 +371,24 @@ def rounds(n, conts, what):
 def ds_setup(a):
     sys.path.insert(0, a.deepspeed)
     with contextlib.redirect_stdout(sys.stderr):
+        import deepspeed.io.fast_file_writer as ffw
         from deepspeed.io import FastFileWriter, FastFileWriterConfig
         from deepspeed.ops.op_builder import AsyncIOBuilder
+    try:
+        ffw.UtilsBuilder().load()
+    except ValueError:
+        # DeepSpeed's CPU accelerator has no UtilsBuilder op ("not implemented
+        # on CPU backend"); FastFileWriter uses only its cast_to_byte_tensor,
+        # a byte view of each tensor's memory: the same in Python
+        def cast(x):
+            if isinstance(x, torch.Tensor):
+                return x.reshape(-1).view(torch.uint8)
+            return [cast(t) for t in x]
+
+        class _Utils:
+            def load(self, *a, **k):
+                return types.SimpleNamespace(cast_to_byte_tensor=cast)
+        ffw.UtilsBuilder = _Utils
         h = AsyncIOBuilder().load(verbose=False).aio_handle(8 * MiB, 32, False, True, 1)
     buf = h.new_cpu_locked_tensor(64 * MiB, torch.empty(0, dtype=torch.uint8))
     return {"FastFileWriter": FastFileWriter, "handle": h, "buf": buf,
