@@ -10,16 +10,23 @@ where the call that failed came after the rename, the new one and an error
 about the directory), and no temporary is left. Short transfers are finished
 by libnvio: the save succeeds with the right bytes.
 
-Kill: a forked child saves in a loop and is killed with SIGKILL at random
-moments, 200 times; every time the destination loads and equals the last
-state the child finished or the one it was writing, and at most the killed
-child's temporary is left beside it (the next save removes it: its owner
-is dead). Again 40 times where O_TMPFILE is refused (named temporaries from
-the start, as on NFS).
+Kill: a forked child saves in a loop, reporting each save's start and end
+through a pipe, and is killed with SIGKILL at a random moment of its third
+save, spread over the duration of its second as the parent saw it (so the
+kills follow the child's own pace, whatever else loads the machine), 200
+times; every time the destination loads and equals the last state the
+child finished or the one it was writing, and at most the killed child's
+temporary is left beside it (the next save or `nvio clean` removes it: its
+owner is dead). Again 40 times where O_TMPFILE is refused (named
+temporaries from the start, as on NFS). Rounds go on (up to twice as many)
+until enough kills came inside a save, before its rename and, named, while
+its temporary was there. The same kills catch a writer that is not atomic
+(torch.save in place) leaving a broken file.
 """
 import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -28,6 +35,7 @@ import time
 import pytest
 
 import nvio
+from nvio import _nvio
 
 torch = pytest.importorskip("torch")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -141,6 +149,7 @@ def test_faults_at_every_call_of_a_save(preload, tmp_path, engine, direct):
 
 KILL_ROUNDS = 200
 KILL_ROUNDS_NAMED = 40
+NVIO = os.path.join(HERE, "..", "..", "build", "nvio")
 
 
 def make_state(i):
@@ -157,114 +166,184 @@ def check_state(sd):
     return i
 
 
-def _child(p, start, wfd):
-    torch.set_num_threads(1)      # no OpenMP in a forked child
-    i = start
-    while True:
-        _save(make_state(i), p, i)
-        os.write(wfd, b".")
-        i += 1
-
-
-def _save(st, p, i):
-    """Save i: sync or async, durable (fsync) or not, in turn."""
-    durable = i % 4 < 2
-    if i % 2:
+def _save(st, p, kind):
+    """Save kind 0-3: durable (fsync) or not, sync or async."""
+    durable = kind < 2
+    if kind % 2:
         nvio.async_save(st, p, durable=durable).result()
     else:
         nvio.save(st, p, durable=durable)
 
 
-def kill_rounds(d, rounds, seed):
-    """Saves in a forked child, SIGKILLed at a random moment, ``rounds``
-    times; checks the directory after each. Returns (landed, stale): the
-    rounds in which the checkpoint changed, and the temporaries seen."""
-    p = os.path.join(d, "ck.pt")
-    nvio.save(make_state(0), p)
-    # how long a forked child takes to finish its first save here and now
-    # (it makes its own handle and async pool first: a save timed in this
-    # process is far quicker): the kills spread over ~2 of those
-    took = []
-    for k in range(5):
-        rfd, wfd = os.pipe()
-        t0 = time.monotonic()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.close(rfd)
-                _child(p, 0, wfd)
-            finally:
-                os._exit(1)
-        os.close(wfd)
-        os.read(rfd, 1)
-        took.append(time.monotonic() - t0)
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        os.close(rfd)
-    span = 2 * sorted(took)[2]
-    nvio.save(make_state(0), p)
-    last = 0
-    rng = random.Random(seed)
-    landed = stale = 0
-    for rnd in range(rounds):
-        rfd, wfd = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.close(rfd)
-                _child(p, last + 1, wfd)
-            finally:
-                os._exit(1)
-        os.close(wfd)
-        time.sleep(rng.uniform(0, span))
+def _save_in_place(st, p, kind):
+    """A writer that is not atomic (torch.save truncates and writes in
+    place): the kills must catch it."""
+    torch.save(st, p)
+
+
+def _child(p, start, kind, wfd, save):
+    """Saves states start, start + 1, ... reporting b"s" as each save
+    begins and b"d" when it has returned."""
+    torch.set_num_threads(1)      # no OpenMP in a forked child
+    i = start
+    while True:
+        st = make_state(i)
+        os.write(wfd, b"s")
+        save(st, p, kind)
+        os.write(wfd, b"d")
+        i += 1
+
+
+def _reports(rfd, got, want=None, until=None, timeout=120.0):
+    """Appends the child's reports to got as (byte, time read), until it
+    holds ``want`` of them or the monotonic clock reaches ``until``. False
+    if the child ended or made no progress within ``timeout`` seconds."""
+    limit = time.monotonic() + timeout
+    while True:
+        now = time.monotonic()
+        if (want is not None and len(got) >= want) or (until is not None and now >= until):
+            return True
+        if now >= limit:
+            return False
+        end = limit if until is None else min(until, limit)
+        if select.select([rfd], [], [], max(0.0, end - now))[0]:
+            b = os.read(rfd, 4096)
+            if not b:
+                return False
+            t = time.monotonic()
+            got.extend((c, t) for c in b)
+
+
+def _kill_round(p, first, kind, rng, save):
+    """One child: saves ``first`` and ``first + 1`` complete (the second
+    timed by the child's own reports: how long one save takes here and
+    now, whatever else the machine is doing), then SIGKILL at a random
+    moment of the next save, spread over 1.25 times that duration. Returns
+    (pid, saves it reported done, whether the kill came inside a save)."""
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(rfd)
+            _child(p, first, kind, wfd, save)
+        finally:
+            os._exit(1)
+    os.close(wfd)
+    try:
+        got = []
+        ok = _reports(rfd, got, want=5)                 # s d s d s
+        if ok:
+            took = got[3][1] - got[2][1]
+            ok = _reports(rfd, got, until=got[4][1] + rng.uniform(0, 1.25) * took)
         os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
-        assert os.WIFSIGNALED(status), "round %d: the child ended by itself" % rnd
-        done = 0
+        assert ok, "the child's saves reported only %r in 120 s" % bytes(c for c, _ in got)
+        assert os.WIFSIGNALED(status), "the child ended by itself"
         while True:
             b = os.read(rfd, 4096)
             if not b:
                 break
-            done += len(b)
+            got.extend((c, 0) for c in b)
+    finally:
         os.close(rfd)
-        got = check_state(nvio.load(p))
+    seen = bytes(c for c, _ in got)
+    return pid, seen.count(b"d"), seen.endswith(b"s")
+
+
+def kill_rounds(d, rounds, seed, named=False, save=_save):
+    """Saves in forked children, each SIGKILLed at a random moment of a
+    save (kinds 0-3 in turn), at least ``rounds`` times and until enough
+    kills came inside a save (and, ``named``, left a named temporary),
+    within twice ``rounds``. After EVERY kill the destination loads and
+    equals the last state the child finished or the one it was in; at
+    most the killed child's temporary is beside it, removed by `nvio
+    clean` (every other round) or by the next save (the others).
+    Returns counts: rounds, inside (killed inside a save), kept (of those,
+    the destination held the state before), landed (the save killed had
+    already renamed its file), stale (temporaries left)."""
+    p = os.path.join(d, "ck.pt")
+    nvio.save(make_state(0), p)
+    rng = random.Random(seed)
+    n = dict(rounds=0, inside=0, kept=0, landed=0, stale=0)
+    last = 0
+
+    def enough():
+        return (n["inside"] >= rounds // 2 and n["kept"] >= rounds // 4 and
+                (not named or n["stale"] >= rounds // 4))
+
+    for rnd in range(2 * rounds):
+        if rnd >= rounds and enough():
+            break
+        pid, done, inside = _kill_round(p, last + 1, rnd % 4, rng, save)
+        try:
+            got = check_state(nvio.load(p))
+        except Exception as e:          # noqa: BLE001 - any unreadable file
+            raise AssertionError("round %d: a kill inside a save left %s unreadable "
+                                 "(%s: %s)" % (rnd, p, type(e).__name__, e)) from None
         # the last save the child finished, or the one it was in
         assert got in (last + done, last + done + 1), (rnd, last, done, got)
-        landed += got != last
+        n["rounds"] += 1
+        n["inside"] += inside
+        n["kept"] += inside and got == last + done
+        n["landed"] += got == last + done + 1
         last = got
         # A temporary is named just before its rename (O_TMPFILE: Linux has
-        # no link-over) or from the start (no O_TMPFILE): a kill leaves it,
-        # and the next save into the directory removes it (its owner is
-        # dead). So at most the one of the killed child is there.
+        # no link-over) or from the start (no O_TMPFILE): a kill leaves it.
+        # At most the killed child's is there: the one before was removed.
         left = sorted(os.listdir(d))
-        assert "ck.pt" in left and len(left) <= 2, (rnd, left)
-        assert all(n == "ck.pt" or n.startswith(".ck.pt.nvio-") for n in left), (rnd, left)
-        stale += len(left) - 1
-    nvio.save(make_state(0), p)
-    assert os.listdir(d) == ["ck.pt"]
-    return landed, stale
+        temps = [x for x in left if x != "ck.pt"]
+        assert "ck.pt" in left and len(temps) <= 1, (rnd, left)
+        assert all(x.startswith(".ck.pt.nvio-") and x.split("-")[2] == str(pid)
+                   for x in temps), (rnd, pid, left)
+        n["stale"] += len(temps)
+        if temps and rnd % 2:
+            _clean(d)
+            assert os.listdir(d) == ["ck.pt"], (rnd, os.listdir(d))
+    _clean(d)
+    assert os.listdir(d) == ["ck.pt"] and check_state(nvio.load(p)) == last
+    return n
+
+
+def _clean(d):
+    """`nvio clean d` (the tool where it is built, else the same C call
+    through the binding)."""
+    if os.access(NVIO, os.X_OK):
+        r = subprocess.run([NVIO, "clean", d], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+    else:
+        _nvio.clean_temporaries(d)
 
 
 def test_sigkill_during_saves_leaves_old_or_new(tmp_path):
     d = tmp_path / "k"
     d.mkdir()
-    landed, stale = kill_rounds(str(d), KILL_ROUNDS, 7)
-    assert landed > KILL_ROUNDS // 4       # the kills landed at varied moments
+    n = kill_rounds(str(d), KILL_ROUNDS, 7)
+    # the kills came inside saves, many before the new file was in place
+    assert n["inside"] >= KILL_ROUNDS // 2 and n["kept"] >= KILL_ROUNDS // 4, n
+
+
+def test_sigkill_catches_a_writer_that_is_not_atomic(tmp_path):
+    """The kills land while bytes are written: a writer that truncates and
+    writes in place (torch.save) is caught leaving a broken file within a
+    few rounds (else the test above could not fail)."""
+    d = tmp_path / "k"
+    d.mkdir()
+    with pytest.raises(AssertionError, match="unreadable"):
+        kill_rounds(str(d), 20, 3, save=_save_in_place)
 
 
 NAMED_SCRIPT = r"""
-import sys
+import json, sys
 sys.path.insert(0, sys.argv[1])
 import test_checkpoint_faults as t
-landed, stale = t.kill_rounds(sys.argv[2], int(sys.argv[3]), 11)
-print(landed, stale)
+print(json.dumps(t.kill_rounds(sys.argv[2], int(sys.argv[3]), 11, named=True)))
 """
 
 
 def test_sigkill_with_named_temporaries(preload, tmp_path):
     """Where there is no O_TMPFILE the data goes into a named temporary from
     the start: nearly every kill leaves one, full size, and the next save
-    removes it."""
+    or `nvio clean` removes it."""
     d = tmp_path / "k"
     d.mkdir()
     env = dict(os.environ, LD_PRELOAD=preload, NVIO_FAULT_NO_TMPFILE="1")
@@ -272,9 +351,9 @@ def test_sigkill_with_named_temporaries(preload, tmp_path):
                         str(KILL_ROUNDS_NAMED)], capture_output=True, text=True,
                        timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
-    landed, stale = map(int, r.stdout.split()[-2:])
-    assert landed > KILL_ROUNDS_NAMED // 4
-    assert stale > KILL_ROUNDS_NAMED // 4   # named temporaries were left, and swept
+    n = json.loads(r.stdout.strip().splitlines()[-1])
+    assert n["inside"] >= KILL_ROUNDS_NAMED // 2, n
+    assert n["stale"] >= KILL_ROUNDS_NAMED // 4, n   # named temporaries were left, and removed
 
 
 SIGINT_SCRIPT = r"""
