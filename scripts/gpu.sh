@@ -1,7 +1,10 @@
 #!/bin/sh
 # On a machine with an NVIDIA GPU and no network (the lent GPU machine):
 # build nvio from what is there, run the GPU tests against the real driver
-# (and the simulator's tests, which need no GPU), `nvio bench --gpu/--gds`
+# (libnvio's: test_gpu.py, test_io.py; the applications' on real CUDA
+# tensors: test_gpu_apps.py, which takes torch's CUDA device when
+# torch.cuda.is_available(); and the simulator's C tests, which need no
+# GPU), `nvio bench --gpu/--gds`
 # and bench/gpu_bench.py (1 GiB HBM<->file through AioHandle's bounce path
 # and GdsHandle, against host memory on the same disk and torch.save/load),
 # and print a short table. Results land in $OUT (or ./gpu-results).
@@ -61,8 +64,9 @@ make -j"$(nproc)" build/tests/test_cuda build/tests/test_gpusim build/tests/test
 sh tests/run.sh build test_cuda test_gpusim test_cuda_api 2>&1 | tee "$OUT/c-tests.txt"
 tail -n 1 "$OUT/c-tests.txt" | grep -q ' 0 failed' || fails=$((fails + 1))
 
-echo "== Python GPU tests (real CUDA tensors)"
-(cd tests/py && $PY -m pytest -q -p no:cacheprovider test_gpu.py test_io.py 2>&1) | tee "$OUT/py-tests.txt"
+echo "== Python GPU tests (real CUDA tensors: libnvio's, then the applications')"
+(cd tests/py && $PY -m pytest -q -p no:cacheprovider test_gpu.py test_io.py \
+	test_gpu_apps.py 2>&1) | tee "$OUT/py-tests.txt"
 tail -n 1 "$OUT/py-tests.txt" | grep -qE 'failed|error' && fails=$((fails + 1))
 
 echo "== nvio bench --gpu / --gds ($SIZE)"
