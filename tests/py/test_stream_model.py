@@ -280,7 +280,8 @@ def test_read_error_mid_generation(tmp_path, engine):
     fails the forward with the layer and file; the next forward reads again."""
     m = _model("gpt2", seed=5)
     ref = _run(m)
-    stream_model(m, str(tmp_path), prefetch=1, engine=engine)
+    # explicit: direct="auto" could change handles (and so st.comps) mid-way
+    stream_model(m, str(tmp_path), prefetch=1, engine=engine, direct=False)
     st = m._nvio_streamer
     real = st.comps.submit
     calls = {"n": 0}
@@ -534,7 +535,10 @@ def test_room_unreadable_means_direct(tmp_path):
 
 
 def _room_is(monkeypatch, room):
+    """page_cache_room says room; the page cache keeps every weight read
+    (mincore is not asked: another job dropping caches would change it)."""
     from nvio.offload import _room as R
+    monkeypatch.setattr(R, "cached_bytes", lambda ranges: sum(n for _p, _o, n in ranges))
     monkeypatch.setattr(R, "page_cache_room", lambda root="/": dict(
         room=room, mem_available=room, cgroup=None, cgroup_room=None, cgroup_limit=None,
         cgroup_usage=None, error=None))
@@ -606,3 +610,38 @@ def test_same_tokens_direct_or_page_cache(tmp_path, monkeypatch, engine, family)
         assert st["o_direct"] is (st["direct"] and o_direct_ok)
         assert st["bytes_read"] > 0
         unstream(m)
+
+
+def test_page_cache_not_keeping_the_model_switches_to_direct(tmp_path, monkeypatch, engine):
+    """Page cache chosen, but the weights are not cached when read again
+    (mincore says so: memory taken since, caches dropped): from the third
+    pass on nvio reads with O_DIRECT, and the outputs stay the same; while
+    the cache keeps them, it stays buffered."""
+    import nvio as nv
+    from nvio.offload import _room as R
+    m = _stack(seed=10)
+    xs = [torch.randn(3, 16) for _ in range(5)]
+    with torch.no_grad():
+        ref = [m(x) for x in xs]
+    o_direct_ok = nv.probe(str(tmp_path))["direct_ok"]
+    _room_is(monkeypatch, 100 * GiB)
+    for kept in (True, False):
+        monkeypatch.setattr(R, "cached_bytes", lambda ranges: (
+            sum(n for _p, _o, n in ranges) if kept else 0))
+        stream_model(m, str(tmp_path), prefetch=1, engine=engine)
+        st = m._nvio_streamer
+        seen = []
+        for x, r in zip(xs, ref):
+            with torch.no_grad():
+                assert torch.equal(m(x), r)
+            seen.append((st.stats()["direct"], st.stats()["o_direct"]))
+        if kept:
+            assert seen == [(False, False)] * 5
+        else:
+            # passes 1 and 2 buffered; pass 3 finds pass 2 uncached and switches
+            assert seen == [(False, False)] * 2 + [(True, o_direct_ok)] * 3
+            assert st.stats()["why"].startswith("O_DIRECT since pass 3: the page cache held "
+                                                "only 0.0 MiB of the ")
+        unstream(m)
+    with torch.no_grad():
+        assert torch.equal(m(xs[0]), ref[0])

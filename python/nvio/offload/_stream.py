@@ -93,7 +93,11 @@ def stream_model(model, dir=None, device="cpu", prefetch=1, pool_bytes=None, blo
     every forward after the first copies them from memory; otherwise with
     O_DIRECT (where the file system takes it), so that a model bigger than
     the cache neither thrashes it nor evicts what other processes need.
-    A file that cannot be read counts as no room (O_DIRECT). ``True``/
+    A file that cannot be read counts as no room (O_DIRECT). When the
+    page cache was chosen but, from the third pass on, finds less than
+    half of the previous pass's weights still cached (memory taken since,
+    caches dropped), reads switch to O_DIRECT for good (buffered reads
+    from the disk are slower than O_DIRECT). ``True``/
     ``False`` (or NVIO_DIRECT in the environment, or ``handle``'s setting)
     always win; ``True`` means O_DIRECT or an error.
     ``model._nvio_streamer.stats()`` says what was chosen: ``direct``,
@@ -374,6 +378,8 @@ class _Streamer:
         the page cache), self.why and self.direct_inputs; returns the
         direct argument for the handle nvio makes."""
         self.direct_inputs = {}
+        self._watch, self._passes, self._missed = False, 0, 0
+        self._file_bytes = sum(b.lay.file_bytes for b in self.blocks)
         if handle is not None:
             mode = handle.get_direct()
             self.direct, self.why = mode != "off", "the handle given decides (direct=%s)" % mode
@@ -399,6 +405,7 @@ class _Streamer:
                                      for _so, off, n in reads])
         self.direct, self.why, self.direct_inputs = _room.choose_direct(streamed, pool,
                                                                          cached=cached)
+        self._watch = not self.direct   # see _pass_ended
         return "auto" if self.direct else False
 
     def _tensor_list(self, b):
@@ -673,6 +680,8 @@ class _Streamer:
     def before(self, b):
         self.running.add(b.idx)
         try:
+            if self._watch and b is self.blocks[0]:
+                self._pass_ended()
             win = self._window(b.idx)
             s = self._load(b, protect=win)
             for k in range(1, self.prefetch + 1):
@@ -714,6 +723,30 @@ class _Streamer:
                 if s2.owner is not None and not s2.copied and all(f.done() for f, *_ in s2.futs):
                     self._copy(s2)
 
+    def _pass_ended(self):
+        """Page cache chosen by direct="auto": when the pass before last
+        (the first one fills the cache) found less than half of the
+        weights cached (memory taken since, caches dropped), the cache
+        does not keep the model and buffered reads from the disk are
+        slower than O_DIRECT: switch to O_DIRECT for good."""
+        self._passes += 1
+        missed, self._missed = self._missed, 0
+        if self._passes < 3 or 2 * missed <= self._file_bytes:
+            return
+        for s in self.slots:                    # reads in flight end on the old handle
+            if s.futs and s.owner is not None:
+                self._wait(s, next(x for x in self.blocks if x.idx == s.owner))
+        for f in self.files.values():
+            f.close()
+        self.files = {}
+        old, self.handle = self.handle, self._new_handle("auto")
+        self.comps = completions(self.handle)
+        old.close()
+        self.direct, self._watch = True, False
+        self.why = ("O_DIRECT since pass %d: the page cache held only %s of the %s read in the "
+                    "pass before (at first: %s)" % (self._passes, _room._b(
+                        self._file_bytes - missed), _room._b(self._file_bytes), self.why))
+
     def _window(self, start):
         """The blocks that should be in the pool while block start runs."""
         n = len(self.blocks)
@@ -743,6 +776,10 @@ class _Streamer:
                                % (b.name, len(self.slots), sorted(self.running)))
         s = free[0]
         self._settle(s)
+        if self._watch:
+            ranges = [(path, off, n) for path, reads in b.lay.reads.items()
+                      for _so, off, n in reads]
+            self._missed += sum(n for _p, _o, n in ranges) - _room.cached_bytes(ranges)
         s.owner, s.ready, s.copied, s.last = b.idx, False, False, next(self._clock)
         ops, want = [], []
         for path, reads in b.lay.reads.items():
