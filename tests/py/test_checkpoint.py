@@ -504,3 +504,26 @@ def test_exit_waits_or_abandons_cleanly(tmp_path, policy):
         if data != before:
             assert torch.equal(nvio.load(p)["w"], torch.full((8 << 20,), 7.0))
     assert os.listdir(tmp_path) == ["exit.pt"]
+
+
+def test_async_save_snapshot_copied_by_several_threads(tmp_path, monkeypatch):
+    """A large state's host storages are cut into pieces that the caller and
+    helper threads copy in turn (here with the thresholds made small): every
+    byte lands at its record, the snapshot is taken before async_save
+    returns, and storages of odd sizes split across pieces come out whole."""
+    from nvio.checkpoint import _async
+    monkeypatch.setattr(_async, "PARALLEL_COPY_MIN", 1 << 16)
+    monkeypatch.setattr(_async, "COPY_CHUNK", 3001)     # pieces end anywhere
+    g = torch.Generator().manual_seed(7)
+    state = {"w%d" % i: torch.randn(1000 + 37 * i, generator=g) for i in range(20)}
+    state["b"] = torch.randint(0, 255, (77777,), dtype=torch.uint8, generator=g)
+    state["view"] = state["w3"][5:905]                    # a storage shared with w3
+    snap = {k: v.clone() for k, v in state.items()}
+    fut = nvio.async_save(state, tmp_path / "p.pt")
+    for v in state.values():
+        v.zero_()                                       # the caller goes on at once
+    fut.result(60)
+    for got in (torch.load(tmp_path / "p.pt"), nvio.load(tmp_path / "p.pt")):
+        assert sorted(got) == sorted(snap)
+        assert all(torch.equal(got[k], snap[k]) for k in snap)
+        assert got["view"].untyped_storage().data_ptr() == got["w3"].untyped_storage().data_ptr()

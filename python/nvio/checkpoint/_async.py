@@ -39,6 +39,80 @@ __all__ = ["AsyncCheckpointer", "async_save", "default_checkpointer"]
 _ROUND = 2 << 20        # pool buffers are sized in multiples of this
 
 
+#: A snapshot of at least this many bytes of host storages is copied by
+#: several threads (torch's copy releases the GIL): one core's memcpy would
+#: bound how soon async_save returns.
+PARALLEL_COPY_MIN = 64 << 20
+#: The pieces the copy is cut into, taken by the threads in turn.
+COPY_CHUNK = 16 << 20
+
+_copier = None
+_copier_lock = threading.Lock()
+
+
+def _copy_threads():
+    """Helper threads for snapshots (the caller copies too): one less than
+    the CPUs this process may use, at most 7."""
+    global _copier
+    with _copier_lock:
+        if _copier is None:
+            import concurrent.futures
+            try:
+                cpus = len(os.sched_getaffinity(0))
+            except (AttributeError, OSError):
+                cpus = os.cpu_count() or 1
+            n = max(0, min(7, cpus - 1))
+            _copier = concurrent.futures.ThreadPoolExecutor(
+                max_workers=n, thread_name_prefix="nvio-snapshot") if n else False
+        return _copier
+
+
+def _forget_copier_after_fork():
+    global _copier, _copier_lock
+    _copier = None              # its threads did not survive the fork
+    _copier_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_copier_after_fork)
+
+
+def _snapshot(dst, data):
+    """Copy every storage into its record's place in dst. Device storages
+    come over through nvio._device on the calling thread; host storages of
+    a large state are cut into COPY_CHUNK pieces that the caller and the
+    helper threads copy in turn."""
+    host = []
+    for r, s in data:
+        if not r.size:
+            continue
+        if _device.is_device(s):
+            _device.copy_to_host(dst[r.data_offset:r.end], s)
+        else:
+            host.append((r, s))
+    total = sum(r.size for r, _ in host)
+    pool = _copy_threads() if total >= PARALLEL_COPY_MIN else False
+    if not pool:
+        for r, s in host:
+            _device.copy_to_host(dst[r.data_offset:r.end], s)
+        return
+    chunks = [(r.data_offset + off, s, off, min(COPY_CHUNK, r.size - off))
+              for r, s in host for off in range(0, r.size, COPY_CHUNK)]
+    ways = min(pool._max_workers + 1, max(1, total // COPY_CHUNK))
+
+    def part(k):
+        for at, s, off, n in chunks[k::ways]:
+            _device.copy_to_host(dst[at:at + n], s, off)
+    futs = [pool.submit(part, k) for k in range(1, ways)]
+    try:
+        part(0)
+    finally:
+        for f in futs:          # every thread is done with dst before we go on
+            f.exception()
+    for f in futs:
+        f.result()
+
+
 class _Abandoned(Exception):
     pass
 
@@ -83,9 +157,7 @@ class AsyncCheckpointer:
         try:
             dst = torch.frombuffer(buf, dtype=torch.uint8, count=plan.size) \
                 if plan.size else None
-            for r, s in plan.data:
-                if r.size:
-                    _device.copy_to_host(dst[r.data_offset:r.end], s)   # CUDA too
+            _snapshot(dst, plan.data)
             del dst
         except BaseException:
             self._release(buf)
