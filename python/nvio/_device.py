@@ -138,6 +138,58 @@ def copy_to_device(dst, src):
         dst.copy_(src)
 
 
+def alias(t):
+    """A tensor equal to the contiguous tensor t whose storage holds exactly
+    t's bytes, over t's own memory (no copy; the caller keeps t alive), as
+    torch.save must see a view of part of a storage. Host and provider
+    memory: a storage over the address range; CUDA memory: torch's
+    storage over a device pointer, or (where torch lacks it) a copy made
+    on the device by torch's clone."""
+    n = t.numel() * t.element_size()
+    if t.device.type == "cuda":
+        make = getattr(torch._C, "_construct_storage_from_data_pointer", None)
+        if make is None:
+            return t.clone()
+        s = make(t.data_ptr(), t.device, n)
+    else:
+        import ctypes
+        mem = (ctypes.c_ubyte * n).from_address(t.data_ptr())
+        s = torch.frombuffer(mem, dtype=torch.uint8).untyped_storage()
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(s, 0, t.shape, t.stride())
+
+
+def clone(t):
+    """t's values in new memory of t's device, contiguous: torch's clone (a
+    kernel on a GPU; never a copy through the host). A provider has no
+    kernels: NotImplementedError."""
+    if _provider is not None and t.numel() and _provider.owns(t.untyped_storage()):
+        raise NotImplementedError("nvio: a strided copy within simulated device memory "
+                                  "(torch's clone kernel on a GPU)")
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def copy_into(dst, src):
+    """Copy the CPU tensor src's values into the device tensor dst (same
+    shape; dtype converted on the host first): torch's copy_, or, for a
+    provider's memory, a synchronous host-to-device copy of src's bytes
+    (dst contiguous; a strided one needs a kernel: NotImplementedError)."""
+    if _provider is not None and dst.numel() and _provider.owns(dst.untyped_storage()):
+        if not dst.is_contiguous():
+            raise NotImplementedError("nvio: a strided copy into simulated device memory "
+                                      "(torch's copy kernel on a GPU)")
+        src = src.to(dst.dtype).contiguous()
+        copy_to_device(_flat_u8(dst), _flat_u8(src))
+        return
+    dst.copy_(src)
+
+
+def _flat_u8(t):
+    """A flat uint8 view of a contiguous tensor's bytes."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(
+        t.untyped_storage(), t.storage_offset() * t.element_size(),
+        (t.numel() * t.element_size(),), (1,))
+
+
 # --- streams and events (stream_model's copies to the device) ------------------
 #
 # A provider stands in for these with the driver's streams, events and

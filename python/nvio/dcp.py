@@ -36,6 +36,15 @@ what DCP's FileSystemWriter writes. What differs is how the bytes move:
   chunk and the destination are both contiguous (the common case, also when
   resharding along dim 0), and through a bounded buffer and ``copy_``
   otherwise.
+- CUDA tensors: written to the files straight from device memory (the
+  handle's bounce buffers, or cuFile on a GdsHandle: one op per storage),
+  after torch's current stream; their images record "cpu" as DCP's do. A
+  view of part of a storage is aliased (torch's storage over the device
+  pointer), a strided one cloned on the device; with ``crc32=True`` the
+  CRC-32s come from chunked device-to-host copies. CUDA destinations of a
+  load are read into straight (contiguous, same dtype; else through a host
+  buffer and torch's copy). DCP's planner hands the tensors over as they
+  are (it reads their sizes, never their data). All through nvio/_device.py.
 - async_save: the writer is its own stager: ``stage`` copies the state dict
   into page-locked memory (one buffer per save in flight, reused by later
   saves), so the write goes with O_DIRECT from locked memory.
@@ -43,7 +52,6 @@ what DCP's FileSystemWriter writes. What differs is how the bytes move:
 from __future__ import annotations
 
 import collections
-import ctypes
 import datetime
 import io
 import logging
@@ -64,9 +72,10 @@ from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from . import _nvio
+from . import _device, _nvio
 from .checkpoint import _zip
-from .checkpoint._plan import DEFAULT_ALIGN, CheckpointError, Plan, crc_submit
+from .checkpoint._plan import DEFAULT_ALIGN, CheckpointError, Plan, _executor, crc_submit
+from .checkpoint._save import _crc_device, write_device
 
 __all__ = ["FileSystemWriter", "FileSystemReader"]
 
@@ -102,17 +111,18 @@ def _u8(t):
 
 def _exact(t):
     """t as torch.save should see it: a tensor whose storage holds exactly
-    its bytes (DCP clones for this; a contiguous tensor is aliased instead)."""
+    its bytes (DCP clones for this; a contiguous tensor is aliased instead).
+    A tensor in device memory stays there (a clone is made on the device);
+    another device's (mps, xpu) is copied to the host."""
     t = t.detach()
-    if t.device.type != "cpu":
+    dev = _device.is_device(t.untyped_storage())
+    if t.device.type != "cpu" and not dev:
         t = t.cpu()
     if t.untyped_storage().nbytes() == t.nbytes:
         return t, None
     if not t.is_contiguous() or t.nbytes == 0:
-        return t.clone(), None
-    mem = (ctypes.c_ubyte * t.nbytes).from_address(t.data_ptr())
-    s = torch.frombuffer(mem, dtype=torch.uint8).untyped_storage()
-    return torch.empty(0, dtype=t.dtype).set_(s, 0, t.shape, t.stride()), t  # t: keep alive
+        return (_device.clone(t) if dev else t.clone()), None
+    return _device.alias(t), t          # t: keep alive
 
 
 class _Image:
@@ -143,19 +153,30 @@ def _layout_file(items, resolve, path, align, crc):
         if item.type != WriteItemType.BYTE_IO:
             t, keep = _exact(resolve(item))
             pos = -(-pos // align) * align
-            plan = Plan(t, path, align, 2, archive="archive", meta_align=_META_ALIGN)
+            # "cpu", as DCP's writer records (it copies every tensor there)
+            plan = Plan(t, path, align, 2, archive="archive", meta_align=_META_ALIGN,
+                        location="cpu")
             images.append(_Image(item, pos, plan=plan, keep=(t, keep)))
             pos += plan.size
+    recs = [(r, s) for im in images if im.plan for r, s in im.plan.data]
+    dev = [(r, s) for r, s in recs if _device.is_device(s)]
+    if dev:
+        _device.synchronize([s for _, s in dev])    # torch's writes to them ended
     if crc:
-        recs = [(im, r, s) for im in images if im.plan for r, s in im.plan.data]
-        for (_, r, _), c in zip(recs, crc_submit([(s.data_ptr(), r.size) for _, r, s in recs])()):
+        host = [(r, s) for r, s in recs if not _device.is_device(s)]
+        dev_crcs = [_executor().submit(_crc_device, s, r.size) for r, s in dev]
+        for (r, _), c in zip(host, crc_submit([(s.data_ptr(), r.size) for r, s in host])()):
             r.crc = c
+        for (r, _), c in zip(dev, dev_crcs):
+            r.crc = c.result()
     return images, pos
 
 
 def _file_vector(images):
-    """Every byte of a laid-out rank file as one (buffer, offset) vector."""
-    vec = []
+    """Every byte of a laid-out rank file as (buffer, offset) pieces: the
+    host's in one vector, and the storages in device memory apart (they go
+    to the file from device memory: checkpoint._save.write_device)."""
+    vec, dev = [], []
     for im in images:
         if im.raw is not None:
             if im.raw:
@@ -166,9 +187,14 @@ def _file_vector(images):
         runs.sort(key=lambda x: x[0])
         for off, b in runs:
             if isinstance(b, torch.UntypedStorage):
-                b = torch.empty(0, dtype=torch.uint8).set_(b, 0, (b.nbytes(),), (1,))
+                on_dev = _device.is_device(b)
+                b = torch.empty(0, dtype=torch.uint8, device=b.device).set_(
+                    b, 0, (b.nbytes(),), (1,))
+                if on_dev:
+                    dev.append((b, off))
+                    continue
             vec.append((b, off))
-    return vec
+    return vec, dev
 
 
 class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
@@ -269,8 +295,13 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
                     results.append(WriteResult(index=im.item.index, size_in_bytes=im.length,
                                                storage_data=_StorageInfo(name, im.base,
                                                                          im.length)))
-            futs = [f.pwritev_async(_file_vector(images), _nvio.OFFSET_PER_IOV)
-                    for f, images in files if images]
+            futs = []
+            for f, images in files:
+                if images:
+                    vec, dev = _file_vector(images)
+                    futs.append(f.pwritev_async(vec, _nvio.OFFSET_PER_IOV))
+                    if dev:
+                        futs += write_device(f, dev)
             err = None
             for fut in futs:            # every op ends before its buffers go
                 try:
@@ -411,7 +442,21 @@ class _StagingPool:
                 o = offs[id(loc)]
                 c = flat[o:o + loc.nbytes].view(loc.dtype).view(loc.shape) \
                     if loc.nbytes else torch.empty(loc.shape, dtype=loc.dtype)
-                c.copy_(loc.detach())
+                st = loc.untyped_storage()
+                if loc.nbytes and _device.is_device(st):
+                    # device memory: one device-to-host copy; a storage that
+                    # holds just this tensor is copied whole, strides kept
+                    es = loc.element_size()
+                    if st.nbytes() == loc.nbytes:
+                        c = flat[o:o + loc.nbytes].view(loc.dtype).as_strided(
+                            loc.shape, loc.stride(), o // es + loc.storage_offset())
+                        _device.copy_to_host(flat[o:o + loc.nbytes], st, 0)
+                    else:
+                        src = loc.detach() if loc.is_contiguous() else _device.clone(loc.detach())
+                        _device.copy_to_host(flat[o:o + loc.nbytes], src.untyped_storage(),
+                                             src.storage_offset() * es)
+                else:
+                    c.copy_(loc.detach())
                 copies[id(loc)] = c
             if _is_dtensor(t):
                 from torch.distributed.tensor import DTensor
@@ -576,6 +621,7 @@ class FileSystemReader(_fs.FileSystemReader):
 
     def _run_batch(self, files, saved, batch, planner):
         pieces = {}         # file name -> [(buffer, offset)]
+        dev = {}            # file name -> [(uint8 tensor over device memory, offset)]
         after = []          # callables run once the data is in
         for name, req, info in batch:
             vec = pieces.setdefault(name, [])
@@ -587,6 +633,7 @@ class FileSystemReader(_fs.FileSystemReader):
                 continue
             v, base = self._where(saved, name, req, info)
             target = planner.resolve_tensor(req).detach()
+            on_dev = target.numel() > 0 and _device.is_device(target.untyped_storage())
             if target.size() != v.size():
                 raise self._err("item %s: the saved chunk narrows to %s but the destination "
                                 "is %s" % (req.storage_index, tuple(v.size()),
@@ -595,23 +642,31 @@ class FileSystemReader(_fs.FileSystemReader):
             if v.numel() == 0:
                 after.append(lambda req=req, t=target: planner.commit_tensor(req, t))
             elif v.is_contiguous() and target.is_contiguous() and target.dtype == v.dtype \
-                    and target.device.type in ("cpu", "cuda"):
-                vec.append((_u8(target), base + v.storage_offset() * es))
+                    and (target.device.type == "cpu" or on_dev):
+                piece = (_u8(target), base + v.storage_offset() * es)
+                (dev.setdefault(name, []) if on_dev else vec).append(piece)
                 after.append(lambda req=req, t=target: planner.commit_tensor(req, t))
             else:
                 lo, n = _span(v)
                 buf = torch.empty(n // es, dtype=v.dtype)
                 vec.append((_u8(buf), base + lo))
 
-                def fill(req=req, t=target, buf=buf, v=v, lo=lo, es=es):
+                def fill(req=req, t=target, buf=buf, v=v, lo=lo, es=es, on_dev=on_dev):
                     src = buf.as_strided(v.size(), v.stride(), v.storage_offset() - lo // es)
-                    t.copy_(src)
+                    if on_dev:
+                        _device.copy_into(t, src)
+                    else:
+                        t.copy_(src)
                     planner.commit_tensor(req, t)
                 after.append(fill)
+        if dev:     # torch's work queued on the destinations ends first
+            _device.synchronize([t.untyped_storage() for v in dev.values() for t, _ in v])
         futs = []
         for name, vec in pieces.items():
             for part in _disjoint(vec):
                 futs.append((name, files[name].preadv_async(part, _nvio.OFFSET_PER_IOV)))
+        for name, vec in dev.items():
+            futs += [(name, fut) for fut in _read_device(files[name], vec)]
         err = None
         for name, fut in futs:
             try:
@@ -732,6 +787,24 @@ def _span(v):
         return v.storage_offset() * es, 0
     last = v.storage_offset() + sum((s - 1) * st for s, st in zip(v.size(), v.stride()))
     return v.storage_offset() * es, (last - v.storage_offset() + 1) * es
+
+
+def _read_device(f, pieces):
+    """Start reading [(uint8 tensor over device memory, file offset)]
+    straight into device memory (libnvio takes a vector all on one device,
+    cuFile one buffer per op): a GDS handle gets an op per piece, any other
+    handle vectored ops per device (its bounce buffers). Their futures."""
+    gds = f.handle.uses_gds()
+    groups = {}
+    for t, off in pieces:
+        groups.setdefault(_device.location(t.untyped_storage()), []).append((t, off))
+    futs = []
+    for group in groups.values():
+        if gds:
+            futs += [f.pread_async(t, off) for t, off in group]
+        else:
+            futs += [f.preadv_async(part, _nvio.OFFSET_PER_IOV) for part in _disjoint(group)]
+    return futs
 
 
 def _disjoint(vec):

@@ -6,7 +6,9 @@ load_model_dir and stream of a sharded directory, load_into a module whose
 tensors are in device memory, all with device="cuda", and save_file / save
 of tensors in device memory; nvio.offload.stream_model(device="cuda") (the
 copies to the device, slot reuse, the events ordering them); the offload
-Swapper's swap_out / swap_in of device tensors.
+Swapper's swap_out / swap_in of device tensors; nvio.dcp's FileSystemWriter
+(dcp.save and dcp.async_save of device tensors, files equal to a CPU save's)
+and FileSystemReader (dcp.load into device destinations).
 
 With a usable CUDA device in torch the results are CUDA tensors. Without
 one (CI, torch's CPU build) the simulated driver (tests/sim/, loaded by
@@ -35,7 +37,9 @@ below): they read their weights on the "current stream" instead.
 
 What the simulator cannot prove: work that needs torch's CUDA kernels on
 the data (a forward pass, dtype conversions in load_into, a misaligned
-tensor in a foreign safetensors file, which is copied, transformers'
+tensor in a foreign safetensors file, which is copied, nvio.dcp's clone of
+a strided device tensor that does not fill its storage and its copy into
+a strided device destination, transformers'
 from_pretrained on the loaded state), nor that torch's streams behave as
 the simulated driver's (nvio._device.synchronize waits for the current
 stream before a save; here nothing is queued on it).
@@ -716,4 +720,178 @@ def test_swapper_cuda_tensors(gpu, cls, engine, tmp_path):
         if before is not None:
             assert gpu.provider.h2d_sync - before == 1
         same(gpu, out2, small, "resident")
+    gpu.check_clean()
+
+
+# --- torch.distributed.checkpoint (nvio.dcp) --------------------------------
+#
+# DCP's planner hands nvio's writer the tensors as they are (it reads their
+# sizes and dtypes, never their data: a host read of simulated device
+# memory would fault), and nvio's reader the destinations the caller gave
+# (narrowed views). What is nvio's is tested here: the writer's images of
+# device tensors, written from device memory; the reader filling device
+# destinations; async_save's stager copying them to the host.
+
+
+def dcp_state():
+    """Tensors DCP saves as items: a storage and a contiguous view of part
+    of it (aliased: its image holds just its bytes), a transposed one
+    (dense: its storage as it is), small and empty ones."""
+    g = torch.Generator().manual_seed(31)
+    big = torch.randn(300_001, generator=g)
+    mat = torch.randint(-1000, 1000, (129, 67), dtype=torch.int32, generator=g)
+    return {"big": big, "head": big[1000:5000], "mat_t": mat.t(),
+            "bf16": torch.randn(4097, generator=g).to(torch.bfloat16),
+            "u8": torch.randint(0, 256, (3,), dtype=torch.uint8, generator=g),
+            "scalar": torch.tensor(2.5, dtype=torch.float64), "empty": torch.empty(0, 5),
+            "step": 7}
+
+
+def _dcp(fn, *args, **kw):
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")       # no process group: DCP warns
+        return fn(*args, no_dist=True, **kw)
+
+
+def dcp_images(d):
+    """{item: {record: (bytes, CRC-32)}} of a DCP directory's torch.save
+    images (the random serialization id left out; a CRC-32 is 0 or
+    right), and the location tags they record."""
+    import io
+    import zipfile
+    import zlib
+    from torch.distributed.checkpoint import FileSystemReader
+    md = FileSystemReader(str(d)).read_metadata()
+    out, locs = {}, set()
+    for idx, info in md.storage_data.items():
+        with open(os.path.join(d, info.relative_path), "rb") as f:
+            f.seek(info.offset)
+            blob = f.read(info.length)
+        recs = {}
+        with zipfile.ZipFile(io.BytesIO(blob)) as z:
+            for info in z.infolist():
+                if info.filename.endswith("serialization_id"):
+                    continue
+                crc = info.CRC
+                del info.CRC                # 0 where not computed: read unchecked
+                data = z.open(info).read()
+                assert crc in (0, zlib.crc32(data)), (idx.fqn, info.filename)
+                recs[info.filename.split("/", 1)[1]] = (data, crc)
+        out[idx.fqn] = recs
+
+        def keep(s, loc):
+            locs.add(loc)
+            return s
+        torch.load(io.BytesIO(blob), map_location=keep, weights_only=True)
+    return out, locs
+
+
+def dcp_dests(sd):
+    return {k: torch.zeros_like(v, memory_format=torch.contiguous_format)
+            for k, v in sd.items() if isinstance(v, torch.Tensor)} | {"step": 0}
+
+
+@pytest.mark.parametrize("crc32", [False, True], ids=["nocrc", "crc"])
+@pytest.mark.parametrize("cls", HANDLES)
+def test_dcp_save_from_cuda(gpu, cls, engine, crc32, tmp_path):
+    """nvio.dcp's FileSystemWriter writes device tensors from device memory:
+    every image holds the bytes of the same save from the CPU (data
+    records, pickles; "cpu" locations, as DCP's writer records), the zip
+    CRC-32s right when asked for; DCP's reader and nvio's load it."""
+    import torch.distributed.checkpoint as dcp
+    from nvio import dcp as nd
+    sd = dcp_state()
+    dsd = on_device(gpu, sd)
+    n = sum(1 for v in dsd.values() if isinstance(v, torch.Tensor) and v.nbytes)
+    with cls(engine=engine) as h:
+        _dcp(dcp.save, sd, storage_writer=nd.FileSystemWriter(tmp_path / "ref", handle=h,
+                                                               crc32=crc32))
+        before = gpu.counters()
+        _dcp(dcp.save, dsd, storage_writer=nd.FileSystemWriter(tmp_path / "dev", handle=h,
+                                                               crc32=crc32))
+        if before is not None:
+            nv, d2h, io = (b - a for a, b in zip(before, gpu.counters()))
+            if cls is nvio.GdsHandle:
+                assert io >= n, (nv, d2h, io)       # one cuFile write per storage
+            else:
+                assert nv >= n and io == 0, (nv, d2h, io)
+            # the application copies device bytes to the host only for CRC-32s
+            assert d2h == (n if crc32 else 0), (nv, d2h, io)
+        got, locs = dcp_images(tmp_path / "dev")
+        want, _ = dcp_images(tmp_path / "ref")
+        assert got == want and locs == {"cpu"}
+        for reader in (dcp.FileSystemReader(tmp_path / "dev"),
+                       nd.FileSystemReader(tmp_path / "dev", handle=h)):
+            dst = dcp_dests(sd)
+            _dcp(dcp.load, dst, storage_reader=reader)
+            for k, v in sd.items():
+                if isinstance(v, torch.Tensor):
+                    assert torch.equal(dst[k], v), k
+            assert dst["step"] == 7
+    # the CRC-32s were computed (and are right: dcp_images) where asked for
+    data = [(d, c) for recs in got.values() for r, (d, c) in recs.items()
+            if r.startswith("data/") and d]
+    assert len(data) == 6 and all((c != 0) == crc32 for d, c in data), data
+    gpu.check_clean()
+
+
+@pytest.mark.parametrize("cls", HANDLES)
+def test_dcp_load_into_cuda(gpu, cls, engine, tmp_path):
+    """nvio.dcp's FileSystemReader fills device destinations: contiguous
+    ones of the saved dtype straight from the file (libnvio's bounce copies
+    or cuFile), the others (a transposed chunk, another dtype) through a
+    host buffer and one host-to-device copy each. Files of nvio's writer
+    and of DCP's own."""
+    import torch.distributed.checkpoint as dcp
+    from nvio import dcp as nd
+    sd = dcp_state()
+    _dcp(dcp.save, sd, storage_writer=nd.FileSystemWriter(tmp_path / "nv"))
+    _dcp(dcp.save, sd, storage_writer=dcp.FileSystemWriter(tmp_path / "dc"))
+    for d in ("nv", "dc"):
+        dst = dcp_dests(sd)
+        dst["bf16"] = torch.zeros(4097)                 # float32: DCP converts
+        ddst = on_device(gpu, dst)
+        with cls(engine=engine) as h:
+            before = gpu.counters()
+            h2d = getattr(getattr(gpu, "provider", None), "h2d_sync", 0)
+            _dcp(dcp.load, ddst, storage_reader=nd.FileSystemReader(tmp_path / d, handle=h))
+            if before is not None:
+                nv, d2h, io = (b - a for a, b in zip(before, gpu.counters()))
+                assert nv + io >= 4 and d2h == 0, (nv, d2h, io)   # big, head, u8, scalar
+                assert gpu.provider.h2d_sync - h2d == 2         # mat_t, bf16: bounced
+        assert ddst["step"] == 7
+        for k, v in sd.items():
+            if isinstance(v, torch.Tensor) and v.numel():
+                want = v.float() if k == "bf16" else v
+                if REAL:
+                    assert torch.equal(ddst[k].cpu(), want), (d, k)
+                else:
+                    same(gpu, ddst[k], want, (d, k))
+    gpu.check_clean()
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.parametrize("cls", HANDLES)
+def test_dcp_async_save_from_cuda(gpu, cls, engine, tmp_path):
+    """dcp.async_save with nvio's writer as its stager: device tensors are
+    copied into the locked snapshot by device-to-host copies (one per
+    storage), before async_save returns; the files equal a CPU save's."""
+    import torch.distributed.checkpoint as dcp
+    from nvio import dcp as nd
+    sd = dcp_state()
+    dsd = on_device(gpu, sd)
+    n = len(device_storages(dsd))
+    with cls(engine=engine) as h:
+        _dcp(dcp.save, sd, storage_writer=nd.FileSystemWriter(tmp_path / "ref", handle=h))
+        w = nd.FileSystemWriter(tmp_path / "dev", handle=h)
+        before = gpu.counters()
+        fut = _dcp(dcp.async_save, dsd, storage_writer=w)
+        if before is not None:
+            assert gpu.counters()[1] - before[1] >= n    # the snapshot, taken already
+        (getattr(fut, "upload_completion", None) or fut).result()
+        w.close()
+    got, locs = dcp_images(tmp_path / "dev")
+    want, _ = dcp_images(tmp_path / "ref")
+    assert got == want and locs == {"cpu"}
     gpu.check_clean()

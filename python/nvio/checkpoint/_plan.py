@@ -69,9 +69,10 @@ def u8(storage):
 class _Pickler(pickle.Pickler):
     """torch.save's pickling: storages become persistent ids."""
 
-    def __init__(self, file, protocol, storages):
+    def __init__(self, file, protocol, storages, location=None):
         super().__init__(file, protocol=protocol)
         self._storages = storages      # key -> UntypedStorage, in key order
+        self._location = location      # every storage's location tag, if given
         self._keys = {}                # storage._cdata -> key
         self._dtypes = {}              # data_ptr -> dtype
 
@@ -99,23 +100,26 @@ class _Pickler(pickle.Pickler):
             key = self._keys[storage._cdata] = str(len(self._keys))
             self._storages[key] = storage
         fake = getattr(obj, "_fake_device", None)
-        location = str(fake) if fake is not None else _device.location(storage)
+        location = (str(fake) if fake is not None else self._location or
+                    _device.location(storage))
         return ("storage", stype, key, location, numel)
 
 
 class Plan:
     """A checkpoint laid out: records with offsets, the small records' bytes,
-    and the storages whose bytes go to the data records."""
+    and the storages whose bytes go to the data records. ``location``: the
+    location tag every storage records (by default its own: "cpu",
+    "cuda:0"); DCP's images say "cpu" wherever the tensor is."""
 
     def __init__(self, obj, path, align=DEFAULT_ALIGN, protocol=2, archive=None,
-                 meta_align=None):
+                 meta_align=None, location=None):
         if align < 64 or align & (align - 1):
             raise ValueError("nvio: align must be a power of two >= 64, not %r" % (align,))
         self.path = os.fsdecode(path)
         self.storages = {}
         buf = io.BytesIO()
         try:
-            _Pickler(buf, protocol, self.storages).dump(obj)
+            _Pickler(buf, protocol, self.storages, location).dump(obj)
         except (pickle.PicklingError, TypeError, AttributeError, RuntimeError) as e:
             raise CheckpointError("nvio.save: %s: cannot pickle the object: %s"
                                   % (self.path, e), self.path) from e
