@@ -159,6 +159,17 @@ static int cu_present(void)
 	return cu.ok;
 }
 
+/*
+ * Whether this process is known to have a usable driver, without asking
+ * the loader (dl_iterate_phdr takes its lock: ~30 ns of a 4 KiB cached
+ * read). 0 means "not seen yet", not "absent": see submit.c's lazy
+ * classification for where that is enough.
+ */
+int nvio__cuda_known(void)
+{
+	return cu.ok;
+}
+
 /* Driver errors become errno values; the name is kept for messages. */
 static int cu_err(CUresult r)
 {

@@ -229,6 +229,7 @@ struct nvio__op {
 	 * read once the op has ended (nvio__op_record). */
 	const char *fail_what;	/* a string literal: "pread", "fsync", ... */
 	uint64_t fail_off, fail_len;
+	int mem_unsure;		/* mem is HOST without asking (submit.c) */
 	int done;		/* sync ops: set under handle->lock */
 	unsigned ntasks;
 	struct nvio__task tasks[];
@@ -375,6 +376,9 @@ int nvio__mem_alloc_aligned(void **out, size_t n, size_t align);
  * nvio__cuda_pointer_device: 1 (and *device) for device memory, else 0.
  */
 int nvio__cuda_pointer_device(const void *p, int *device);
+/* 1 once a usable driver is loaded and initialised; 0 before (it may
+ * have been loaded since the last look: nvio__cuda_pointer_device asks). */
+int nvio__cuda_known(void);
 /*
  * A worker's CUDA state: the device's primary context, retained once
  * while the worker uses the device (and released after), and a stream

@@ -207,9 +207,34 @@ static struct nvio__op *op_new(struct nvio_handle *h, const struct nvio__opspec 
 	return op;
 }
 
-/* Where the op's memory lives: all host, or all on one CUDA device. */
-static int classify_mem(struct nvio__op *op, const char **what)
+/*
+ * Where the op's memory lives: all host, or all on one CUDA device.
+ *
+ * lazy: a sync op of one buffer without VALIDATE, while no CUDA driver
+ * has been seen, is taken for host memory without asking the loader
+ * whether one came since (op->mem_unsure). That is safe because such an
+ * op touches its buffer only through the kernel, never from user space,
+ * until nvio__submit has asked after all:
+ *   - it runs only inline (run_inline: a pread/pwrite(2) on the buffer,
+ *     a short transfer's rest through the same calls); an op that would
+ *     not (bounce buffers, workers, cuFile) is asked first (ask_mem) and
+ *     planned again;
+ *   - device memory is not host memory the kernel can copy: the call
+ *     fails with EFAULT before moving a byte (the driver's address range
+ *     is not mapped for the CPU; the simulator maps it PROT_NONE), and
+ *     run_inline then asks and, if it was device memory, runs the op
+ *     again as such. Where device memory is coherent host memory (ATS),
+ *     the call simply moves the bytes, which is what the op asked for;
+ *   - VALIDATE compares the buffer in user space: never lazy.
+ */
+static int classify_mem(struct nvio__op *op, int lazy, const char **what)
 {
+	if (lazy && !nvio__cuda_known()) {
+		op->mem = NVIO__MEM_HOST;
+		op->mem_unsure = 1;
+		return 0;
+	}
+	op->mem_unsure = 0;
 	for (uint32_t i = 0; i < op->nsegs; i++) {
 		int dev = 0, r = nvio__cuda_pointer_device(op->segs[i].base, &dev);
 
@@ -490,9 +515,31 @@ static unsigned char *inline_mem(const struct nvio__op *op, struct nvio__piece *
 	return mem;
 }
 
+static int plan_op(struct nvio_handle *h, struct nvio__op *op, const char **what);
+
+/*
+ * An op whose memory was taken for host memory without asking: ask now,
+ * and plan it again if it is device memory. 0, or the error with *what.
+ */
+static int ask_mem(struct nvio_handle *h, struct nvio__op *op, const char **what)
+{
+	int r = classify_mem(op, 0, what);
+
+	if (r || op->mem == NVIO__MEM_HOST)
+		return r;
+	op->direct = 0;
+	op->dfd = -1;
+	op->mem_align = 0;
+	op->cufh = NULL;
+	return plan_op(h, op, what);
+}
+
+static int run_op(struct nvio_handle *h, struct nvio__op *op);
+
 static int run_inline(struct nvio__op *op, struct nvio__piece *pc, unsigned char *mem)
 {
 	struct nvio__io io = { .is_write = op->is_write, .buf = mem };
+	const char *what = op->is_write ? "pwrite" : "pread";
 	unsigned tries = 0;
 	ssize_t r;
 	int err;
@@ -505,12 +552,24 @@ static int run_inline(struct nvio__op *op, struct nvio__piece *pc, unsigned char
 				   nvio__sys.pread(io.fd, io.buf, io.len, (off_t)io.off);
 		r = nvio__sys.io_result(io.is_write, io.fd, io.off, io.len, r < 0 ? -errno : r);
 	} while (r < 0 && nvio__retry(&tries, (int)r));
+	if (r == -EFAULT && op->mem_unsure) {
+		/* Device memory loaded late? Nothing has moved (see
+		 * classify_mem): run the op again as what it is. */
+		int q = ask_mem(op->h, op, &what);
+
+		if (!q && op->mem != NVIO__MEM_HOST)
+			return run_op(op->h, op);
+		if (q)
+			r = q;	/* the question failed: the op with it */
+		else
+			what = op->is_write ? "pwrite" : "pread";
+	}
 	if (r < 0)
 		err = (int)r;
 	else
 		err = (size_t)r < io.len ? nvio__finish_short(op, &io, (size_t)r) : 0;
 	if (err)
-		nvio__op_fail(op, err, op->is_write ? "pwrite" : "pread", pc->off, pc->len);
+		nvio__op_fail(op, err, what, pc->off, pc->len);
 	nvio__op_finish_inline(op);
 	err = op_error(op);
 	nvio__op_free(op);
@@ -518,7 +577,8 @@ static int run_inline(struct nvio__op *op, struct nvio__piece *pc, unsigned char
 }
 
 /*
- * Hands the pieces to the workers and, for a sync op, waits for it.
+ * Hands the pieces to the workers and, for a sync op, waits for it (an
+ * op that inline_mem accepts runs in run_inline instead).
  * Once the last task is pushed an async op may end and be freed at any
  * moment, so nothing reads it after that push.
  */
@@ -526,15 +586,8 @@ static int run_op(struct nvio_handle *h, struct nvio__op *op)
 {
 	int sync = op->sink == NVIO__SINK_SYNC;
 	unsigned busy = 0, last = 0;
-	struct nvio__piece pc;
-	unsigned char *mem;
 	int err;
 
-	/* Run here, it ends before the call returns: nothing to track (a
-	 * file closed or committed meanwhile by another thread is that
-	 * caller's race, as with close(2) under a read(2)). */
-	if ((mem = inline_mem(op, &pc)) != NULL)
-		return run_inline(op, &pc, mem);
 	nvio__track_begin(op);
 	for (unsigned w = 0; w < h->nworkers; w++) {
 		struct nvio__task *t = &op->tasks[w];
@@ -589,6 +642,8 @@ int nvio__submit(struct nvio_handle *h, const struct nvio__opspec *sp)
 	max_align_t room[sp->sink == NVIO__SINK_SYNC ?
 			 (op_size(h) + sizeof(max_align_t) - 1) / sizeof(max_align_t) : 1];
 	struct nvio__op *op = NULL;
+	struct nvio__piece pc;
+	unsigned char *mem = NULL;
 	const char *what = "handle (inherited through fork)";
 	int r = nvio__forked(h) ? -ECHILD : check_spec(sp, &what);
 
@@ -598,13 +653,21 @@ int nvio__submit(struct nvio_handle *h, const struct nvio__opspec *sp)
 		r = op ? 0 : -ENOMEM;
 	}
 	if (!r)
-		r = classify_mem(op, &what);
+		r = classify_mem(op, sp->sink == NVIO__SINK_SYNC && !sp->vec &&
+				 !(sp->flags & NVIO_VALIDATE), &what);
 	if (!r)
 		r = plan_op(h, op, &what);
+	if (!r && !(mem = inline_mem(op, &pc)) && op->mem_unsure)
+		r = ask_mem(h, op, &what);	/* not inline: see classify_mem */
 	if (!r)
 		r = check_range(op, &what);
 	if (r)
 		return refuse(h, sp, op, r, what);
+	/* Run here, it ends before the call returns: nothing to track (a
+	 * file closed or committed meanwhile by another thread is that
+	 * caller's race, as with close(2) under a read(2)). */
+	if (mem)
+		return run_inline(op, &pc, mem);
 	return run_op(h, op);
 }
 
