@@ -87,7 +87,27 @@ def location(storage):
     ("cpu", "cuda:0")."""
     if _provider is not None and _provider.owns(storage):
         return "cuda:%d" % index(storage)
+    if storage.device.type == "cpu" and not _custom_tags():
+        return "cpu"            # torch's tag, without walking its registry per storage
     return torch.serialization.location_tag(storage)
+
+
+_tags_seen = (-1, True)     # (registry length, whether some tagger is not torch's)
+
+
+def _custom_tags():
+    """Whether a package registered location taggers beyond torch's own
+    (one could tag CPU storages differently: then torch's registry decides)."""
+    global _tags_seen
+    reg = getattr(torch.serialization, "_package_registry", None)
+    if reg is None:
+        return True
+    n, custom = _tags_seen
+    if n != len(reg):
+        custom = any(getattr(getattr(e[1], "func", e[1]), "__module__", None)
+                     != "torch.serialization" for e in reg)
+        _tags_seen = (len(reg), custom)
+    return custom
 
 
 def synchronize(storages):
