@@ -505,10 +505,10 @@ def report(a, res, disk_lines, guest, t_start, peak, quiet=False):
            % now.date(), "",
            "- date: %s UTC; wall %.0f min" % (now.strftime("%Y-%m-%d %H:%M"),
                                              (time.time() - t_start) / 60),
-           "- machine: %d cores (%s), %.1f GiB RAM, kernel %s; shared with up to 7 other "
-           "jobs (builds, tests, benchmarks) during the run" % (
+           "- machine: %d cores (%s), %.1f GiB RAM, kernel %s; load average %.2f at the end "
+           "(above ~0.5: other jobs shared the machine)" % (
                os.cpu_count(), cpu, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-               / (1 << 30), platform.release()),
+               / (1 << 30), platform.release(), os.getloadavg()[0]),
            "- torch %s; Python %s; nvio %s (%s); fio %s" % (
                torch.__version__, platform.python_version(), nvio.__version__,
                os.path.dirname(nvio.__file__), core_bench.sh("fio --version")),
