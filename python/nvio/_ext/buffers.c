@@ -106,9 +106,9 @@ static int get_bool_method(PyObject *o, PyObject *name, int dflt)
 	return v;
 }
 
-static int get_u64_method(PyObject *o, PyObject *name, uint64_t *out)
+/* *out = the int r (a new reference, taken; NULL: an error is set). */
+static int take_u64(PyObject *r, uint64_t *out)
 {
-	PyObject *r = PyObject_CallMethodObjArgs(o, name, NULL);
 	if (!r)
 		return -1;
 	unsigned long long v = PyLong_AsUnsignedLongLong(r);
@@ -117,6 +117,11 @@ static int get_u64_method(PyObject *o, PyObject *name, uint64_t *out)
 		return -1;
 	*out = v;
 	return 0;
+}
+
+static int get_u64_method(PyObject *o, PyObject *name, uint64_t *out)
+{
+	return take_u64(PyObject_CallMethodObjArgs(o, name, NULL), out);
 }
 
 /* 1 when o.name is True; 0 when it is anything else or missing; -1 on
@@ -327,15 +332,7 @@ static int call_bool(PyObject *o, PyObject *name)
 
 static int attr_u64(PyObject *o, PyObject *name, uint64_t *out)
 {
-	PyObject *r = PyObject_GetAttr(o, name);
-	if (!r)
-		return -1;
-	unsigned long long v = PyLong_AsUnsignedLongLong(r);
-	Py_DECREF(r);
-	if (v == (unsigned long long)-1 && PyErr_Occurred())
-		return -1;
-	*out = v;
-	return 0;
+	return take_u64(PyObject_GetAttr(o, name), out);
 }
 
 /*
