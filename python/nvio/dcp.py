@@ -52,6 +52,7 @@ what DCP's FileSystemWriter writes. What differs is how the bytes move:
 from __future__ import annotations
 
 import collections
+import concurrent.futures as _cf
 import datetime
 import io
 import logging
@@ -64,6 +65,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as _dcp
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint import filesystem as _fs
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
@@ -77,7 +79,7 @@ from .checkpoint import _zip
 from .checkpoint._plan import DEFAULT_ALIGN, CheckpointError, Plan, _executor, crc_submit
 from .checkpoint._save import _crc_device, write_device
 
-__all__ = ["FileSystemWriter", "FileSystemReader"]
+__all__ = ["FileSystemWriter", "FileSystemReader", "save", "async_save", "load"]
 
 _log = logging.getLogger(__name__)
 
@@ -235,10 +237,13 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
         self.timeout = timeout
         self._tag = None
         self._pool = _StagingPool()
+        self.failure = None     # the error naming a rank that did not finish
+
 
     def reset(self, checkpoint_id=None):
         super().reset(checkpoint_id)
         self._tag = None
+        self.failure = None
 
     # -- writing ----------------------------------------------------------------
 
@@ -335,8 +340,10 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
                                   "waited): %s; the previous checkpoint (if any) is unchanged"
                                   % (self.path, what, dist.get_rank(g), e), str(self.path))
             # DCP's next collective fails too (a rank is gone) and its error,
-            # the transport's, is what dcp.save raises: say who is missing here
+            # the transport's, is what dcp.save raises: say who is missing
+            # here, and keep it for nvio.dcp.save to raise
             _log.error("%s", err)
+            self.failure = err
             raise err from None
 
     def finish(self, metadata: Metadata, results) -> None:
@@ -822,3 +829,78 @@ def _disjoint(vec):
         else:
             runs.append([[(buf, off)], off + n])
     return [r[0] for r in runs]
+
+
+# --- dcp.save / async_save / load with nvio's storage ---------------------------
+
+
+def _named(writer, e):
+    """The error to raise for e, the one dcp.save raised: when a rank died,
+    DCP's next collective fails with the transport's error ("connection
+    closed"), and the error that names the rank is the writer's."""
+    f = getattr(writer, "failure", None)
+    return f if f is not None and f is not e else e
+
+
+def save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
+         process_group=None, **kwargs):
+    """``dcp.save`` with nvio's :class:`FileSystemWriter` (on
+    ``checkpoint_id``, with ``process_group``) unless ``storage_writer`` is
+    given. The one difference from calling ``dcp.save`` yourself: when a rank
+    dies during the save, the exception raised here is the writer's
+    :class:`~nvio.checkpoint.CheckpointError` naming that rank (chained to
+    the transport's error that ``dcp.save`` raises)."""
+    w = storage_writer if storage_writer is not None else \
+        FileSystemWriter(checkpoint_id, process_group=process_group)
+    if isinstance(w, FileSystemWriter):
+        w.failure = None        # not a previous save's
+    try:
+        return _dcp.save(state_dict, checkpoint_id=checkpoint_id, storage_writer=w,
+                         planner=planner, process_group=process_group, **kwargs)
+    except Exception as e:
+        n = _named(w, e)
+        if n is e:
+            raise
+        raise n from e
+
+
+def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
+               process_group=None, **kwargs):
+    """``dcp.async_save`` with nvio's writer, as :func:`save`: the returned
+    future's exception names a rank that died (when DCP returns a future)."""
+    w = storage_writer if storage_writer is not None else \
+        FileSystemWriter(checkpoint_id, process_group=process_group)
+    if isinstance(w, FileSystemWriter):
+        w.failure = None        # not a previous save's
+    try:
+        fut = _dcp.async_save(state_dict, checkpoint_id=checkpoint_id, storage_writer=w,
+                              planner=planner, process_group=process_group, **kwargs)
+    except Exception as e:
+        n = _named(w, e)
+        if n is e:
+            raise
+        raise n from e
+    if not isinstance(fut, _cf.Future):
+        return fut
+    out = _cf.Future()
+
+    def done(f):
+        e = f.exception()
+        if e is None:
+            out.set_result(f.result())
+        else:
+            n = _named(w, e)
+            if n is not e:
+                n.__cause__ = e
+            out.set_exception(n)
+    fut.add_done_callback(done)
+    return out
+
+
+def load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None,
+         process_group=None, **kwargs):
+    """``dcp.load`` with nvio's :class:`FileSystemReader` on ``checkpoint_id``
+    unless ``storage_reader`` is given."""
+    r = storage_reader if storage_reader is not None else FileSystemReader(checkpoint_id)
+    return _dcp.load(state_dict, checkpoint_id=checkpoint_id, storage_reader=r,
+                     planner=planner, process_group=process_group, **kwargs)
