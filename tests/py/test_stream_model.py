@@ -201,6 +201,29 @@ def test_blocks_named_and_pinned(tmp_path, engine):
         stream_model(m, str(tmp_path), blocks="1")
 
 
+def test_a_block_with_nothing_to_stream_is_dropped_and_the_rest_renumbered(tmp_path, engine):
+    """A named block that holds no streamed tensor (here: pinned whole) is
+    dropped; the prefetch after each block must then fetch the next block
+    that remains, not the one at the dropped numbering's position."""
+    m = _stack(seed=4)
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        ref = m(x)
+    for prefetch in (1, 2):
+        stream_model(m, str(tmp_path), blocks=["2", "3", "4", "5", "6"], pin=["3"],
+                     prefetch=prefetch, engine=engine)
+        st = m._nvio_streamer
+        assert [b.name for b in st.blocks] == ["2", "4", "5", "6"]
+        assert m[3].fc1.weight.device.type == "cpu"
+        with torch.no_grad():
+            for _ in range(3):
+                assert torch.equal(m(x), ref)
+        # every block read once per pass, plus the next pass's first
+        # prefetch + 1: no block fetched out of turn
+        assert st.stats()["block_reads"] == 3 * 4 + prefetch + 1, st.stats()
+        unstream(m)
+
+
 def test_store_reused_and_invalidated(tmp_path, engine):
     m = _stack(seed=2)
     x = torch.randn(3, 16)

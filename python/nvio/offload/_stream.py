@@ -358,6 +358,8 @@ class _Streamer:
             seen.add(id(t))
             b.pieces.append(_Piece(m, k, isp, name, t))
         self.blocks = [b for b in self.blocks if b.pieces]
+        for i, b in enumerate(self.blocks):
+            b.idx = i               # a block's number is its place in the list
         if not self.blocks:
             raise ValueError("nvio: the blocks found hold no tensors to stream")
         for b in self.blocks:
