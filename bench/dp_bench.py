@@ -11,8 +11,13 @@ the same state: bench/vec_sizes.py's Llama-like model (201 tensors, bf16,
   save-single   rank 0: nvio.save(sd, p)            (the others wait)
   save-dp       every rank: nvio.save(sd, p, group=WORLD)
   load-single   rank 0: nvio.load(p)
-  load-dp       every rank: nvio.load(p, group=WORLD)            (share=True)
+  load-dp       every rank: nvio.load(p, group=WORLD)     (share="auto": on one
+                host the same as load-dp-all)
+  load-dp-share every rank: nvio.load(p, group=WORLD, share=True): each reads a
+                share and broadcasts it
   load-dp-all   every rank: nvio.load(p, group=WORLD, share=False)
+  load-dp-cached  as load-dp-all through the page cache (direct=False): the
+                ranks read the same pages, the device is read about once
   fio-best      rank 0: the better of libaio 1M x QD32 x 1 job and
                 8M x QD128 x N jobs (N = ranks), huge-page buffers, O_DIRECT
 
@@ -61,6 +66,9 @@ def free_port():
         return s.getsockname()[1]
 
 
+_buffered = None
+
+
 def run(name, p, sd, rank):
     """One contender on this rank; None where this rank sits it out."""
     w = dist.group.WORLD
@@ -72,8 +80,16 @@ def run(name, p, sd, rank):
         return nvio.load(p) if rank == 0 else None
     if name == "load-dp":
         return nvio.load(p, group=w)
+    if name == "load-dp-share":
+        return nvio.load(p, group=w, share=True)
     if name == "load-dp-all":
         return nvio.load(p, group=w, share=False)
+    if name == "load-dp-cached":
+        global _buffered
+        if _buffered is None:
+            _buffered = nvio.AioHandle(block_size=8 << 20, queue_depth=32, direct=False,
+                                       intra_op_parallelism=2)
+        return nvio.load(p, group=w, share=False, handle=_buffered)
     raise ValueError(name)
 
 
@@ -120,7 +136,7 @@ def main():
     if a.tensors:
         sd = dict(list(sd.items())[:a.tensors])
     saves = ["save-single", "save-dp"]
-    loads = ["load-single", "load-dp", "load-dp-all"]
+    loads = ["load-single", "load-dp", "load-dp-share", "load-dp-all", "load-dp-cached"]
     res, t_start, guest = {}, time.time(), {"note": "-"}
     gm = hp = None
     try:

@@ -45,8 +45,15 @@ out = {"rank": rank}
 try:
     if mode == "save":
         nvio.save(state(1), path, group=dist.group.WORLD, timeout=30)
-        for share in (True, False):
+        real_bcast, bcasts = dist.broadcast, []
+        def counting(*a, **k):
+            bcasts.append(1)
+            return real_bcast(*a, **k)
+        dist.broadcast = counting
+        for share in (True, False, "auto"):
+            del bcasts[:]
             got = nvio.load(path, group=dist.group.WORLD, share=share)
+            out["broadcasts_%s" % share] = len(bcasts)
             ref = state(1)
             out["load_share_%s" % share] = bool(
                 torch.equal(got["emb"], ref["emb"]) and torch.equal(got["base"], ref["base"])
@@ -144,7 +151,9 @@ def test_data_parallel_save_is_one_file_torch_loads(tmp_path, world):
     assert len(res) == world, outs
     for r in res.values():
         assert r["ok"], r
-        assert r["load_share_True"] and r["load_share_False"], r
+        assert r["load_share_True"] and r["load_share_False"] and r["load_share_auto"], r
+        # the shares are broadcast; "auto" on one host reads it all on every rank
+        assert r["broadcasts_True"] == world and r["broadcasts_auto"] == 0, r
     got = torch.load(tmp_path / "ck.pt", weights_only=True)
     same(expected_state(), got)
     assert got["view"].untyped_storage().data_ptr() == got["base"].untyped_storage().data_ptr()

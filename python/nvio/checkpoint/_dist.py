@@ -18,7 +18,9 @@ reads it on one process.
 ``nvio.load(path, group=pg)``: every rank unpickles the (small) pickle and
 allocates the same storages; each rank reads one share of the tensor bytes
 from the file and broadcasts it to the others (``share=True``), or every
-rank reads the whole file (``share=False``).
+rank reads the whole file (``share=False``); ``share="auto"``, the default,
+is False when every rank of the group runs on one host (a broadcast there
+costs more than reading the shared device again) and True otherwise.
 
 Only torch.distributed is used for coordination: collectives on ``pg``
 (gloo for CPU tensors), ``monitored_barrier`` where the backend has it, so
@@ -322,7 +324,7 @@ def _write_share(g, plan, tmp, path, handle, writers, durable):
     return None
 
 
-def load_group(path, group, *, share=True, **kwargs):
+def load_group(path, group, *, share="auto", **kwargs):
     """nvio.load with ``group``: see the module's docstring."""
     from ._load import load_plain, _read_pieces
     n = dist.get_world_size(group)
@@ -333,6 +335,9 @@ def load_group(path, group, *, share=True, **kwargs):
     g = _Group(group, path, None)
     g.fail = lambda what, e: CheckpointError(
         "nvio.load: %s: %s failed on rank %d: %s" % (path, what, g.rank, e), path)
+    if share == "auto" and len(set(g.gather("load: finding the hosts",
+                                            socket.gethostname()))) == 1:
+        return load_plain(path, **kwargs)      # one host: every rank reads it all
     entered = []
 
     def read_all(nf, reads):
