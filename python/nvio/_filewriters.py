@@ -40,7 +40,7 @@ import hashlib
 import os
 import time
 
-from . import _nvio
+from . import _atomic, _nvio
 
 __all__ = ["FastFileWriter", "FastFileWriterConfig", "MockFileWriter", "PyFileWriter"]
 
@@ -323,9 +323,11 @@ class PyFileWriter(_BaseWriter):
         self._f = self._tmp = None
         super().__init__(file_path)
         self._durable = _nvio.check_flag(durable, "durable")
-        self._tmp = _temp_name(self._path)
-        fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                     | os.O_CLOEXEC, 0o600)
+        try:
+            self._tmp = _atomic.create_temp(self._path)
+            fd = os.open(self._tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            raise _path_error(e, self._path, "creating a temporary") from None
         self._f = os.fdopen(fd, "wb")
 
     def _write(self, mv):
@@ -340,7 +342,7 @@ class PyFileWriter(_BaseWriter):
             if self._durable:
                 os.fsync(self._f.fileno())
             self._f.close()
-            _rename_into_place(self._tmp, self._path, self._durable)
+            _atomic.commit(self._tmp, self._path, self._durable)
         except BaseException:
             self._drop()
             raise
@@ -370,30 +372,6 @@ def _save_list(w, storage_obj_list, save_size):
         w.write(mv)
         w._incr(SAVE_STORAGE_KEY)
         w._incr(SAVE_STORAGE_BYTES_KEY, len(mv))
-
-
-def _temp_name(path):
-    d, base = os.path.split(os.path.abspath(path))
-    return os.path.join(d, ".%s.nvio-%d-%s" % (base, os.getpid(), os.urandom(8).hex()))
-
-
-def _rename_into_place(tmp, path, durable):
-    """Give tmp the mode path has (or a new file's), rename it over path,
-    fsync the directory."""
-    try:
-        mode = os.stat(path).st_mode & 0o7777
-    except FileNotFoundError:
-        um = os.umask(0)
-        os.umask(um)
-        mode = 0o666 & ~um
-    os.chmod(tmp, mode)
-    os.rename(tmp, path)
-    if durable:
-        dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
 
 
 def _path_error(e, path, what):
@@ -519,9 +497,7 @@ class FastFileWriter(_BaseWriter):
         tmp = err = None
         if self._rank == 0:
             try:
-                tmp = _temp_name(self._path)
-                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                                 | os.O_CLOEXEC, 0o600))
+                tmp = _atomic.create_temp(self._path)
             except OSError as e:
                 tmp, err = None, str(_path_error(e, self._path, "creating a temporary"))
         got = g.gather("creating the file", (err, tmp))
@@ -697,7 +673,7 @@ class FastFileWriter(_BaseWriter):
                         os.fsync(fd)
                     finally:
                         os.close(fd)
-                _rename_into_place(self._tmp, self._path, self._durable)
+                _atomic.commit(self._tmp, self._path, self._durable)
                 self._tmp = None
             except OSError as e:
                 err = str(_path_error(e, self._path, "committing"))

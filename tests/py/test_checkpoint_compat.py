@@ -385,3 +385,36 @@ def test_owned_stripes_cover_the_stream_once():
                     if pos == total:
                         break
             assert owner == [(j // stripe) % n for j in range(total)], (n, stripe)
+
+
+def test_a_killed_py_writers_temporary_is_swept_by_the_next_save(tmp_path):
+    """PyFileWriter's temporary carries its process as owner (libnvio's
+    temp_name): once that process is killed, the next atomic save to the
+    same file removes it, and `nvio clean` finds it."""
+    import signal
+    import subprocess
+    import sys
+    p = tmp_path / "py.pt"
+    p.write_bytes(b"old")
+    code = ("import sys, torch, time\n"
+            "from nvio.compat import PyFileWriter\n"
+            "w = PyFileWriter(sys.argv[1])\n"
+            "w.write(b'x' * 4096)\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(60)\n")
+    c = subprocess.Popen([sys.executable, "-c", code, str(p)], stdout=subprocess.PIPE,
+                         text=True)
+    try:
+        assert c.stdout.readline().strip() == "ready"
+        temps = [n for n in os.listdir(tmp_path) if n != "py.pt"]
+        assert len(temps) == 1 and temps[0].startswith(".py.pt.nvio-"), temps
+        assert nvio._nvio.clean_temporaries(str(tmp_path), "py.pt", dry_run=True)[0] == 0  # alive
+    finally:
+        c.send_signal(signal.SIGKILL)
+        c.wait(timeout=30)
+    assert nvio._nvio.clean_temporaries(str(tmp_path), "py.pt", dry_run=True)[0] == 1  # dead
+    assert p.read_bytes() == b"old"
+    with PyFileWriter(p) as w:
+        torch.save({"a": torch.arange(3)}, w)
+    assert sorted(os.listdir(tmp_path)) == ["py.pt"]
+    assert torch.equal(torch.load(p, weights_only=True)["a"], torch.arange(3))

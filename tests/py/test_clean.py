@@ -138,18 +138,18 @@ def test_atomic_write_sweeps_its_target(tmp_path):
 
 
 def test_dist_temporary_carries_its_owner(tmp_path):
-    """The data-parallel save's shared temporary (made by rank 0 in Python)
-    is named as libnvio names its own: kept while its maker lives, removed
-    by the next save once it is dead."""
-    from nvio.checkpoint import _dist
+    """The shared temporaries made in Python (the data-parallel save's, by
+    rank 0; the compat writers') are named as libnvio names its own: kept
+    while their maker lives, removed by the next save once it is dead."""
+    from nvio import _atomic
     d = tmp_path / "d"
     d.mkdir()
     p = str(d / "ck.pt")
-    tmp = _dist._create_temp(p, 1 << 20)
+    tmp = _atomic.create_temp(p, 1 << 20)
     n, seen = _nvio.clean_temporaries(str(d), dry_run=True)
     assert n == 0 and seen == [(os.path.basename(tmp), 0, "owner is this process")]
     os.unlink(tmp)
-    left = _in_child(lambda: _dist._create_temp(p, 1 << 20))
+    left = _in_child(lambda: _atomic.create_temp(p, 1 << 20))
     assert os.path.getsize(left) == 1 << 20
     nvio.save({"x": 2}, p)
     assert os.listdir(d) == ["ck.pt"]

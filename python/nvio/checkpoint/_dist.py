@@ -29,16 +29,14 @@ that a rank that died is named.
 from __future__ import annotations
 
 import datetime
-import errno
 import hashlib
 import os
 import socket
-import stat
 
 import torch
 import torch.distributed as dist
 
-from .. import _device, _nvio
+from .. import _atomic, _device, _nvio
 from ._plan import DEFAULT_ALIGN, CheckpointError, Plan, crc32_combine, crc_submit, u8
 
 __all__ = ["save_group", "load_group", "split_shares"]
@@ -158,62 +156,6 @@ def _digest(plan):
     return h.hexdigest()
 
 
-def _create_temp(path, size):
-    """The shared temporary, created by rank 0: named like libnvio's own
-    (``nvio_temp_name``: it carries this process as its owner), so that a
-    later save to ``path``, any atomic write there and ``nvio clean`` remove
-    it if this process is killed. Dead owners' temporaries of ``path`` go
-    first, as libnvio's atomic open does."""
-    d, base = os.path.split(os.path.abspath(path))
-    try:
-        _nvio.clean_temporaries(d, base)
-    except OSError:
-        pass                    # best effort: the create below says what is wrong
-    for _ in range(100):
-        tmp = _nvio.temp_name(os.path.join(d, base))
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
-                         os.O_CLOEXEC, 0o600)
-            break
-        except FileExistsError:
-            continue
-    else:
-        raise FileExistsError(errno.EEXIST, "no free temporary name beside", path)
-    try:
-        if size:
-            try:
-                os.posix_fallocate(fd, 0, size)
-            except OSError as e:
-                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                    raise
-                os.ftruncate(fd, size)
-    except BaseException:
-        os.close(fd)
-        os.unlink(tmp)
-        raise
-    os.close(fd)
-    return tmp
-
-
-def _commit(tmp, path, durable):
-    """Give tmp the mode path has (or a new file's), rename it over path,
-    fsync the directory."""
-    try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-    except FileNotFoundError:
-        um = os.umask(0)
-        os.umask(um)
-        mode = 0o666 & ~um
-    os.chmod(tmp, mode)
-    os.rename(tmp, path)
-    if durable:
-        dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-
-
 def _err_text(e):
     return "%s: %s" % (type(e).__name__, e)
 
@@ -250,7 +192,7 @@ def save_group(obj, path, group, *, durable=True, handle=None, align=DEFAULT_ALI
     tmp = err = None
     if g.rank == 0:
         try:
-            tmp = _create_temp(path, plan.size)
+            tmp = _atomic.create_temp(path, plan.size)
         except Exception as e:  # noqa: BLE001
             err = _err_text(e)
     made = g.gather("creating the file", (err, tmp))
@@ -314,7 +256,7 @@ def _write_share(g, plan, tmp, path, handle, writers, durable):
                 f.pwritev([(b, off) for off, b in plan.meta_pieces()], _nvio.OFFSET_PER_IOV)
                 if durable:
                     f.sync()
-            _commit(tmp, path, durable)
+            _atomic.commit(tmp, path, durable)
         except Exception as e:  # noqa: BLE001
             err = _err_text(e)
     done = g.gather("committing", err)
