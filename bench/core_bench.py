@@ -12,6 +12,10 @@ on a RAM-backed disk (bench/ramdisk.sh), in interleaved rounds of:
   fio-best        best of a small fio sweep (block, depth, jobs, engine)
   ds-best         best of a small DeepSpeed aio_handle sweep, its own
                   locked tensor (new_cpu_locked_tensor)
+  nvio-py         nvio-best's config from Python: the package's AioHandle
+                  with its locked tensor, sync_pwrite/sync_pread on an fd
+                  (+ os.fsync), in the worker process (--no-python-nvio
+                  leaves it out)
   python          plain buffered open().write()+os.fsync / readinto()
 
 Every contender overwrites the same preallocated file (no truncation) and
@@ -210,6 +214,61 @@ def worker_main():
                 out["sum"] = buffer_sum(a, size)
             reply(out)
             continue
+        if cmd == "nvio":
+            # nvio from Python: AioHandle with the C sweep's best config and
+            # its own locked tensor, writing through an fd opened without
+            # truncation (by path, a whole-file write is an atomic new
+            # file: not this benchmark's overwrite)
+            import nvio
+            import torch
+            key = "nvio:" + c["cfg"]
+            ent = handles.get(key)
+            if ent is not None and ent[1].numel() != size:
+                ent[0].free_cpu_locked_tensor(ent[1])
+                del handles[key]
+                ent = None
+            if ent is None:
+                if c["cfg"] == "default":
+                    h = nvio.AioHandle()
+                else:
+                    bs, qd, par, eng, single, overlap = c["cfg"].split(":")
+                    h = nvio.AioHandle(block_size=int(bs), queue_depth=int(qd),
+                                       single_submit=single == "1",
+                                       overlap_events=overlap == "1",
+                                       intra_op_parallelism=int(par), engine=eng)
+                t = h.new_cpu_locked_tensor(size, torch.empty(0, dtype=torch.uint8))
+                ent = handles[key] = [h, t, None]
+            h, t, tseed = ent
+            a = t.numpy()
+            if op == "write":
+                if seed != tseed:
+                    if seed:
+                        pattern_fill(a, size, seed)
+                    else:
+                        a.fill(0x5A)
+                    ent[2] = seed
+            else:
+                a[: 1 << 20] = 0
+                ent[2] = None
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                u0, s0 = ru()
+                t0 = time.perf_counter()
+                if op == "write":
+                    r = h.sync_pwrite(t, fd)
+                    os.fsync(fd)
+                else:
+                    r = h.sync_pread(t, fd)
+                t1 = time.perf_counter()
+                u1, s1 = ru()
+            finally:
+                os.close(fd)
+            out = {"ok": r >= 0, "ret": r, "secs": t1 - t0, "user": u1 - u0,
+                   "sys": s1 - s0}
+            if op == "read":
+                out["sum"] = buffer_sum(a, size)
+            reply(out)
+            continue
         if cmd == "py":
             # One large buffer in this process at a time: DeepSpeed's
             # tensors are made again (untimed) on its next run. Keeps the
@@ -379,6 +438,14 @@ class Bench:
                                     "seed": seed, "cfg": cfg, "only": only}))
         if not r["ok"]:
             raise RuntimeError("DeepSpeed %s %s failed: %s" % (op, cfg, r))
+        return result(size, r["secs"], r["user"] + r["sys"], sum=r.get("sum"))
+
+    def run_nvio_py(self, op, path, size, cfgkey, seed=0):
+        drop_caches()
+        r = self.py.ask(json.dumps({"cmd": "nvio", "op": op, "path": path, "size": size,
+                                    "seed": seed, "cfg": cfgkey}))
+        if not r["ok"]:
+            raise RuntimeError("nvio from Python %s %s failed: %s" % (op, cfgkey, r))
         return result(size, r["secs"], r["user"] + r["sys"], sum=r.get("sum"))
 
     def run_py(self, op, path, size, seed=0):
@@ -583,6 +650,8 @@ class Bench:
                  ("nvio-pageable", lambda: self.run_nvio(op, path, size, best["nvio"],
                                                          "pageable")),
                  ("fio-best", lambda: self.run_fio(op, path, size, best["fio"]))]
+        if self.args.python_nvio:
+            conts.append(("nvio-py", lambda: self.run_nvio_py(op, path, size, best["nvio"])))
         if self.ds_ok:
             conts.append(("ds-best", lambda: self.run_ds(op, path, size, best["ds"])))
         conts.append(("python", lambda: self.run_py(op, path, size)))
@@ -709,6 +778,9 @@ def cell_tables(cell, ds_ok):
             "nvio-pageable": ("≥ 0.9× nvio-best (locked)",
                               med(ratios(rd["nvio-pageable"], rd["nvio-best"])), 0.9),
         }
+        if "nvio-py" in rd:
+            tgt["nvio-py"] = ("≥ 1.0× max(fio, DS), from Python",
+                              med(ratios(rd["nvio-py"], better)), 1.0)
         for name, runs in rd.items():
             g = [x["gbps"] for x in runs]
             cpu = [x["cpu"] for x in runs]
@@ -716,6 +788,8 @@ def cell_tables(cell, ds_ok):
                 conf = cfg_str("nvio", "default" if name == "nvio-default" else best["nvio"])
                 if name == "nvio-pageable":
                     conf += "; malloc+1"
+                if name == "nvio-py":
+                    conf += "; Python AioHandle, its locked tensor, fd"
             elif name == "fio-best":
                 conf = cfg_str("fio", best["fio"])
             elif name == "ds-best":
@@ -913,6 +987,9 @@ def main():
                     help="directory on the real disk (default /root/nvio-bench)")
     ap.add_argument("--ram-size", default="10G", help="tmpfs size for the RAM disk")
     ap.add_argument("--no-deepspeed", action="store_true")
+    ap.add_argument("--no-python-nvio", dest="python_nvio", action="store_false",
+                    help="leave out nvio-py (nvio-best's config through the Python "
+                         "package's AioHandle; needs `import nvio`)")
     ap.add_argument("--validate", action="store_true", default=None,
                     help="check every writer's and reader's bytes once per disk "
                          "(default on, off with --quick)")

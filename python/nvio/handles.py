@@ -53,7 +53,8 @@ class AioHandle(_nvio.Handle):
     True/'on', False/'off') and ``staging_bytes`` (bounce memory per worker;
     0 = block_size * queue_depth, twice that with overlap_events off, at
     most 128 MiB).
-    The environment variables NVIO_ENGINE and NVIO_DIRECT override them.
+    The environment variables NVIO_ENGINE and NVIO_DIRECT supply what is left
+    at 'auto'; an explicit setting wins.
     """
 
     __slots__ = ("_locked", "_completions", "__weakref__")
