@@ -438,8 +438,28 @@ NVIO_API int nvio_config_save_tuned(const nvio_config_t *cfg, const char *dir,
  *                      fsync of the data or the directory: the
  *                      replacement stays all or nothing for a crash of
  *                      the process, not for one of the machine.
+ *   NVIO_FILE_SPARE    with ATOMIC: write into the blocks of path's
+ *                      previous version instead of fresh ones (on thin
+ *                      or loop-backed disks fresh blocks cost about twice
+ *                      as much to write). The temporary is the spare
+ *                      ".<name>.nvio-spare" beside path, overwritten in
+ *                      place (it starts empty all the same: its size is
+ *                      what is written); commit truncates it to that
+ *                      size, makes it durable and swaps it with path
+ *                      (renameat2 RENAME_EXCHANGE), so the old version
+ *                      becomes the next save's spare. Costs one more
+ *                      copy of the file on disk for good; a process
+ *                      still reading an old version through an open
+ *                      descriptor or mapping sees it overwritten by the
+ *                      save after next. Silently an ordinary ATOMIC
+ *                      write when path does not exist yet, when the
+ *                      spare is a link, has other names, is another
+ *                      user's or is in use by another writer (flock),
+ *                      and on a file system without RENAME_EXCHANGE.
+ *                      Abandoning keeps the spare (its content is then
+ *                      garbage; only its blocks matter).
  * Unknown flags, no READ/WRITE/ATOMIC, TRUNC/EXCL with ATOMIC, NOSYNC
- * without ATOMIC, or EXCL without CREATE are -EINVAL (CREATE with ATOMIC is allowed: implied). Returns the file, or NULL with *err set (the open's errno, or
+ * or SPARE without ATOMIC, or EXCL without CREATE are -EINVAL (CREATE with ATOMIC is allowed: implied). Returns the file, or NULL with *err set (the open's errno, or
  * -EISDIR for a directory); the failure is also the calling thread's
  * nvio_last_error() for the handle.
  */
@@ -450,6 +470,7 @@ NVIO_API int nvio_config_save_tuned(const nvio_config_t *cfg, const char *dir,
 #define NVIO_FILE_TRUNC		(1u << 4)
 #define NVIO_FILE_ATOMIC	(1u << 5)
 #define NVIO_FILE_NOSYNC	(1u << 6)
+#define NVIO_FILE_SPARE		(1u << 7)
 
 typedef struct nvio_file nvio_file_t;
 
@@ -736,6 +757,16 @@ NVIO_API uint32_t nvio_crc32_combine(uint32_t crc1, uint32_t crc2, uint64_t len2
  * flags or a target with a '/', or the first failed removal's -errno
  * after trying every one.
  *
+ * Spares (NVIO_FILE_SPARE) are named ".<name>.nvio-spare" and are never
+ * taken for temporaries: nvio_clean_temporaries removes them only when
+ * asked. NVIO_CLEAN_SPARES removes the spares (of target, or all) whose
+ * target is gone (deleting a file saved with NVIO_FILE_SPARE leaves its
+ * spare: this frees that space); NVIO_CLEAN_ALL_SPARES removes them
+ * whether or not their target is there. Either way a spare is removed
+ * only if it is a regular file of one link, the caller's (any user's with
+ * NVIO_CLEAN_ANY_USER), and not in use by a writer (it is locked as a
+ * writer locks it); report gets each spare found too.
+ *
  * nvio_temp_name stores in buf the name a temporary of path gets when
  * this process makes it (in path's directory), for callers that create
  * their own (exclusively: O_CREAT|O_EXCL|O_NOFOLLOW), so that the sweep
@@ -744,6 +775,8 @@ NVIO_API uint32_t nvio_crc32_combine(uint32_t crc1, uint32_t crc2, uint64_t len2
  */
 #define NVIO_CLEAN_DRY_RUN	(1u << 0)
 #define NVIO_CLEAN_ANY_USER	(1u << 1)
+#define NVIO_CLEAN_SPARES	(1u << 2)
+#define NVIO_CLEAN_ALL_SPARES	(1u << 3)
 typedef void nvio_clean_fn(const char *name, int result, const char *why, void *arg);
 NVIO_API int nvio_clean_temporaries(const char *dir, const char *target, unsigned flags,
 				    nvio_clean_fn *report, void *arg);

@@ -16,6 +16,12 @@
  * unpredictable name). Commit names it (linkat through /proc/self/fd for
  * the unnamed one) and renames it over the target: the target is the old
  * file or the new one, never a part of either.
+ *
+ * With NVIO_FILE_SPARE the temporary is the target's spare (temps.c), the
+ * previous version's blocks overwritten in place, and commit swaps the
+ * names of spare and target (RENAME_EXCHANGE). The target is still never
+ * written: it changes only by that swap, made after the spare's data is
+ * durable, so a crash at any moment leaves the old target or the new.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -34,7 +40,7 @@
 
 #define KNOWN_FILE_FLAGS (NVIO_FILE_READ | NVIO_FILE_WRITE | NVIO_FILE_CREATE | \
 			  NVIO_FILE_EXCL | NVIO_FILE_TRUNC | NVIO_FILE_ATOMIC | \
-			  NVIO_FILE_NOSYNC)
+			  NVIO_FILE_NOSYNC | NVIO_FILE_SPARE)
 
 /*
  * The name a write through path would reach, as open(2) follows it: the
@@ -118,6 +124,33 @@ static int temp_name(char **out, const char *dir, const char *target)
 }
 
 /*
+ * NVIO_FILE_SPARE on an existing target: its spare as the temporary, the
+ * one the last save left or, if none, a new one under the spare's name so
+ * that the next save finds one. -errno when there is none to take
+ * (temps.c says which): the caller then makes an ordinary temporary.
+ */
+static int open_spare(struct nvio_file *f, const char *dir)
+{
+	size_t len = strlen(dir) + NAME_MAX + 2;
+	char *name = malloc(len);
+	int fd = -ENOMEM;
+
+	if (name && (fd = nvio__spare_name(name, len, dir, base_of(f->target))) >= 0) {
+		fd = nvio__spare_take(name, 0);
+		if (fd == -ENOENT)
+			fd = nvio__spare_take(name, 1);
+	}
+	if (fd < 0) {
+		free(name);
+		return fd;
+	}
+	f->tmp_path = name;
+	f->spare = 1;
+	f->exchange = 1;
+	return fd;
+}
+
+/*
  * Where an atomic write goes. The target is path with its links followed,
  * so a link stays a link and the file it names is replaced, as a plain
  * open and write would. Only a regular file (or nothing) can be replaced:
@@ -155,6 +188,11 @@ static int open_temp(struct nvio_file *f, const char **what)
 	/* what killed writers of this target left (best effort) */
 	nvio__temps_sweep(dir, base_of(f->target), 0, NULL, NULL);
 	*what = "open temporary";
+	if ((f->flags & NVIO_FILE_SPARE) && f->keep_mode &&
+	    (fd = open_spare(f, dir)) >= 0) {
+		free(dir);
+		return fd;
+	}
 	fd = nvio__open(dir, O_TMPFILE | O_RDWR, mode);
 	if (fd >= 0) {
 		free(dir);
@@ -280,7 +318,7 @@ static int check_flags(unsigned flags, int by_fd)
 		return -EINVAL;
 	if ((flags & NVIO_FILE_ATOMIC) && (flags & (NVIO_FILE_EXCL | NVIO_FILE_TRUNC)))
 		return -EINVAL;	/* CREATE is what ATOMIC does anyway */
-	if ((flags & NVIO_FILE_NOSYNC) && !(flags & NVIO_FILE_ATOMIC))
+	if ((flags & (NVIO_FILE_NOSYNC | NVIO_FILE_SPARE)) && !(flags & NVIO_FILE_ATOMIC))
 		return -EINVAL;
 	if ((flags & NVIO_FILE_EXCL) && !(flags & NVIO_FILE_CREATE))
 		return -EINVAL;
@@ -346,7 +384,7 @@ int nvio__file_make(struct nvio_handle *h, const char *path, int fd,
 	}
 	if (!r) {
 		f->plain = !S_ISREG(f->st.st_mode) && !S_ISBLK(f->st.st_mode);
-		atomic_store(&f->size, size);
+		atomic_store(&f->size, f->spare ? 0 : size);	/* a spare starts empty */
 		if (h->cfg.direct != NVIO_DIRECT_OFF)
 			f->align = dio_align(f->fd, &f->mem_align);
 		if (f->align && !f->plain)
@@ -412,8 +450,8 @@ void nvio__file_free(struct nvio_file *f)
 		return;
 	nvio__file_close_fds(f);
 	remove_created(f);
-	if (f->tmp_path && !f->committed)
-		nvio__sys.unlink(f->tmp_path);
+	if (f->tmp_path && !f->committed && !f->spare)
+		nvio__sys.unlink(f->tmp_path);	/* a spare stays: its blocks matter */
 	pthread_mutex_destroy(&f->lock);
 	free(f->path);
 	free(f->tmp_path);
@@ -567,17 +605,60 @@ static int name_tmpfile(struct nvio_file *f)
 }
 
 /*
- * Puts an atomic file in place of its target: data durable first when
- * asked (f->flags), the target's permissions, a name, then one rename,
- * then the directory. A private file (write_file) closes its descriptors
- * before the rename, so that an error writeback reports at close (NFS)
- * still keeps the old file. On error the target is untouched and the
- * temporary's name is gone; *what names the failed step.
+ * Puts a spare in place of its target by swapping their names, so that
+ * the old target is the next save's spare; done while this writer holds
+ * the spare's lock, so no other writer has either file. The spare's name
+ * must still lead to this file: if something other than nvio moved it
+ * meanwhile, the file gets an ordinary hidden name and a plain rename
+ * (*plain set). A target removed meanwhile (ENOENT) or a file system
+ * without RENAME_EXCHANGE: a plain rename too, no spare left.
+ */
+static int swap_spare(struct nvio_file *f, int *plain, const char **what)
+{
+	struct stat st;
+	int r;
+
+	if (lstat(f->tmp_path, &st) < 0 || st.st_ino != f->st.st_ino ||
+	    st.st_dev != f->st.st_dev) {
+		free(f->tmp_path);
+		f->tmp_path = NULL;
+		f->spare = 0;
+		*plain = 1;
+		*what = "link";
+		return name_tmpfile(f);
+	}
+	if (nvio__sys.renameat2(AT_FDCWD, f->tmp_path, AT_FDCWD, f->target,
+				RENAME_EXCHANGE) == 0)
+		return 0;
+	r = errno;
+	if (r != EINVAL && r != ENOSYS && r != EOPNOTSUPP && r != ENOENT) {
+		*what = "rename (exchange with the spare)";
+		return -r;
+	}
+	if (nvio__sys.rename(f->tmp_path, f->target) < 0) {
+		*what = "rename";
+		return -errno;
+	}
+	return 0;
+}
+
+/*
+ * Puts an atomic file in place of its target: a spare cut to the size
+ * written, data durable first when asked (f->flags), the target's
+ * permissions, a name, then one rename (or exchange), then the directory.
+ * A private file (write_file) closes its descriptors before the rename,
+ * so that an error writeback reports at close (NFS) still keeps the old
+ * file. On error the target is untouched and the temporary's name is gone
+ * (a spare's stays: it is the spare still); *what names the failed step.
  */
 static int commit(struct nvio_file *f, int durable, const char **what)
 {
-	int r = 0;
+	int r = 0, plain = !f->spare;
 
+	if (f->spare && nvio__sys.ftruncate(f->fd, (off_t)atomic_load(&f->size)) < 0) {
+		*what = "truncate (the spare, to the size written)";
+		return -errno;
+	}
 	if (durable && nvio__sys.fsync(f->fd) < 0) {
 		*what = "fsync";
 		return -errno;
@@ -585,6 +666,11 @@ static int commit(struct nvio_file *f, int durable, const char **what)
 	if (f->keep_mode && fchmod(f->fd, f->tmp_mode) < 0) {
 		*what = "chmod";
 		return -errno;
+	}
+	if (f->spare) {
+		r = swap_spare(f, &plain, what);
+		if (r < 0 || !plain)
+			goto renamed;
 	}
 	if (f->tmpfile && !f->tmp_path && (r = name_tmpfile(f)) < 0) {
 		*what = "link";
@@ -596,12 +682,15 @@ static int commit(struct nvio_file *f, int durable, const char **what)
 		*what = "rename";
 		r = -errno;
 	}
-	if (r < 0) {
-		nvio__sys.unlink(f->tmp_path);
+renamed:
+	if (r < 0 && !f->spare) {
+		if (f->tmp_path)
+			nvio__sys.unlink(f->tmp_path);
 		free(f->tmp_path);
 		f->tmp_path = NULL;
-		return r;
 	}
+	if (r < 0)
+		return r;
 	f->committed = 1;
 	if (durable && (r = nvio__file_fsync_dir(f->target)) < 0)
 		*what = "fsync directory";

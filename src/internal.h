@@ -153,6 +153,8 @@ struct nvio_file {
 	int keep_mode;		/* target existed: its permission bits */
 	unsigned tmp_mode;
 	int committed;
+	int spare;		/* tmp_path is the target's spare, flock'ed on fd */
+	int exchange;		/* spare: commit swaps it with the target */
 	int private;		/* made for one by-path/fd op, closed with it */
 	int created;		/* its open created it */
 };
@@ -194,6 +196,15 @@ int nvio__file_fsync_dir(const char *path);
 int nvio__temp_name(char *buf, size_t len, const char *dir, const char *base);
 int nvio__temps_sweep(const char *dir, const char *base, unsigned flags,
 		      nvio_clean_fn *report, void *arg);
+/*
+ * temps.c: a target's spare (NVIO_FILE_SPARE), ".<base>.nvio-spare" in
+ * dir ("<dir>/" before it when dir is not NULL; its length or
+ * -ENAMETOOLONG); and the spare at path opened read-write and locked for
+ * this writer (create: made anew, O_EXCL), or -errno when it cannot be
+ * taken (none, a link, a hard link, another user's, in use).
+ */
+int nvio__spare_name(char *buf, size_t len, const char *dir, const char *base);
+int nvio__spare_take(const char *path, int create);
 
 struct nvio__op {
 	struct nvio_handle *h;

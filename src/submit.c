@@ -451,7 +451,9 @@ static int check_range(struct nvio__op *op, const char **what)
 		*what = "read (past the end of the file)";
 		if (end <= size || size == UINT64_MAX)
 			return 0;
-		if (S_ISREG(f->st.st_mode) && nvio__sys.fstat(f->fd, &st) == 0 &&
+		/* a spare's bytes past what was written are the old file's */
+		if (S_ISREG(f->st.st_mode) && !f->spare &&
+		    nvio__sys.fstat(f->fd, &st) == 0 &&
 		    (uint64_t)st.st_size >= end) {
 			nvio__file_note_end(f, (uint64_t)st.st_size);
 			return 0;

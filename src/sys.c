@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/eventfd.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -36,6 +37,7 @@ static int no_reap_fault(void)
 	.fstat = fstat, .fsync = fsync, .rename = rename, .unlink = unlink, \
 	.mlock = mlock, .fallocate = fallocate, .statx = statx, \
 	.ftruncate = ftruncate, .linkat = linkat, .eventfd = eventfd, \
+	.renameat2 = renameat2, .flock = flock, \
 	.io_result = identity_result, .reap_fault = no_reap_fault, \
 }
 

@@ -37,6 +37,9 @@ struct nvio__sys {
 	int (*linkat)(int olddirfd, const char *oldpath, int newdirfd,
 		      const char *newpath, int flags);
 	int (*eventfd)(unsigned initval, int flags);
+	int (*renameat2)(int olddirfd, const char *oldpath, int newdirfd,
+			 const char *newpath, unsigned flags);
+	int (*flock)(int fd, int op);
 	/*
 	 * Every completion of every engine passes through here before it is
 	 * checked: res is the byte count or -errno the kernel reported for

@@ -25,6 +25,18 @@
  * nothing here can tell: it is kept. Only regular files of the caller's
  * user are removed (all users' with NVIO_CLEAN_ANY_USER), by name in a
  * directory descriptor, never through a symbolic link.
+ *
+ * A spare (NVIO_FILE_SPARE) is another kind of hidden file beside a
+ * target: ".<target>.nvio-spare", the target's previous version, kept so
+ * that the next atomic write overwrites its blocks instead of allocating
+ * fresh ones. Its name never parses as a temporary (no owner part), so
+ * the sweep never removes it; nvio_clean_temporaries() does only with
+ * NVIO_CLEAN_SPARES. The rules for taking one are here
+ * (nvio__spare_take), for the writer and the cleaner alike: a regular
+ * file of one link, the caller's own, exclusively flock(2)ed without
+ * waiting, and still the file its name leads to once locked. A writer
+ * swaps names with the target only while it holds that lock, so a lock
+ * on the file the spare name leads to means nobody else is using it.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -34,18 +46,27 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
+#include "sys.h"
 
 /* ".nvio-" + 16 hex + "-" + pid (10) + "-" + start (20) + "-" + 8 hex,
  * and the leading "." */
 #define TEMP_SUFFIX_MAX 64
 #define TEMP_BASE_MAX (NAME_MAX - TEMP_SUFFIX_MAX)
-#define KNOWN_CLEAN_FLAGS (NVIO_CLEAN_DRY_RUN | NVIO_CLEAN_ANY_USER)
+#define KNOWN_CLEAN_FLAGS (NVIO_CLEAN_DRY_RUN | NVIO_CLEAN_ANY_USER | \
+			   NVIO_CLEAN_SPARES | NVIO_CLEAN_ALL_SPARES)
+#define SPARE_SUFFIX ".nvio-spare"
+/* the leading '.' and the suffix */
+#define SPARE_BASE_MAX (NAME_MAX - 1 - (sizeof(SPARE_SUFFIX) - 1))
+#define SPARE_CREATE 1u
+#define SPARE_WRITE 2u
+#define SPARE_ANY_USER 4u
 
 struct owner {
 	uint32_t boot;		/* 0: this boot cannot be told (no /proc) */
@@ -313,6 +334,9 @@ static int judge(int dfd, const char *name, const struct owner *o,
 	return 1;
 }
 
+static int spares_sweep(int dfd, DIR *d, const char *base, unsigned flags,
+			nvio_clean_fn *report, void *arg);
+
 int nvio__temps_sweep(const char *dir, const char *base, unsigned flags,
 		      nvio_clean_fn *report, void *arg)
 {
@@ -348,6 +372,13 @@ int nvio__temps_sweep(const char *dir, const char *base, unsigned flags,
 		if (report)
 			report(e->d_name, r, why, arg);
 	}
+	if (flags & (NVIO_CLEAN_SPARES | NVIO_CLEAN_ALL_SPARES)) {
+		int r = spares_sweep(dfd, d, base, flags, report, arg);
+
+		if (r < 0 && !failed)
+			failed = r;
+		count += r > 0 ? r : 0;
+	}
 	closedir(d);
 	return failed ? failed : count;
 }
@@ -377,4 +408,147 @@ int nvio_temp_name(const char *path, char *buf, size_t len)
 		    nvio__temp_name(buf, len, NULL, copy);
 	free(copy);
 	return r;
+}
+
+/* ---- spares ------------------------------------------------------------ */
+
+int nvio__spare_name(char *buf, size_t len, const char *dir, const char *base)
+{
+	int n;
+
+	if (strlen(base) > SPARE_BASE_MAX)
+		return -ENAMETOOLONG;
+	n = snprintf(buf, len, "%s%s.%s" SPARE_SUFFIX, dir ? dir : "",
+		     dir ? "/" : "", base);
+	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : n;
+}
+
+/* The target's name of a spare's name, in out (NAME_MAX + 1); 0 if name
+ * is not a spare's. */
+static int spare_base(const char *name, char *out)
+{
+	size_t n = strlen(name), s = sizeof(SPARE_SUFFIX) - 1;
+
+	if (name[0] != '.' || n <= s + 1 || strcmp(name + n - s, SPARE_SUFFIX))
+		return 0;
+	memcpy(out, name + 1, n - s - 1);
+	out[n - s - 1] = 0;
+	return 1;
+}
+
+/* -EPERM unless st is a regular file of one link and the euid's (a spare
+ * that may be overwritten: another name of it, or someone else's, not). */
+static int spare_usable(const struct stat *st, unsigned how)
+{
+	if (!S_ISREG(st->st_mode) || st->st_nlink != 1 ||
+	    (!(how & SPARE_ANY_USER) && st->st_uid != geteuid()))
+		return -EPERM;
+	return 0;
+}
+
+/*
+ * Opens the spare at path (relative to dfd) and locks it. how:
+ * SPARE_CREATE a new one (O_EXCL); SPARE_WRITE read-write (else read
+ * only: enough to lock it); SPARE_ANY_USER whoever's. An existing one is
+ * looked at through an O_PATH descriptor first, so that no device or FIFO
+ * is ever opened, and, to be written, made writable by its owner (it has
+ * its target's old mode bits, which may lack that). Returns the locked fd
+ * or -errno: -ENOENT none, -ELOOP or -EPERM not usable (a link, a hard
+ * link, not ours), -EWOULDBLOCK in use, -ESTALE its name led elsewhere
+ * once it was locked.
+ */
+static int spare_lock(int dfd, const char *path, unsigned how)
+{
+	struct stat st, now;
+	char proc[64];
+	int fd, pfd, r;
+
+	if (how & SPARE_CREATE) {
+		fd = nvio__open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW, 0600);
+		if (fd < 0)
+			return fd;
+	} else {
+		pfd = openat(dfd, path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+		if (pfd < 0)
+			return -errno;
+		r = fstat(pfd, &st) < 0 ? -errno : S_ISLNK(st.st_mode) ? -ELOOP :
+		    spare_usable(&st, how);
+		snprintf(proc, sizeof(proc), "/proc/self/fd/%d", pfd);
+		if (!r && (how & SPARE_WRITE) && (st.st_mode & 0600) != 0600 &&
+		    chmod(proc, 0600) < 0)
+			r = -errno;
+		fd = r ? r : nvio__open(proc, how & SPARE_WRITE ? O_RDWR : O_RDONLY, 0);
+		close(pfd);
+		if (fd < 0)
+			return fd;
+	}
+	r = nvio__sys.flock(fd, LOCK_EX | LOCK_NB) < 0 ? -errno : 0;
+	if (!r && nvio__sys.fstat(fd, &st) < 0)
+		r = -errno;
+	if (!r)
+		r = spare_usable(&st, how);
+	if (!r && (fstatat(dfd, path, &now, AT_SYMLINK_NOFOLLOW) < 0 ||
+		   now.st_ino != st.st_ino || now.st_dev != st.st_dev))
+		r = -ESTALE;
+	if (r) {
+		nvio__sys.close(fd);
+		return r;
+	}
+	return fd;
+}
+
+int nvio__spare_take(const char *path, int create)
+{
+	return spare_lock(AT_FDCWD, path, SPARE_WRITE | (create ? SPARE_CREATE : 0));
+}
+
+/*
+ * NVIO_CLEAN_SPARES: removes dir's spares (of base only, when not NULL)
+ * whose target is gone, or every one with NVIO_CLEAN_ALL_SPARES, each
+ * locked as a writer locks it (one in use by a writer is kept). Returns
+ * how many were removed (or would be), or the first error.
+ */
+static int spares_sweep(int dfd, DIR *d, const char *base, unsigned flags,
+			nvio_clean_fn *report, void *arg)
+{
+	unsigned how = flags & NVIO_CLEAN_ANY_USER ? SPARE_ANY_USER : 0;
+	char target[NAME_MAX + 1];
+	struct dirent *e;
+	struct stat st;
+	int count = 0, failed = 0;
+
+	rewinddir(d);
+	while ((e = readdir(d)) != NULL) {
+		const char *why;
+		int fd, r = 0;
+
+		if (!spare_base(e->d_name, target) || (base && strcmp(base, target)))
+			continue;
+		if (!(flags & NVIO_CLEAN_ALL_SPARES) &&
+		    fstatat(dfd, target, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+			why = "spare of an existing target";
+		} else if ((fd = spare_lock(dfd, e->d_name, how)) < 0) {
+			why = fd == -EWOULDBLOCK ? "spare in use by a writer" :
+			      fd == -EPERM || fd == -ELOOP ?
+			      "not removable (a link, a hard link, or another user's)" :
+			      "changed while it was looked at";
+		} else {
+			why = flags & NVIO_CLEAN_ALL_SPARES ? "spare" :
+			      "spare of a target that is gone";
+			r = 1;
+			if (!(flags & NVIO_CLEAN_DRY_RUN) &&
+			    unlinkat(dfd, e->d_name, 0) < 0 && errno != ENOENT)
+				r = -errno;
+			nvio__sys.close(fd);
+		}
+		if (r > 0)
+			count++;
+		else if (r < 0 && !failed)
+			failed = r;
+		if (r < 0)
+			why = strerror(-r);
+		if (report)
+			report(e->d_name, r, why, arg);
+	}
+	return failed ? failed : count;
 }

@@ -1,5 +1,5 @@
 /*
- * clean.c - `nvio clean [--dry-run] DIR`: removes the temporaries that
+ * clean.c - `nvio clean [--dry-run] [--spares[=all]] DIR`: removes the temporaries that
  * killed writers left in DIR (nvio_clean_temporaries), one line per
  * temporary found.
  */
@@ -23,9 +23,16 @@ static const char clean_help[] =
 "every target's. Prints one line per temporary found: 'removed', 'would\n"
 "remove' (--dry-run), 'kept' or 'failed', its name and why.\n"
 "\n"
+"Spares ('.NAME.nvio-spare', the previous versions kept by saves made with\n"
+"NVIO_FILE_SPARE / spare=True so that the next save overwrites their blocks)\n"
+"are removed only with --spares: those whose target NAME is gone, or every\n"
+"one with --spares=all (each costs the size of its file on disk; the next\n"
+"spare save makes a new one). A spare in use by a writer is kept.\n"
+"\n"
 "Options:\n"
 "  -n, --dry-run   remove nothing, say what would be removed\n"
 "  --any-user      also other users' temporaries (root)\n"
+"  --spares[=all]  also spares whose target is gone (all: every spare)\n"
 "  -h, --help      this text\n";
 
 struct tally {
@@ -48,6 +55,7 @@ int cmd_clean(int argc, char **argv)
 	static const struct option opts[] = {
 		{ "dry-run", no_argument, 0, 'n' },
 		{ "any-user", no_argument, 0, 'u' },
+		{ "spares", optional_argument, 0, 's' },
 		{ "help", no_argument, 0, 'h' },
 		{ 0, 0, 0, 0 }
 	};
@@ -65,6 +73,10 @@ int cmd_clean(int argc, char **argv)
 			t.dry = 1;
 		} else if (c == 'u') {
 			flags |= NVIO_CLEAN_ANY_USER;
+		} else if (c == 's' && (!optarg || !strcmp(optarg, "all"))) {
+			flags |= optarg ? NVIO_CLEAN_ALL_SPARES : NVIO_CLEAN_SPARES;
+		} else if (c == 's') {
+			usage_error("--spares takes no value or 'all'");
 		} else {
 			bad_option(argv, c);
 		}

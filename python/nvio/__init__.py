@@ -20,6 +20,7 @@ from ._nvio import (
     FILE_EXCL,
     FILE_NOSYNC,
     FILE_READ,
+    FILE_SPARE,
     FILE_TRUNC,
     FILE_WRITE,
     FSYNC,
@@ -94,5 +95,6 @@ __all__ = [
     "staging_set_limit",
     "open", "NvioFile", "save", "load", "async_save", "AsyncCheckpointer", "CheckpointError", "File", "Stream", "NvioFuture", "Completions", "completions",
     "FILE_READ", "FILE_WRITE", "FILE_CREATE", "FILE_EXCL", "FILE_TRUNC", "FILE_ATOMIC", "FILE_NOSYNC",
+    "FILE_SPARE",
     "OP_READ", "OP_WRITE", "VALIDATE", "FSYNC", "OFFSET_PER_IOV",
 ]

@@ -275,6 +275,7 @@ FILE_EXCL: Final[int]
 FILE_TRUNC: Final[int]
 FILE_ATOMIC: Final[int]
 FILE_NOSYNC: Final[int]  # with FILE_ATOMIC: commit without fsync
+FILE_SPARE: Final[int]  # with FILE_ATOMIC: overwrite the previous version's blocks (a spare)
 OP_READ: Final[int]
 OP_WRITE: Final[int]
 VALIDATE: Final[int]
@@ -403,9 +404,9 @@ def probe(dir: StrOrBytesPath | None = None, /) -> _Probe:
 def file_size(path: StrOrBytesPath, /) -> int: ...
 def clean_temporaries(
     dir: StrOrBytesPath, target: StrOrBytesPath | None = None, *, dry_run: bool = False,
-    any_user: bool = False,
+    any_user: bool = False, spares: bool | Literal["all"] = False,
 ) -> tuple[int, list[tuple[str, int, str]]]:
-    """Remove dir's temporaries of atomic writes whose writer is dead."""
+    """Remove dir's temporaries of atomic writes whose writer is dead (and spares)."""
 def temp_name(path: StrOrBytesPath, /) -> str:
     """A fresh name for a temporary of path that carries this process as owner."""
 def gds_mode() -> tuple[Literal["direct", "compat", "none"], str]: ...

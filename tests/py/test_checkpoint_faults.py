@@ -175,6 +175,16 @@ def _save(st, p, kind):
         nvio.save(st, p, durable=durable)
 
 
+def _save_spare(st, p, kind):
+    """As _save, with spare=True: the new version goes into the blocks of
+    the one before the last, swapped in at commit."""
+    durable = kind < 2
+    if kind % 2:
+        nvio.async_save(st, p, durable=durable, spare=True).result()
+    else:
+        nvio.save(st, p, durable=durable, spare=True)
+
+
 def _save_in_place(st, p, kind):
     """A writer that is not atomic (torch.save truncates and writes in
     place): the kills must catch it."""
@@ -250,7 +260,10 @@ def _kill_round(p, first, kind, rng, save):
     return pid, seen.count(b"d"), seen.endswith(b"s")
 
 
-def kill_rounds(d, rounds, seed, named=False, save=_save):
+SPARE = ".ck.pt.nvio-spare"
+
+
+def kill_rounds(d, rounds, seed, named=False, save=_save, spare=False):
     """Saves in forked children, each SIGKILLed at a random moment of a
     save (kinds 0-3 in turn), at least ``rounds`` times and until enough
     kills came inside a save (and, ``named``, left a named temporary),
@@ -260,7 +273,9 @@ def kill_rounds(d, rounds, seed, named=False, save=_save):
     clean` (every other round) or by the next save (the others).
     Returns counts: rounds, inside (killed inside a save), kept (of those,
     the destination held the state before), landed (the save killed had
-    already renamed its file), stale (temporaries left)."""
+    already renamed its file), stale (temporaries left). ``spare``: the
+    saves keep a spare (save=_save_spare), which is not a temporary: it
+    stays beside the destination through kills and `nvio clean`."""
     p = os.path.join(d, "ck.pt")
     nvio.save(make_state(0), p)
     rng = random.Random(seed)
@@ -290,7 +305,7 @@ def kill_rounds(d, rounds, seed, named=False, save=_save):
         # A temporary is named just before its rename (O_TMPFILE: Linux has
         # no link-over) or from the start (no O_TMPFILE): a kill leaves it.
         # At most the killed child's is there: the one before was removed.
-        left = sorted(os.listdir(d))
+        left = sorted(x for x in os.listdir(d) if not (spare and x == SPARE))
         temps = [x for x in left if x != "ck.pt"]
         assert "ck.pt" in left and len(temps) <= 1, (rnd, left)
         assert all(x.startswith(".ck.pt.nvio-") and x.split("-")[2] == str(pid)
@@ -298,10 +313,16 @@ def kill_rounds(d, rounds, seed, named=False, save=_save):
         n["stale"] += len(temps)
         if temps and rnd % 2:
             _clean(d)
-            assert os.listdir(d) == ["ck.pt"], (rnd, os.listdir(d))
+            assert sorted(os.listdir(d)) == _kept(spare, d), (rnd, os.listdir(d))
     _clean(d)
-    assert os.listdir(d) == ["ck.pt"] and check_state(nvio.load(p)) == last
+    assert sorted(os.listdir(d)) == _kept(spare, d) and check_state(nvio.load(p)) == last
     return n
+
+
+def _kept(spare, d):
+    """What a directory of kill rounds holds once cleaned: the destination,
+    and its spare (which every save after the second leaves)."""
+    return [SPARE, "ck.pt"] if spare and os.path.exists(os.path.join(d, SPARE)) else ["ck.pt"]
 
 
 def _clean(d):
@@ -330,6 +351,20 @@ def test_sigkill_catches_a_writer_that_is_not_atomic(tmp_path):
     d.mkdir()
     with pytest.raises(AssertionError, match="unreadable"):
         kill_rounds(str(d), 20, 3, save=_save_in_place)
+
+
+KILL_ROUNDS_SPARE = 40
+
+
+def test_sigkill_during_spare_saves_leaves_old_or_new(tmp_path):
+    """spare=True: the data goes into the spare's blocks and only an
+    exchange of names puts it in place; a kill at any moment leaves the old
+    or the new checkpoint, and the spare stays (40 rounds)."""
+    d = tmp_path / "k"
+    d.mkdir()
+    n = kill_rounds(str(d), KILL_ROUNDS_SPARE, 13, save=_save_spare, spare=True)
+    assert n["inside"] >= KILL_ROUNDS_SPARE // 2 and n["kept"] >= KILL_ROUNDS_SPARE // 4, n
+    assert os.path.exists(os.path.join(str(d), SPARE))     # the spare was in use
 
 
 NAMED_SCRIPT = r"""

@@ -621,9 +621,10 @@ static PyObject *file_open_common(ext_handle *hd, PyObject *pathobj, int fd,
 		 * write refuses a FIFO or a device): name the path. */
 		unsigned known = NVIO_FILE_READ | NVIO_FILE_WRITE | NVIO_FILE_CREATE |
 				 NVIO_FILE_EXCL | NVIO_FILE_TRUNC | NVIO_FILE_ATOMIC |
-				 NVIO_FILE_NOSYNC;
+				 NVIO_FILE_NOSYNC | NVIO_FILE_SPARE;
 		int bad_flags = (flags & ~known) ||
-			((flags & NVIO_FILE_NOSYNC) && !(flags & NVIO_FILE_ATOMIC)) ||
+			((flags & (NVIO_FILE_NOSYNC | NVIO_FILE_SPARE)) &&
+			 !(flags & NVIO_FILE_ATOMIC)) ||
 			!(flags & (NVIO_FILE_READ | NVIO_FILE_WRITE | NVIO_FILE_ATOMIC)) ||
 			((flags & NVIO_FILE_ATOMIC) &&
 			 (flags & (NVIO_FILE_TRUNC | NVIO_FILE_EXCL)));
@@ -1948,7 +1949,7 @@ int ext_files_exec(PyObject *m, ext_state *st)
 		{ "FILE_READ", NVIO_FILE_READ }, { "FILE_WRITE", NVIO_FILE_WRITE },
 		{ "FILE_CREATE", NVIO_FILE_CREATE }, { "FILE_EXCL", NVIO_FILE_EXCL },
 		{ "FILE_TRUNC", NVIO_FILE_TRUNC }, { "FILE_ATOMIC", NVIO_FILE_ATOMIC },
-		{ "FILE_NOSYNC", NVIO_FILE_NOSYNC },
+		{ "FILE_NOSYNC", NVIO_FILE_NOSYNC }, { "FILE_SPARE", NVIO_FILE_SPARE },
 		{ "OP_READ", NVIO_OP_READ }, { "OP_WRITE", NVIO_OP_WRITE },
 		{ "VALIDATE", NVIO_VALIDATE }, { "FSYNC", NVIO_FSYNC },
 		{ "OFFSET_PER_IOV", NVIO_OFFSET_PER_IOV }, { "MAX_IOV", NVIO_MAX_IOV },

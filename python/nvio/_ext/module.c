@@ -297,24 +297,41 @@ static void clean_report(const char *name, int result, const char *why, void *ar
  * report builds Python objects. */
 static PyObject *m_clean_temporaries(PyObject *m, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = { "dir", "target", "dry_run", "any_user", NULL };
+	static char *kwlist[] = { "dir", "target", "dry_run", "any_user", "spares", NULL };
 	PyObject *dirb = NULL, *targetb = NULL, *dry = Py_False, *any = Py_False, *res;
+	PyObject *spares = Py_False;
+	unsigned spare_flags = 0;
+	int sp = 0;
 	struct clean_list c = { NULL, 0 };
 	int d = 0, a = 0, rc;
 	unsigned flags;
 	char what[4200];
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|O&$OO:clean_temporaries", kwlist,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|O&$OOO:clean_temporaries", kwlist,
 					 PyUnicode_FSConverter, &dirb,
-					 PyUnicode_FSConverter, &targetb, &dry, &any))
+					 PyUnicode_FSConverter, &targetb, &dry, &any, &spares))
 		return NULL;
-	if (ext_parse_flag(dry, "dry_run", &d) < 0 || ext_parse_flag(any, "any_user", &a) < 0 ||
-	    !(c.list = PyList_New(0))) {
+	/* spares: False, True (those whose target is gone) or "all" */
+	if (PyUnicode_Check(spares)) {
+		if (PyUnicode_CompareWithASCIIString(spares, "all") == 0) {
+			spare_flags = NVIO_CLEAN_ALL_SPARES;
+		} else {
+			PyErr_SetString(PyExc_ValueError,
+					"nvio: clean_temporaries: spares must be a bool or 'all'");
+			sp = -1;
+		}
+	} else if (ext_parse_flag(spares, "spares", &sp) < 0) {
+		sp = -1;
+	} else if (sp) {
+		spare_flags = NVIO_CLEAN_SPARES;
+	}
+	if (sp < 0 || ext_parse_flag(dry, "dry_run", &d) < 0 ||
+	    ext_parse_flag(any, "any_user", &a) < 0 || !(c.list = PyList_New(0))) {
 		Py_DECREF(dirb);
 		Py_XDECREF(targetb);
 		return NULL;
 	}
-	flags = (d ? NVIO_CLEAN_DRY_RUN : 0) | (a ? NVIO_CLEAN_ANY_USER : 0);
+	flags = (d ? NVIO_CLEAN_DRY_RUN : 0) | (a ? NVIO_CLEAN_ANY_USER : 0) | spare_flags;
 	rc = nvio_clean_temporaries(PyBytes_AsString(dirb),
 				    targetb ? PyBytes_AsString(targetb) : NULL, flags,
 				    clean_report, &c);
@@ -369,9 +386,11 @@ static PyMethodDef module_functions[] = {
 	  "file_size(path)\n--\n\nSize of a file in bytes." },
 	{ "clean_temporaries", (PyCFunction)(void (*)(void))m_clean_temporaries,
 	  METH_VARARGS | METH_KEYWORDS,
-	  "clean_temporaries(dir, target=None, *, dry_run=False, any_user=False)\n--\n\n"
+	  "clean_temporaries(dir, target=None, *, dry_run=False, any_user=False, spares=False)\n--\n\n"
 	  "Remove from dir the temporaries of atomic writes whose writer is dead (of\n"
-	  "target's name only, when given); see nvio_clean_temporaries(3). Returns\n"
+	  "target's name only, when given); spares=True also the spares (FILE_SPARE)\n"
+	  "whose target is gone, spares='all' every spare not in use; see\n"
+	  "nvio_clean_temporaries(3). Returns\n"
 	  "(count, [(name, result, why), ...]): result 1 removed (or would be), 0 kept,\n"
 	  "-errno if removing failed." },
 	{ "temp_name", m_temp_name, METH_O,

@@ -147,10 +147,13 @@ class AsyncCheckpointer:
 
     # -- the caller's side ----------------------------------------------------
 
-    def save(self, obj, path, *, durable=True, align=DEFAULT_ALIGN, pickle_protocol=2):
+    def save(self, obj, path, *, durable=True, align=DEFAULT_ALIGN, pickle_protocol=2,
+             spare=False):
         """Snapshot ``obj`` and queue its write to ``path``; a future of the
-        file's size in bytes (or of the error, which names the path)."""
+        file's size in bytes (or of the error, which names the path).
+        ``spare``: as :func:`nvio.save`'s."""
         durable = _nvio.check_flag(durable, "durable")
+        spare = _nvio.check_flag(spare, "spare")
         path = os.fspath(path)
         plan = Plan(obj, path, align, pickle_protocol)
         buf = self._acquire(plan.size)
@@ -166,7 +169,7 @@ class AsyncCheckpointer:
         with self._lock:
             closed = self._closed
             if not closed:
-                self._queue.append((plan, buf, path, durable, fut))
+                self._queue.append((plan, buf, path, (durable, spare), fut))
                 self._busy += 1
             if not closed and self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="nvio-ckpt-writer",
@@ -261,9 +264,9 @@ class AsyncCheckpointer:
                     self._thread = None
                     return
                 job = self._queue.popleft()
-            plan, buf, path, durable, fut = job
+            plan, buf, path, (durable, spare), fut = job
             try:
-                size = self._write(plan, buf, path, durable)
+                size = self._write(plan, buf, path, durable, spare)
             except BaseException as e:  # noqa: BLE001 - it goes to the future
                 err = e
                 if isinstance(e, _Abandoned):
@@ -283,7 +286,7 @@ class AsyncCheckpointer:
         if self._abandon:
             raise _Abandoned()
 
-    def _write(self, plan, buf, path, durable):
+    def _write(self, plan, buf, path, durable, spare):
         self._check()
         recs = [r for r, _ in plan.data]
         crcs = crc_submit([(buf.address + r.data_offset, r.size) for r in recs])()
@@ -297,9 +300,9 @@ class AsyncCheckpointer:
         if h is None:
             from ._save import default_handle
             h = default_handle()
-        flags = _nvio.FILE_ATOMIC | (0 if durable else _nvio.FILE_NOSYNC)
-        from ._save import hold_replaced, release_replaced
-        old = hold_replaced(path)
+        from ._save import atomic_flags, hold_replaced, release_replaced
+        flags = atomic_flags(durable, spare)
+        old = None if spare else hold_replaced(path)
         try:
             with h.open(path, flags) as f:
                 if plan.size >= 1 << 20:
@@ -331,15 +334,17 @@ def default_checkpointer():
         return _default
 
 
-def async_save(obj, path, *, durable=True, align=DEFAULT_ALIGN, pickle_protocol=2):
+def async_save(obj, path, *, durable=True, align=DEFAULT_ALIGN, pickle_protocol=2,
+               spare=False):
     """Save like :func:`nvio.save`, in the background: returns a future once
     the state is copied (the caller may then change its tensors); the
     future's result is the file's size once it is in place (durably unless
     ``durable=False``). Saves are written in call order; interpreter exit
     waits for them (see :class:`AsyncCheckpointer` to change that or to
-    bound the snapshot memory)."""
+    bound the snapshot memory). ``spare=True``: write into the previous
+    version's blocks, as :func:`nvio.save`'s ``spare``."""
     return default_checkpointer().save(obj, path, durable=durable, align=align,
-                                       pickle_protocol=pickle_protocol)
+                                       pickle_protocol=pickle_protocol, spare=spare)
 
 
 @atexit.register

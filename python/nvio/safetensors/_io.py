@@ -23,7 +23,7 @@ import torch
 from .. import _device, _nvio
 from ..checkpoint._load import _alloc_host, _read_pieces
 from ..checkpoint._plan import u8
-from ..checkpoint._save import default_handle, write_device
+from ..checkpoint._save import atomic_flags, default_handle, write_device
 from ._format import (BY_TORCH, PACKED, PREFIX, SafetensorsError, header_length, layout,
                       parse_header)
 
@@ -388,7 +388,7 @@ def save(tensors, metadata=None):
     return bytes(out)
 
 
-def save_file(tensors, filename, metadata=None, *, durable=True, handle=None):
+def save_file(tensors, filename, metadata=None, *, durable=True, handle=None, spare=False):
     """Save like ``safetensors.torch.save_file``: the same bytes, written by
     libnvio straight from the tensors' memory, crash-safe.
 
@@ -399,13 +399,16 @@ def save_file(tensors, filename, metadata=None, *, durable=True, handle=None):
     fsyncs. Shared and non-contiguous tensors are refused as safetensors
     refuses them (RuntimeError, ValueError). CUDA tensors go to the file
     straight from device memory (the handle's bounce buffers, or cuFile on
-    a GdsHandle), with no host copy.
+    a GdsHandle), with no host copy. ``spare=True`` writes into the blocks
+    of the file's previous version, kept beside it as a hidden spare (as
+    :func:`nvio.save`'s ``spare``: faster on thin or loop-backed disks, one
+    more copy of the file on disk).
     """
     path = _path(filename)
     head, data = plan(tensors, metadata)
     size = len(head) + sum(t.numel() for _, _, t in data)
     h = handle if handle is not None else default_handle()
-    flags = _nvio.FILE_ATOMIC | (0 if _nvio.check_flag(durable, "durable") else _nvio.FILE_NOSYNC)
+    flags = atomic_flags(_nvio.check_flag(durable, "durable"), _nvio.check_flag(spare, "spare"))
     with h.open(path, flags) as f:         # an exception abandons the temporary
         if size >= 1 << 20:
             try:

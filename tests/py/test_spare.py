@@ -1,0 +1,181 @@
+"""Saves with spare=True (libnvio's FILE_SPARE): the new version is written
+into the blocks of the version before the last, kept beside the file as
+the hidden spare ``.NAME.nvio-spare`` and swapped with it at commit.
+
+Checked on every engine, direct I/O on and off: nvio.save round trips over
+saves that grow and shrink (torch.load equal every time), the inodes show
+the spare was used (the spare's becomes the file's, the old file's the
+spare), async_save the same, safetensors files read back by the safetensors
+library and equal to its own bytes, flags and arguments refused where they
+do not apply, and the cleaning of spares. The SIGKILL loop with spare=True
+is in test_checkpoint_faults.py.
+"""
+import os
+import zipfile
+
+import pytest
+
+import nvio
+from nvio import _nvio
+
+torch = pytest.importorskip("torch")
+
+
+def state(i, n):
+    g = torch.Generator().manual_seed(i)
+    return {"i": i, "w": torch.randn(n, generator=g),
+            "b": torch.arange(i + 3, dtype=torch.int64),
+            "h": torch.randn(7, 5, generator=g).to(torch.bfloat16)}
+
+
+def same(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+        else:
+            assert a[k] == b[k], k
+
+
+def spare_of(p):
+    return os.path.join(os.path.dirname(p), "." + os.path.basename(p) + ".nvio-spare")
+
+
+def ino(p):
+    return os.lstat(p).st_ino
+
+
+# sizes of the four saves: grow past the spare, shrink well below it
+SIZES = [300_000, 700_001, 5_000, 400_000]
+
+
+def test_save_spare_round_trips(handle, tmp_path):
+    p = str(tmp_path / "ck.pt")
+    sp = spare_of(p)
+    inos = []
+    for i, n in enumerate(SIZES):
+        before = ino(p) if os.path.exists(p) else None
+        spare_before = ino(sp) if os.path.exists(sp) else None
+        st = state(i, n)
+        nvio.save(st, p, handle=handle, spare=True)
+        same(torch.load(p, weights_only=True), st)
+        same(nvio.load(p, handle=handle), st)
+        assert sorted(os.listdir(tmp_path)) == (["ck.pt"] if i == 0 else [".ck.pt.nvio-spare",
+                                                                          "ck.pt"])
+        if i >= 1:
+            assert ino(sp) == before            # the old version is the spare now
+        if i >= 2:
+            assert ino(p) == spare_before       # written into the spare's blocks
+        inos.append(ino(p))
+    assert inos[2] == inos[0] and inos[3] == inos[1]
+
+
+def test_save_spare_exact_size_and_valid_zip(tmp_path):
+    """The size of a save without spare (no stale bytes of the larger old
+    version past the end of the smaller new one), and a zip whose every
+    record's CRC-32 checks (torch.save's records differ only in the random
+    serialization id)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b = str(tmp_path / "a" / "ck.pt"), str(tmp_path / "b" / "ck.pt")
+    for i, n in enumerate(SIZES):
+        nvio.save(state(i, n), a, spare=True)
+        nvio.save(state(i, n), b)
+        assert os.path.getsize(a) == os.path.getsize(b), i
+        with zipfile.ZipFile(a) as z:
+            assert z.testzip() is None, i
+
+
+def test_async_save_spare(tmp_path):
+    p = str(tmp_path / "ck.pt")
+    futs = []
+    states = [state(i, n) for i, n in enumerate(SIZES)]
+    for st in states[:3]:
+        futs.append(nvio.async_save(st, p, spare=True))
+        futs[-1].result()
+        same(torch.load(p, weights_only=True), st)
+    t = ino(p)
+    s = ino(spare_of(p))
+    nvio.async_save(states[3], p, spare=True, durable=False).result()
+    same(torch.load(p, weights_only=True), states[3])
+    assert ino(p) == s and ino(spare_of(p)) == t
+
+
+def test_spare_refused_where_it_does_not_apply(tmp_path):
+    p = str(tmp_path / "ck.pt")
+    with pytest.raises(ValueError, match="group"):
+        nvio.save({"a": torch.ones(3)}, p, spare=True, group=object())
+    assert not os.path.exists(p)
+    h = nvio.Handle()
+    with pytest.raises(ValueError, match="flags"):
+        h.open(p, _nvio.FILE_WRITE | _nvio.FILE_CREATE | _nvio.FILE_SPARE)
+    with pytest.raises((TypeError, ValueError)):
+        nvio.save({"a": torch.ones(3)}, p, spare="yes")
+    h.close()
+
+
+def test_abandoned_spare_save_leaves_the_file(tmp_path):
+    """An error inside a spare save: the file keeps its bytes and inode, the
+    spare stays (its blocks are what it is kept for), nothing else left."""
+    p = str(tmp_path / "ck.pt")
+    for i in range(2):
+        nvio.save(state(i, 1000), p, spare=True)
+    before = open(p, "rb").read()
+    t, s = ino(p), ino(spare_of(p))
+
+    class Bad:
+        def __reduce__(self):
+            raise RuntimeError("cannot pickle this")
+
+    with pytest.raises(Exception):
+        nvio.save({"w": torch.ones(100_000), "bad": Bad()}, p, spare=True)
+    h = nvio.Handle()
+    with pytest.raises(RuntimeError, match="boom"):
+        with h.open(p, _nvio.FILE_ATOMIC | _nvio.FILE_SPARE) as f:
+            f.pwrite(b"x" * 5000, 0)
+            raise RuntimeError("boom")
+    h.close()
+    assert open(p, "rb").read() == before
+    assert ino(p) == t and ino(spare_of(p)) == s
+    assert sorted(os.listdir(tmp_path)) == [".ck.pt.nvio-spare", "ck.pt"]
+
+
+def test_safetensors_save_file_spare(handle, tmp_path):
+    st = pytest.importorskip("safetensors.torch")
+    from nvio import safetensors as nst
+    p = str(tmp_path / "m.safetensors")
+    for i, n in enumerate(SIZES):
+        g = torch.Generator().manual_seed(i)
+        ts = {"w%d" % k: torch.randn(n // (k + 1), generator=g) for k in range(3)}
+        ts["e"] = torch.zeros(0, dtype=torch.int8)
+        meta = {"step": str(i)}
+        nst.save_file(ts, p, metadata=meta, handle=handle, spare=True)
+        got = st.load_file(p)
+        assert got.keys() == ts.keys()
+        for k in ts:
+            assert torch.equal(got[k], ts[k]), k
+        with open(p, "rb") as f:
+            assert f.read() == st.save(ts, metadata=meta), i
+    assert os.path.exists(spare_of(p))
+
+
+def test_clean_spares(tmp_path):
+    p = str(tmp_path / "ck.pt")
+    for i in range(2):
+        nvio.save(state(i, 1000), p, spare=True)
+    # the sweep of dead writers' temporaries never takes a spare
+    n, found = _nvio.clean_temporaries(str(tmp_path))
+    assert n == 0 and found == []
+    n, found = _nvio.clean_temporaries(str(tmp_path), spares=True)
+    assert n == 0 and [(x, r) for x, r, _ in found] == [(".ck.pt.nvio-spare", 0)]
+    os.unlink(p)
+    n, found = _nvio.clean_temporaries(str(tmp_path), spares=True, dry_run=True)
+    assert n == 1 and os.listdir(tmp_path) == [".ck.pt.nvio-spare"]
+    n, _ = _nvio.clean_temporaries(str(tmp_path), spares=True)
+    assert n == 1 and os.listdir(tmp_path) == []
+    for i in range(2):
+        nvio.save(state(i, 1000), p, spare=True)
+    n, _ = _nvio.clean_temporaries(str(tmp_path), spares="all")
+    assert n == 1 and os.listdir(tmp_path) == ["ck.pt"]
+    with pytest.raises(ValueError):
+        _nvio.clean_temporaries(str(tmp_path), spares="some")
