@@ -8,7 +8,11 @@ next to nothing and what is left is software: argument handling, opening
 the file, system calls, threads.
 
 Methods, each reading (or writing) SIZE bytes at a rotating offset:
-  python-fd     os.preadv / os.pwritev on an open descriptor
+  python-fd     os.preadv / os.pwritev on an open descriptor, a memoryview
+  python-fd-tnp the same as a torch user must write it for a tensor t:
+                os.preadv(fd, [t.numpy()], off), the NumPy view made per
+                call (the tensor may have been resized or replaced since)
+  python-fd-np  os.preadv(fd, [a], off) with a = t.numpy() made once
   python-path   open(path, buffering=0), seek, readinto/write, close
   nvio-fd       AioHandle(direct=False).sync_pread(t, fd) (the same writes)
   nvio-path     the same by path (nvio opens and closes the file)
@@ -27,7 +31,8 @@ new_cpu_locked_tensor, a NumPy view of one for nvio-np, a
 bytearray-free memoryview of the same memory for python. Rounds are
 interleaved (the order rotates); the table reports the median of the
 per-round medians in microseconds per call and the median of per-round
-ratios to python-fd.
+ratios to python-fd (a memoryview) and to python-fd-tnp (the torch user's
+os.preadv). Issue 15's target: File.pread <= 1.5x os.preadv.
 
     python bench/small_ops.py                          # 4K, 64K, 1M in /dev/shm
     python bench/small_ops.py --dir /mnt/nvme --sizes 4K --calls 5000
@@ -82,6 +87,10 @@ def make_methods(size, path, fd, ds):
     m = {
         "python-fd": (lambda off: os.preadv(fd, [mv], off),
                       lambda off: os.pwritev(fd, [mv], off)),
+        "python-fd-tnp": (lambda off: os.preadv(fd, [t.numpy()], off),
+                          lambda off: os.pwritev(fd, [t.numpy()], off)),
+        "python-fd-np": (lambda off: os.preadv(fd, [a], off),
+                         lambda off: os.pwritev(fd, [a], off)),
         "python-path": (lambda off: py_path(path, off, mv, False),
                         lambda off: py_path(path, off, mv, True)),
         "nvio-fd": (lambda off: plain.sync_pread(t, fd, off),
@@ -111,6 +120,11 @@ def py_path(path, off, mv, write):
         return f.write(mv) if write else f.readinto(mv)
 
 
+def uptime():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
 def time_calls(fn, offsets):
     t0 = time.perf_counter()
     for off in offsets:
@@ -125,6 +139,8 @@ def main():
     ap.add_argument("--calls", type=int, default=2000, help="calls per method per round")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--no-deepspeed", action="store_true")
+    ap.add_argument("--methods", help="comma list: only these (python-fd and python-fd-tnp "
+                    "are always run, as the bases of the ratios)")
     ap.add_argument("--out", help="write the markdown report here too")
     a = ap.parse_args()
 
@@ -134,10 +150,14 @@ def main():
     fd = os.open(path, os.O_RDWR)
     ds = None if a.no_deepspeed else load_deepspeed()
     lines = []
+    loads = [uptime()]
     try:
         for size in map(parse_size, a.sizes.split(",")):
             methods, keep = make_methods(size, path, fd, ds)
             names = list(methods)
+            if a.methods:
+                want = set(a.methods.split(",")) | {"python-fd", "python-fd-tnp"}
+                names = [n for n in names if n in want]
             nslots = FILE_BYTES // size
             offsets = [(i * 7919 % nslots) * size for i in range(a.calls)]
             for op in (0, 1):
@@ -149,11 +169,15 @@ def main():
                     for n in order:
                         per[n].append(time_calls(methods[n][op], offsets))
                 base = per["python-fd"]
+                tbase = per["python-fd-tnp"]
                 for n in names:
                     lines.append((human(size), ("read", "write")[op], n,
                                   statistics.median(per[n]),
-                                  statistics.median(x / b for x, b in zip(per[n], base))))
-                    print("%5s %-5s %-12s %8.2f us  x%.2f" % lines[-1], file=sys.stderr)
+                                  statistics.median(x / b for x, b in zip(per[n], base)),
+                                  statistics.median(x / b for x, b in zip(per[n], tbase)),
+                                  " ".join("%.2f" % x for x in per[n])))
+                    print("%5s %-5s %-13s %8.2f us  x%.2f  x%.2f  %s" % lines[-1], file=sys.stderr)
+                loads.append(uptime())
             del keep
     finally:
         os.close(fd)
@@ -169,10 +193,14 @@ def main():
                "used" if ds is not None else "not used"),
            "- file: %s (%s), %d MiB, page cache warm" % (a.dir, fs, FILE_BYTES >> 20),
            "- command: `%s`" % " ".join(["bench/small_ops.py"] + sys.argv[1:]),
+           "- load average at the start and after each size and op: %s" % "; ".join(loads),
            "- %d calls per method per round, %d interleaved rounds; us = median of the "
-           "per-round means; ratio = median of per-round ratios to python-fd" % (a.calls, a.rounds),
-           "", "| size | op | method | us per call | × python-fd |", "|---|---|---|---:|---:|"]
-    out += ["| %s | %s | %s | %.2f | %.2f |" % l for l in lines]
+           "per-round means; ratios = median of per-round ratios to python-fd "
+           "(os.preadv on a memoryview) and to python-fd-tnp (os.preadv on t.numpy(), the "
+           "view made per call)" % (a.calls, a.rounds),
+           "", "| size | op | method | us per call | × python-fd | × python-fd-tnp | per-round us |",
+           "|---|---|---|---:|---:|---:|---|"]
+    out += ["| %s | %s | %s | %.2f | %.2f | %.2f | %s |" % l for l in lines]
     text = "\n".join(out) + "\n"
     print(text)
     if a.out:

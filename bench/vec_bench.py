@@ -11,6 +11,8 @@ Contenders (nvio ones in bench/vec_xfer.c, one nvio handle, CFG):
   vec-malloc     every piece its own malloc() (unaligned for O_DIRECT)
   single         one locked buffer (nvio_mem_alloc) of the total
   single-malloc  one malloc'd buffer at address + 1
+  KIND@0, KIND@1 the same memory with NVIO_STAGE_SMALL_PAGES=0 (or 1) for
+                 that run: staged and direct in the same rounds
   fio-best       best of core_bench.py's fio sweep (libaio/io_uring, 1M/8M/128K,
                  1 or 2 jobs, with and without huge-page buffers), chosen by a
                  calibration pass plus a runoff of its top 3
@@ -119,9 +121,15 @@ def main():
             log(guest["note"])
             for disk in a.disk.split(","):
                 if disk == "ram":
-                    subprocess.run([os.path.join(HERE, "ramdisk.sh"), "up", "4G"], check=True)
-                    ram_up = True
                     d = os.environ.get("NVIO_RAMDISK", "/mnt/nvio-ram")
+                    # a RAM disk someone else mounted is used and left up:
+                    # taking it down would lose their files
+                    if not os.path.ismount(d):
+                        subprocess.run([os.path.join(HERE, "ramdisk.sh"), "up", "4G"],
+                                       check=True)
+                        ram_up = True
+                    else:
+                        log("%s already mounted (not ours): used as it is, left up" % d)
                 else:
                     d = a.real_dir
                     os.makedirs(d, exist_ok=True)
@@ -176,7 +184,7 @@ def main():
                 cell["checks"] = checks
                 cells.append(cell)
                 os.unlink(path)
-                if disk == "ram":
+                if disk == "ram" and ram_up:
                     subprocess.run([os.path.join(HERE, "ramdisk.sh"), "down"])
                     ram_up = False
     finally:

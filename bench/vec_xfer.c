@@ -23,6 +23,9 @@
  *                         single       one buffer of the total from
  *                                      nvio_mem_alloc (locked)
  *                         single-malloc one malloc'd buffer at address + 1
+ *                       KIND@0 or KIND@1: the same memory, moved with
+ *                       NVIO_STAGE_SMALL_PAGES=0 (or 1) set for this run
+ *                       (src/pages.c), so staged and direct share rounds
  *                       CFG "default" or BLOCK:QD:PAR:ENGINE:SINGLE:OVERLAP
  *   quit
  *
@@ -159,7 +162,7 @@ static int has(const char *list, const char *k)
 {
 	size_t n = strlen(k);
 	for (const char *p = list; (p = strstr(p, k)) != NULL; p += n)
-		if ((p == list || p[-1] == ',') && (p[n] == ',' || p[n] == 0))
+		if ((p == list || p[-1] == ',') && (p[n] == ',' || p[n] == '@' || p[n] == 0))
 			return 1;
 	return 0;
 }
@@ -255,8 +258,26 @@ static void cmd_load(const char *file, const char *kinds)
 	fflush(stdout);
 }
 
-static void cmd_run(const char *op, const char *kind, const char *path, const char *cfgkey)
+static void cmd_run(const char *op, const char *kind_arg, const char *path, const char *cfgkey)
 {
+	char kind[64];
+	const char *at = strchr(kind_arg, '@');
+
+	snprintf(kind, sizeof(kind), "%.*s", at ? (int)(at - kind_arg) : 63, kind_arg);
+	static const char *orig;	/* the environment's own setting */
+	static int saved;
+
+	if (!saved) {
+		orig = getenv("NVIO_STAGE_SMALL_PAGES");
+		orig = orig ? strdup(orig) : NULL;
+		saved = 1;
+	}
+	if (at)
+		setenv("NVIO_STAGE_SMALL_PAGES", at + 1, 1);
+	else if (orig)
+		setenv("NVIO_STAGE_SMALL_PAGES", orig, 1);
+	else
+		unsetenv("NVIO_STAGE_SMALL_PAGES");
 	int wr = !strcmp(op, "write"), vec = !strncmp(kind, "vec-", 4), r;
 	nvio_handle_t *h = handle_for(cfgkey);
 	const nvio_iovec_t *v = !strcmp(kind, "vec-aligned") ? iov_al :
