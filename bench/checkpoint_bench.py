@@ -22,6 +22,13 @@ the directory; page cache dropped before each):
   torch.save        torch.save(sd, p), then fsync of p
   torch.save>nvio   with nvio.open(p, "wb") as f: torch.save(sd, f)
   nvio.save         nvio.save(sd, p)
+  nvio.save(spare)  nvio.save(sd, p, spare=True): into the blocks of the
+                    spare .p.nvio-spare (an older version of p, kept by
+                    the previous spare save), swapped in at commit. The
+                    spare exists before the first timed round (two spare
+                    saves in the validation); the other writers' plain
+                    renames of p leave it alone, so every timed spare save
+                    overwrites blocks written before
   async.return      nvio.async_save (own AsyncCheckpointer, pool reused
                     across rounds): time until the call returns
   async.durable     the same call: time until its future resolves
@@ -57,8 +64,9 @@ median of per-round ratios.
 
 Needs root (drop_caches, hugetlbfs, the RAM disk). Peak memory of the
 process: the state + the async snapshot pool (2 x the state, ~4.3 GB)
-while saving, the state + a loaded copy while loading; the RAM disk holds up to two checkpoints
-(fstrim after every run gives freed blocks back to its tmpfs).
+while saving, the state + a loaded copy while loading; the RAM disk holds up to three checkpoints
+(the file, its spare and a new temporary: --ram-size 7G for the full-size states;
+fstrim after every run gives freed blocks back to its tmpfs).
 
     python3 bench/checkpoint_bench.py --rounds 5 --out bench/results/checkpoint-DATE.md
     python3 bench/checkpoint_bench.py --quick      # 1 round, small states
@@ -198,6 +206,7 @@ class Cell:
         self.a, self.disk, self.dir, self.name, self.sd, self.fio = a, disk, d, name, sd, fio
         self.p = os.path.join(d, "nvio-ckbench.pt")
         self.pnew = os.path.join(d, "nvio-ckbench-fio-new.bin")
+        self.spare = os.path.join(d, ".nvio-ckbench.pt.nvio-spare")
         self.st = storages(sd)
         self.nbytes = sum(s.nbytes() for s in self.st)
         self.notes = []
@@ -232,6 +241,9 @@ class Cell:
 
     def nvio_save(self):
         nvio.save(self.sd, self.p)
+
+    def nvio_save_spare(self):
+        nvio.save(self.sd, self.p, spare=True)
 
     def async_run(self):
         core_bench.drop_caches()
@@ -298,7 +310,10 @@ class Cell:
         # nvio's files also through zipfile's CRC check
         writers = [("torch.save", self.torch_save), ("torch.save>nvio", self.torch_save_nvio),
                    ("nvio.save", self.nvio_save),
-                   ("nvio.async_save", lambda: self.ckpt.save(self.sd, self.p).result())]
+                   ("nvio.async_save", lambda: self.ckpt.save(self.sd, self.p).result()),
+                   # twice: the first makes the spare, the second writes into it
+                   ("nvio.save(spare)", self.nvio_save_spare),
+                   ("nvio.save(spare)", self.nvio_save_spare)]
         # memcpy's target: the async pool's buffer, idle between saves (so
         # that the copy runs into the same warm memory and no third copy of
         # the state is held)
@@ -318,6 +333,9 @@ class Cell:
                 del got
                 msg += "; nvio.load: %s" % ("equal" if ok2 else "DIFFERENT")
                 ok = ok and ok2
+            if wn == "nvio.save(spare)":
+                ok = ok and os.path.exists(self.spare)
+                msg += "; spare %s" % ("there" if os.path.exists(self.spare) else "MISSING")
             self.checks.append(msg)
             log("validate %s %s: %s" % (self.disk, self.name, msg))
             if not ok:
@@ -332,6 +350,7 @@ class Cell:
         conts = [("torch.save", lambda: self.timed(self.torch_save)),
                  ("torch.save>nvio", lambda: self.timed(self.torch_save_nvio)),
                  ("nvio.save", lambda: self.timed(self.nvio_save)),
+                 ("nvio.save(spare)", lambda: self.timed(self.nvio_save_spare)),
                  ("async", self.async_run),
                  ("memcpy", lambda: self.timed(self.memcpy)),
                  ("fio-best", lambda: self.fio_best("write")),
@@ -420,7 +439,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--real-dir", default="/var/tmp/nvio-ckbench")
-    ap.add_argument("--ram-size", default="6G")
+    ap.add_argument("--ram-size", default="7G",
+                    help="the RAM disk holds the checkpoint, its spare and a temporary")
     ap.add_argument("--disk", choices=("real", "ram", "both"), default="both")
     ap.add_argument("--state", choices=("llama-adamw", "small-5000", "both"), default="both")
     ap.add_argument("--deepspeed", metavar="DIR",
@@ -478,7 +498,7 @@ def main():
                         saves = cell.run_saves()
                         loads = cell.run_loads()
                     finally:
-                        for x in (cell.p, cell.pnew):
+                        for x in (cell.p, cell.pnew, cell.spare):
                             with contextlib.suppress(FileNotFoundError):
                                 os.unlink(x)
                     res.append((disk, sname, cell.nbytes, len(cell.st), cell.fsize,
@@ -524,19 +544,22 @@ def report(a, res, disk_lines, guest, t_start, peak, quiet=False):
             "pool while saving; the state + a loaded copy while loading)" % (peak / (1 << 30)), ""]
     summary = ["## Targets", "",
                "| disk | state | nvio.save × fio-best | nvio.save × fio-new | nvio.save × torch.save "
-               "| nvio.load × fio-best | nvio.load × torch.load | async.return × memcpy time |",
-               "|---|---|---:|---:|---:|---:|---:|---:|"]
+               "| nvio.load × fio-best | nvio.load × torch.load | async.return × memcpy time "
+               "| nvio.save(spare) × fio-best | nvio.save(spare) × nvio.save |",
+               "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     body = []
     for disk, sname, nbytes, nst, fsize, fbytes, checks, saves, loads in res:
         def r(per, x, y, inv=False):
             return med([(b["secs"] / a_["secs"]) if inv else (a_["gbps"] / b["gbps"])
                         for a_, b in zip(per[x], per[y])])
-        summary.append("| %s | %s | **%.2f** | %.2f | %.1f | **%.2f** | %.1f | %.2f |" % (
+        summary.append("| %s | %s | **%.2f** | %.2f | %.1f | **%.2f** | %.1f | %.2f "
+                       "| **%.2f** | %.2f |" % (
             disk, sname, r(saves, "nvio.save", "fio-best"), r(saves, "nvio.save", "fio-new"),
             r(saves, "nvio.save", "torch.save"), r(loads, "nvio.load", "fio-best"),
             r(loads, "nvio.load", "torch.load"),
             med([x["secs"] / y["secs"] for x, y in zip(saves["async.return"],
-                                                       saves["memcpy"])])))
+                                                       saves["memcpy"])]),
+            r(saves, "nvio.save(spare)", "fio-best"), r(saves, "nvio.save(spare)", "nvio.save")))
         body += ["## %s disk, %s: %d storages, %d bytes of tensors; nvio's file %d bytes; "
                  "fio moves %d bytes" % (disk, sname, nst, nbytes, fsize, fbytes), ""]
         body += ["- validation: " + "; ".join(checks), ""]

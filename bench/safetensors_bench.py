@@ -27,6 +27,11 @@ afterwards, one byte per page, so lazily mapped pages are really read):
                   file of the shards' total size rounded down to 16 MiB
 Save contenders (one file of the whole state dict, ends durable):
   nvio-save       nvio.safetensors.save_file (atomic: temp, fsync, rename, fsync dir)
+  nvio-save(spare) the same with spare=True: written into the blocks of the file's
+                  spare (an older version kept beside it), swapped in at commit;
+                  two untimed spare saves before the rounds make the spare, and
+                  the other writers' renames leave it, so every timed spare save
+                  overwrites blocks written before
   st-save         safetensors.torch.save_file, then fsync of the file
   fio-best        as above, writing over the laid-out file (--end_fsync=1)
   fio-new         the better fio config writing a NEW file (unlinked first,
@@ -125,10 +130,11 @@ def main():
     ram_env = dict(os.environ, NVIO_RAMDISK="/mnt/nvio-ram-st",
                    NVIO_RAMDISK_BACKING="/mnt/nvio-ram-st-backing")
     if a.ram:
-        # model, one-file save, fio file (and torch.save's file): ~90 MB a layer + 270 MB each
+        # model, one-file save and its spare, fio file (and torch.save's file):
+        # ~90 MB a layer + 270 MB each
         model_gib = (a.layers * 90 * MiB + 270 * MiB) / (1 << 30)
         subprocess.run(["sh", os.path.join(HERE, "ramdisk.sh"), "up", "%dG" % (
-            int(model_gib * 4) + 1)], check=True, env=ram_env)
+            int(model_gib * 5) + 1)], check=True, env=ram_env)
         a.dir = os.path.join(ram_env["NVIO_RAMDISK"], "bench")
     skip = set(x for x in a.skip.split(",") if x)
     os.makedirs(a.dir, exist_ok=True)
@@ -234,6 +240,9 @@ def main():
         def sv_nvio():
             nst.save_file(saves_sd, one)
 
+        def sv_nvio_spare():
+            nst.save_file(saves_sd, one, spare=True)
+
         def sv_st():
             st.save_file(saves_sd, one)
             fd = os.open(one, os.O_RDONLY)
@@ -242,7 +251,17 @@ def main():
             finally:
                 os.close(fd)
 
-        saves = [("nvio-save", sv_nvio), ("st-save", sv_st)]
+        saves = [("nvio-save", sv_nvio), ("nvio-save(spare)", sv_nvio_spare), ("st-save", sv_st)]
+        sv_nvio_spare()
+        sv_nvio_spare()             # the first made the spare, this one wrote into it
+        spare = os.path.join(os.path.dirname(one), "." + os.path.basename(one) + ".nvio-spare")
+        st.save_file(saves_sd, one + ".ref")
+        ok = os.path.exists(spare) and filecmp.cmp(one, one + ".ref", shallow=False)
+        os.unlink(one + ".ref")
+        checks.append("nvio-save(spare) twice: spare %s, file == st-save file byte for "
+                      "byte: %s" % ("there" if os.path.exists(spare) else "MISSING", ok))
+        if not ok:
+            raise RuntimeError(checks[-1])
         sv_nvio()
         back = nst.load_file(one)
         ok = sorted(back) == want and all(torch.equal(back[k], saves_sd[k]) for k in want)
