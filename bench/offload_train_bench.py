@@ -163,7 +163,7 @@ def worker(a):
         om = offload_model(m, a.dir, prefetch=a.prefetch, units=units(m))
         count_traffic(om.swapper, tally)
         pools += om.swapper.pool_bytes
-    base = torch.optim.AdamW(params, lr=1e-4)
+    base = torch.optim.AdamW(params, lr=1e-4, fused=a.fused or None)
     if nvme:
         opt = NVMeOptimizer(base, a.dir, sub_group_numel=a.sub_group)
         count_traffic(opt.swapper, tally)
@@ -177,8 +177,10 @@ def worker(a):
         info["units"] = len(om._units)
     info["pools"] = pools
     step_no = [0]
+    cpu = [0.0]          # the last step's CPU seconds, every thread of the process
 
     def step():
+        c0 = time.process_time()
         t0 = time.perf_counter()
         if kind.startswith("opt"):
             opt.step()
@@ -192,6 +194,7 @@ def worker(a):
             opt.step()
         t = time.perf_counter() - t0
         step_no[0] += 1
+        cpu[0] = time.process_time() - c0
         return t, loss
     info["rss_ready"] = status_kib("VmRSS") * 1024
     # warm-up (untimed): the state is created (and, for NVMe, written)
@@ -205,7 +208,7 @@ def worker(a):
         if cmd == "step":
             tally["read"] = tally["write"] = 0
             t, loss = step()
-            r = {"s": t, "loss": loss, "read_bytes": tally["read"],
+            r = {"s": t, "cpu_s": cpu[0], "loss": loss, "read_bytes": tally["read"],
                  "write_bytes": tally["write"]}
             if nvme:
                 r.update({"opt_" + k: v for k, v in opt.last_step.items()})
@@ -226,6 +229,8 @@ class Worker:
         argv = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--dir", d]
         for k in ("layers", "hidden", "inter", "vocab", "seq", "batch", "sub_group", "prefetch"):
             argv += ["--" + k.replace("_", "-"), str(getattr(a, k))]
+        if a.fused:
+            argv.append("--fused")
         self.kind = kind
         self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.info = self.read()
@@ -279,6 +284,7 @@ def run_part(a, part, disk, d, fio):
             m = mem.ask("step")
             row["memory_s"], row["memory_loss"] = m["s"], m["loss"]
             v = nv.ask("step")
+            row.update(memory_cpu_s=m["cpu_s"], nvme_cpu_s=v["cpu_s"])
             row.update(nvme_s=v["s"], nvme_loss=v["loss"], read_bytes=v["read_bytes"],
                        write_bytes=v["write_bytes"])
             row.update({k: v[k] for k in v if k.startswith("opt_")})
@@ -322,6 +328,8 @@ def report_part(res, a):
               "| | median |", "|---|---|",
               "| step, state in memory (s) | %.3f |" % med(lambda x: x["memory_s"]),
               "| step, state on NVMe (s) | %.3f |" % med(lambda x: x["nvme_s"]),
+              "| CPU seconds of the step (all threads): in memory / NVMe | %.2f / %.2f |" % (
+                  med(lambda x: x["memory_cpu_s"]), med(lambda x: x["nvme_cpu_s"])),
               "| of which: waiting for reads / compute / waiting for writes (s) | "
               "%.3f / %.3f / %.3f |" % (med(lambda x: x["opt_read_wait"]),
                                         med(lambda x: x["opt_compute"]),
@@ -359,6 +367,8 @@ def report_part(res, a):
               "| training step in memory (s) | %.3f |" % med(lambda x: x["memory_s"]),
               "| training step, weights + grads + state on NVMe (s) | %.3f |"
               % med(lambda x: x["nvme_s"]),
+              "| CPU seconds of the step (all threads): in memory / NVMe | %.2f / %.2f |" % (
+                  med(lambda x: x["memory_cpu_s"]), med(lambda x: x["nvme_cpu_s"])),
               "| of which the optimizer step (s): total / waiting for reads / compute / "
               "waiting for writes | %.3f / %.3f / %.3f / %.3f |" % (
                   med(lambda x: x["opt_total"]), med(lambda x: x["opt_read_wait"]),
@@ -430,6 +440,8 @@ def main():
     ap.add_argument("--prefetch", type=int, default=1)
     ap.add_argument("--fio-size", type=int, default=1 << 30)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--fused", action="store_true",
+                    help="AdamW(fused=True) in both contenders (torch's one-pass CPU kernel)")
     ap.add_argument("--out")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--dir", help=argparse.SUPPRESS)
@@ -501,11 +513,13 @@ def main():
                        "Model: LlamaForCausalLM from a LlamaConfig (%d layers, hidden %d, "
                        "intermediate %d, vocab %d, untied head), fp32, random weights (seed 0): "
                        "%d parameters; fp32 weights + AdamW state = 16 B per parameter = "
-                       "%.2f GB. Batch %d x %d tokens, AdamW lr 1e-4. One untimed warm-up "
+                       "%.2f GB. Batch %d x %d tokens, AdamW lr 1e-4%s. One untimed warm-up "
                        "step, then %d timed rounds, interleaved: in-memory step, NVMe step, "
                        "fio-best write, fio-best read (file of %.2f GB in the same directory). "
                        "Medians of per-round ratios." % (
                            a.layers, a.hidden, a.inter, a.vocab, n, gb(16 * n), a.batch, a.seq,
+                           ", fused=True (torch's one-pass kernel)" if a.fused else
+                           " (torch's default on CPU: the single-tensor loop)",
                            a.rounds, gb(a.fio_size)), ""]
     for res in results:
         part_lines, good = report_part(res, a)
