@@ -146,7 +146,6 @@ static int open_spare(struct nvio_file *f, const char *dir)
 	}
 	f->tmp_path = name;
 	f->spare = 1;
-	f->exchange = 1;
 	return fd;
 }
 

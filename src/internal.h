@@ -154,7 +154,6 @@ struct nvio_file {
 	unsigned tmp_mode;
 	int committed;
 	int spare;		/* tmp_path is the target's spare, flock'ed on fd */
-	int exchange;		/* spare: commit swaps it with the target */
 	int private;		/* made for one by-path/fd op, closed with it */
 	int created;		/* its open created it */
 };

@@ -451,8 +451,9 @@ static int spare_usable(const struct stat *st, unsigned how)
  * SPARE_CREATE a new one (O_EXCL); SPARE_WRITE read-write (else read
  * only: enough to lock it); SPARE_ANY_USER whoever's. An existing one is
  * looked at through an O_PATH descriptor first, so that no device or FIFO
- * is ever opened, and, to be written, made writable by its owner (it has
- * its target's old mode bits, which may lack that). Returns the locked fd
+ * is ever opened, and, to be written, made 0600 like any temporary (it has
+ * its target's old mode bits, which may lack write permission or let
+ * others read what is written before commit). Returns the locked fd
  * or -errno: -ENOENT none, -ELOOP or -EPERM not usable (a link, a hard
  * link, not ours), -EWOULDBLOCK in use, -ESTALE its name led elsewhere
  * once it was locked.
@@ -474,7 +475,7 @@ static int spare_lock(int dfd, const char *path, unsigned how)
 		r = fstat(pfd, &st) < 0 ? -errno : S_ISLNK(st.st_mode) ? -ELOOP :
 		    spare_usable(&st, how);
 		snprintf(proc, sizeof(proc), "/proc/self/fd/%d", pfd);
-		if (!r && (how & SPARE_WRITE) && (st.st_mode & 0600) != 0600 &&
+		if (!r && (how & SPARE_WRITE) && (st.st_mode & 07777) != 0600 &&
 		    chmod(proc, 0600) < 0)
 			r = -errno;
 		fd = r ? r : nvio__open(proc, how & SPARE_WRITE ? O_RDWR : O_RDONLY, 0);

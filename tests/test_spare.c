@@ -120,7 +120,9 @@ static void arm(int err)
 /* The three saves: none, a new spare, a reused one; shrink and grow. */
 static void cycle(nvio_handle_t *h)
 {
+	nvio_file_t *f;
 	ino_t t0, t1, s1;
+	int err;
 
 	t_ctx("%s first save", t_combo());
 	T_OK(save(h, NVIO_FILE_SPARE, MAXN, 1, 1));
@@ -164,6 +166,29 @@ static void cycle(nvio_handle_t *h)
 	check_file(target, 100000, 6);
 	T_EQ_U64(ino_of(target), s1);
 	T_EQ_U64(ino_of(spare), t1);
+
+	/* the spare is 0600 while written (it had the old target's bits,
+	 * here readable by all); the new target gets the old one's */
+	t_ctx("%s modes", t_combo());
+	chmod(target, 0640);
+	chmod(spare, 0644);
+	s1 = ino_of(spare);
+	f = nvio_file_open(h, target, NVIO_FILE_ATOMIC | NVIO_FILE_SPARE, &err);
+	if (T_TRUE(f != NULL)) {
+		struct stat st;
+
+		if (T_OK(lstat(spare, &st) < 0 ? -errno : 0))
+			T_EQ_INT(st.st_mode & 07777, 0600);
+		t_fill_random(buf, 4096, 7);
+		T_OK(nvio_file_pwrite(f, buf, 4096, 0, 0));
+		T_OK(nvio_file_commit(f));
+		T_OK(nvio_file_close(f));
+		if (T_OK(lstat(target, &st) < 0 ? -errno : 0))
+			T_EQ_INT(st.st_mode & 07777, 0640);
+		T_EQ_U64(st.st_ino, s1);
+		check_file(target, 4096, 7);
+	}
+	chmod(target, 0644);
 }
 
 /* Spares that must not be written: the save falls back, leaves them. */
