@@ -1,0 +1,136 @@
+"""Checkpoints of many small tensors: the per-tensor shortcuts (issue 18).
+
+The fast pickling of plain tensors (a dispatch-table reduction instead of
+torch's Tensor.__reduce_ex__) must give the very bytes torch's own
+reduction gives: data.pkl is compared byte for byte with nvio's slow path
+and with torch.save's, for every kind of object, including those the
+shortcut hands back to torch (subclasses, Python attributes, conj/neg
+bits, v3 dtypes, OrderedDicts with attributes). States of thousands of
+small tensors round-trip through save, async_save and load on every
+engine, compared element by element.
+"""
+import collections
+import io
+import os
+import zipfile
+
+import pytest
+
+import nvio
+from nvio.checkpoint import _plan
+
+torch = pytest.importorskip("torch")
+
+from test_checkpoint import OBJECTS, sharing  # noqa: E402
+
+
+class Sub(torch.Tensor):
+    pass
+
+
+def extras():
+    g = torch.Generator().manual_seed(11)
+    attr = torch.randn(4, generator=g)
+    attr.note = "kept"
+    od = collections.OrderedDict(a=torch.ones(2), b=3)
+    od.flag = True
+    c = torch.randn(5, dtype=torch.complex64, generator=g)
+    base = torch.arange(24, dtype=torch.float32)
+    return {
+        "attr": attr,
+        "conj": c.conj(),
+        "neg": torch._neg_view(torch.randn(3, generator=g)),
+        "sub": torch.randn(3, generator=g).as_subclass(Sub),
+        "od_attr": od,
+        "od_nested": collections.OrderedDict(x=collections.OrderedDict(y=torch.zeros(1))),
+        "v3": torch.arange(6, dtype=torch.int32).view(torch.uint32),
+        "views": [base, base[3:9], base.view(4, 6).t(), base[::5]],
+        "param": torch.nn.Parameter(torch.randn(2, generator=g)),
+        "rg": torch.randn(3, generator=g).requires_grad_(),
+    }
+
+
+CASES = dict(OBJECTS, extras=extras())
+
+
+def pickle_of(obj, fast):
+    st = {}
+    buf = io.BytesIO()
+    _plan._Pickler(buf, 2, st, None, fast=fast).dump(obj)
+    return buf.getvalue(), list(st)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fast_reduction_pickles_the_same_bytes(name, tmp_path):
+    obj = CASES[name]
+    fast, keys_fast = pickle_of(obj, True)
+    slow, keys_slow = pickle_of(obj, False)
+    assert fast == slow
+    assert keys_fast == keys_slow
+    # and the same as torch.save's own data.pkl
+    p = tmp_path / "ref.pt"
+    torch.save(obj, p)
+    with zipfile.ZipFile(p) as z:
+        assert z.read("ref/data.pkl") == fast
+
+
+def test_fast_reduction_is_really_taken(monkeypatch):
+    """The shortcut is used for plain tensors (torch's reduction is not
+    called), and not for a tensor with Python attributes."""
+    calls = []
+    orig = torch.Tensor.__reduce_ex__
+
+    def spy(self, proto):
+        calls.append(self)
+        return orig(self, proto)
+    monkeypatch.setattr(torch.Tensor, "__reduce_ex__", spy)
+    pickle_of({"a": torch.ones(3), "b": torch.zeros(2)}, True)
+    assert calls == []
+    t = torch.ones(2)
+    t.x = 1
+    pickle_of({"t": t}, True)
+    assert len(calls) == 1 and calls[0] is t
+
+
+def many(n=1200, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(1, 3000, (n,), generator=g).tolist()
+    dts = [torch.float32, torch.bfloat16, torch.int8, torch.float64]
+    return {"t.%d" % i: torch.randint(-100, 100, (k,), generator=g).to(dts[i % 4])
+            for i, k in enumerate(sizes)}
+
+
+def equal_states(a, b):
+    """Same keys, dtypes, shapes, strides and bytes (bitwise, through uint8
+    views: quick for thousands of tensors)."""
+    assert list(a) == list(b)
+    for k in a:
+        x, y = a[k], b[k]
+        assert type(x) is type(y) and x.dtype == y.dtype and x.shape == y.shape, k
+        assert x.stride() == y.stride(), k
+        assert torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)), k
+
+
+def test_many_small_tensors_round_trip(handle, tmp_path):
+    sd = many()
+    p = tmp_path / "many.pt"
+    nvio.save(sd, p, handle=handle)
+    equal_states(sd, torch.load(p, weights_only=True))
+    equal_states(sd, nvio.load(p, handle=handle, verify=True))
+    with zipfile.ZipFile(p) as z:
+        assert z.testzip() is None
+
+
+def test_many_small_tensors_async_round_trip(handle, tmp_path):
+    sd = many(seed=4)
+    p = tmp_path / "many.pt"
+    with nvio.AsyncCheckpointer(handle=handle) as ck:
+        fut = ck.save(sd, p)
+        want = {k: v.clone() for k, v in sd.items()}
+        for v in sd.values():
+            v.zero_()       # mutated right after the call: the file holds the old state
+        assert fut.result(60) == os.path.getsize(p)
+    equal_states(want, torch.load(p, weights_only=True))
+    got = nvio.load(p, handle=handle, verify=True)
+    equal_states(want, got)
+    assert sharing(got) == []
