@@ -158,11 +158,11 @@ struct nvio_file {
 	int created;		/* its open created it */
 };
 
-/* pages.c: whether a direct write is better staged than sent from its pages */
+/* pages.c: whether a direct op is better staged than sent from its pages */
 int nvio__dev_splits_small_pages(dev_t dev);
 int nvio__op_stage_small_pages(const struct nvio__op *op);
 int64_t nvio__mem_huge_bytes(const void *p, uint64_t n);	/* -1: cannot tell */
-/* Direct writes smaller than this always go from their own memory. */
+/* Direct ops smaller than this always go from their own memory. */
 #define NVIO__STAGE_PAGES_MIN (4u << 20)
 
 /* file.c */

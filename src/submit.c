@@ -426,8 +426,8 @@ static int plan_op(struct nvio_handle *h, struct nvio__op *op, const char **what
 	op->direct = 1;
 	op->dfd = dfd;
 	op->mem_align = f->mem_align;
-	/* a large write from 4 KiB pages on a device that splits them: staged */
-	op->stage_body = op->is_write && op->mem == NVIO__MEM_HOST &&
+	/* a large op on 4 KiB pages on a device that splits them: staged */
+	op->stage_body = op->mem == NVIO__MEM_HOST &&
 			 body_bytes(op) >= NVIO__STAGE_PAGES_MIN &&
 			 op->ext[0].plan.chunk <= h->workers[0].stage.size &&
 			 nvio__op_stage_small_pages(op);

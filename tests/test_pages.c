@@ -1,10 +1,12 @@
 /*
- * test_pages.c - large O_DIRECT writes from memory in 4 KiB pages go
- * through the staging buffers where the file's device splits such memory
- * into small requests (src/pages.c); writes from huge pages, writes under
- * 4 MiB and reads go straight from the caller's memory. Which way a write
- * went shows in the staging budget: a handle makes its bounce pools on
- * first use. The bytes are compared on every engine either way.
+ * test_pages.c - large O_DIRECT writes from memory in 4 KiB pages, and
+ * large O_DIRECT reads into memory present in 4 KiB pages, go through the
+ * staging buffers where the file's device splits such memory into small
+ * requests (src/pages.c); ops on huge pages, ops under 4 MiB and reads
+ * into memory not faulted in yet go straight from (to) the caller's
+ * memory. Which way an op went shows in the staging budget: a handle
+ * makes its bounce pools on first use. The bytes are compared on every
+ * engine either way.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +19,7 @@
 #define BIG (16u << 20)
 #define SMALL (2u << 20)
 
-/* A buffer in memory of the page size asked for, touched. */
+/* A buffer in memory of the page size asked for, not touched yet. */
 static unsigned char *region(size_t n, int huge)
 {
 	void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -53,14 +55,17 @@ static uint64_t write_with(int engine, const char *path, const unsigned char *bu
 	return in_use;
 }
 
-static uint64_t read_with(int engine, const char *path, unsigned char *buf, size_t n,
-			  const unsigned char *want)
+/* Reads n bytes into buf (faulted in first unless fresh) with a fresh
+ * handle, compares them with want; returns the staging bytes taken. */
+static uint64_t read_into(int engine, const char *path, unsigned char *buf, size_t n,
+			  const unsigned char *want, int fresh)
 {
 	nvio_handle_t *h = NULL;
 	nvio_config_t c;
 	uint64_t in_use = 0;
 
-	memset(buf, 0, n);
+	if (!fresh)
+		memset(buf, 0, n);
 	t_config(&c, engine, NVIO_DIRECT_ON, 8u << 20, 32);
 	if (T_OK(nvio_handle_create(&h, &c))) {
 		T_OK(nvio_pread(h, buf, n, path, 0, 0));
@@ -71,16 +76,35 @@ static uint64_t read_with(int engine, const char *path, unsigned char *buf, size
 	return in_use;
 }
 
+static uint64_t read_with(int engine, const char *path, unsigned char *buf, size_t n,
+			  const unsigned char *want)
+{
+	return read_into(engine, path, buf, n, want, 0);
+}
+
+/* A read into fresh memory in 4 KiB pages, never touched before. */
+static uint64_t read_fresh(int engine, const char *path, size_t n, const unsigned char *want)
+{
+	unsigned char *p = region(n, 0);
+	uint64_t in_use = 0;
+
+	if (T_TRUE(p != NULL)) {
+		in_use = read_into(engine, path, p, n, want, 1);
+		munmap(p, n);
+	}
+	return in_use;
+}
+
 int main(void)
 {
-	unsigned char *small = region(BIG, 0), *huge = region(BIG, 1);
+	unsigned char *small = region(BIG, 0), *huge = region(BIG, 1), *dst = region(BIG, 0);
 	char path[T_PATH_MAX];
 	struct stat st;
 	int64_t hb;
 	int splits;
 
 	t_init("pages");
-	if (!small || !huge)
+	if (!small || !huge || !dst)
 		t_skip("no memory for the buffers");
 	t_fill_random(small, BIG, 5);
 	t_fill_random(huge, BIG, 6);
@@ -99,20 +123,31 @@ int main(void)
 			continue;
 		setenv("NVIO_STAGE_SMALL_PAGES", "1", 1);
 		T_TRUE(write_with(e, path, small, BIG) > 0);		/* staged */
+		T_TRUE(read_with(e, path, huge, BIG, small) > 0);	/* staged */
 		T_EQ_U64(write_with(e, path, small, SMALL), 0);	/* too small to stage */
-		T_EQ_U64(read_with(e, path, huge, SMALL, small), 0);	/* reads go direct */
+		T_EQ_U64(read_with(e, path, huge, SMALL, small), 0);	/* too small to stage */
 		t_fill_random(huge, BIG, 6);
 		setenv("NVIO_STAGE_SMALL_PAGES", "0", 1);
 		T_EQ_U64(write_with(e, path, small, BIG), 0);		/* never staged */
+		T_EQ_U64(read_with(e, path, dst, BIG, small), 0);
 		unsetenv("NVIO_STAGE_SMALL_PAGES");
 		/* auto: 4 KiB pages are staged where the device splits them and
 		 * the kernel can tell (PAGEMAP_SCAN); huge pages never */
 		T_EQ_U64(write_with(e, path, small, BIG) > 0,
 			 splits && nvio__mem_huge_bytes(small, BIG) == 0);
-		if (nvio__mem_huge_bytes(huge, BIG) == (int64_t)BIG)
+		T_EQ_U64(read_with(e, path, dst, BIG, small) > 0,
+			 splits && nvio__mem_huge_bytes(dst, BIG) == 0);
+		/* a destination not faulted in yet takes the pages the read
+		 * faults in: direct */
+		T_EQ_U64(read_fresh(e, path, BIG, small), 0);
+		if (nvio__mem_huge_bytes(huge, BIG) == (int64_t)BIG) {
+			T_EQ_U64(read_with(e, path, huge, BIG, small), 0);
+			t_fill_random(huge, BIG, 6);
 			T_EQ_U64(write_with(e, path, huge, BIG), 0);
+		}
 	}
 	munmap(small, BIG);
 	munmap(huge, BIG);
+	munmap(dst, BIG);
 	return t_done();
 }
