@@ -179,3 +179,34 @@ def test_clean_spares(tmp_path):
     assert n == 1 and os.listdir(tmp_path) == ["ck.pt"]
     with pytest.raises(ValueError):
         _nvio.clean_temporaries(str(tmp_path), spares="some")
+
+
+NVIO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "nvio")
+
+
+def test_nvio_clean_spares_tool(tmp_path):
+    """`nvio clean DIR` keeps spares; `--spares` removes those whose file is
+    gone; `--spares=all` every one."""
+    import subprocess
+    if not os.access(NVIO, os.X_OK):
+        pytest.skip("the nvio tool is not built (make)")
+    a, b = str(tmp_path / "a.pt"), str(tmp_path / "b.pt")
+    for p in (a, b):
+        for i in range(2):
+            nvio.save(state(i, 1000), p, spare=True)
+    os.unlink(a)
+
+    def clean(*args):
+        r = subprocess.run([NVIO, "clean", *args, str(tmp_path)], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    clean()
+    assert sorted(os.listdir(tmp_path)) == [".a.pt.nvio-spare", ".b.pt.nvio-spare", "b.pt"]
+    out = clean("--spares")
+    assert "removed      .a.pt.nvio-spare" in out and "kept         .b.pt.nvio-spare" in out
+    assert sorted(os.listdir(tmp_path)) == [".b.pt.nvio-spare", "b.pt"]
+    clean("--spares=all")
+    assert os.listdir(tmp_path) == ["b.pt"]
+    same(torch.load(b, weights_only=True), state(1, 1000))
