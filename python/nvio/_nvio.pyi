@@ -48,6 +48,10 @@ def crc32_many(regions: Sequence[tuple[int, int]], /) -> list[int]:
     """CRC-32 of each (address, nbytes) of host memory, the GIL released for
     the whole batch."""
 
+def copy_many(copies: Sequence[tuple[int, int, int]], /) -> None:
+    """Copy each (dst address, src address, nbytes) of host memory (regions
+    must not overlap), the GIL released for the whole batch."""
+
 # --- errors (errors.c) ----------------------------------------------------
 
 class NvioError(OSError):

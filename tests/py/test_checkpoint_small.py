@@ -134,3 +134,40 @@ def test_many_small_tensors_async_round_trip(handle, tmp_path):
     got = nvio.load(p, handle=handle, verify=True)
     equal_states(want, got)
     assert sharing(got) == []
+
+
+def test_copy_many_copies_each_region_and_checks_its_input():
+    src = torch.randint(0, 256, (100000,), dtype=torch.uint8, generator=torch.Generator().manual_seed(9))
+    dst = torch.zeros(120000, dtype=torch.uint8)
+    s, d = src.data_ptr(), dst.data_ptr()
+    jobs = [(d + 7, s + 3, 5000), (d + 60000, s + 50000, 49999), (d + 9000, s, 0)]
+    assert nvio._nvio.copy_many(jobs) is None
+    want = torch.zeros_like(dst)
+    want[7:5007] = src[3:5003]
+    want[60000:109999] = src[50000:99999]
+    assert torch.equal(dst, want)
+    assert nvio._nvio.copy_many([]) is None
+    with pytest.raises(TypeError, match="item 1 is not a"):
+        nvio._nvio.copy_many([(d, s, 1), (d, s)])
+    with pytest.raises(ValueError, match="item 0: address 0 with 4 bytes"):
+        nvio._nvio.copy_many([(0, s, 4)])
+    assert torch.equal(dst, want)           # a refused batch copied nothing
+
+
+@pytest.mark.parametrize("chunk", [3001, 1 << 20])
+def test_snapshot_of_many_storages_lands_at_each_record(monkeypatch, chunk):
+    """_snapshot copies every CPU storage into its record's place (pieces
+    dealt to several threads when the state is large; here the thresholds
+    are made small), leaving every other byte of the buffer alone."""
+    from nvio.checkpoint import _async
+    monkeypatch.setattr(_async, "PARALLEL_COPY_MIN", 1 << 16)
+    monkeypatch.setattr(_async, "COPY_CHUNK", chunk)
+    sd = many(500, seed=5)
+    sd["shared"] = sd["t.3"][1:]                # a view: its storage is saved once
+    plan = _plan.Plan(sd, "x.pt")
+    dst = torch.full((plan.size,), 0xA5, dtype=torch.uint8)
+    _async._snapshot(dst, plan.data)
+    want = torch.full((plan.size,), 0xA5, dtype=torch.uint8)
+    for r, s in plan.data:
+        want[r.data_offset:r.end] = _plan.u8(s)
+    assert torch.equal(dst, want)

@@ -195,6 +195,9 @@ int ext_locked_exec(PyObject *m, ext_state *st);
 /* CRC-32 (crc.c) */
 int ext_crc_exec(PyObject *m, ext_state *st);
 
+/* Vectored host memcpy (copy.c) */
+int ext_copy_exec(PyObject *m, ext_state *st);
+
 /* ------------------------------------------------------------------ */
 /* Handle (handle.c)                                                   */
 /* ------------------------------------------------------------------ */

@@ -79,33 +79,44 @@ if hasattr(os, "register_at_fork"):
 
 def _snapshot(dst, data):
     """Copy every storage into its record's place in dst. Device storages
-    come over through nvio._device on the calling thread; host storages of
-    a large state are cut into COPY_CHUNK pieces that the caller and the
-    helper threads copy in turn."""
-    host = []
+    come over through nvio._device on the calling thread; CPU storages are
+    copied by ``_nvio.copy_many`` (memcpy in C, the GIL released: no torch
+    call per tensor), those of a large state cut into COPY_CHUNK pieces
+    dealt in file order to the caller and the helper threads, about equal
+    bytes each."""
+    base, size = dst.data_ptr() if dst is not None else 0, dst.numel() if dst is not None else 0
+    jobs = []               # (dst address, src address, nbytes), at most COPY_CHUNK each
+    total = 0
     for r, s in data:
         if not r.size:
             continue
-        if _device.is_device(s):
+        if r.end > size or s.nbytes() < r.size:
+            raise ValueError("nvio.async_save: record %s (%d bytes at %d) does not fit the "
+                             "snapshot (%d bytes) or its storage (%d bytes)"
+                             % (r.name, r.size, r.data_offset, size, s.nbytes()))
+        if _device.is_device(s) or s.device.type != "cpu":
             _device.copy_to_host(dst[r.data_offset:r.end], s)
-        else:
-            host.append((r, s))
-    total = sum(r.size for r, _ in host)
+            continue
+        at, src = base + r.data_offset, s.data_ptr()
+        for off in range(0, r.size, COPY_CHUNK):
+            jobs.append((at + off, src + off, min(COPY_CHUNK, r.size - off)))
+        total += r.size
     pool = _copy_threads() if total >= PARALLEL_COPY_MIN else False
-    if not pool:
-        for r, s in host:
-            _device.copy_to_host(dst[r.data_offset:r.end], s)
+    ways = min(pool._max_workers + 1, max(1, total // COPY_CHUNK)) if pool else 1
+    if ways <= 1:
+        _nvio.copy_many(jobs)
         return
-    chunks = [(r.data_offset + off, s, off, min(COPY_CHUNK, r.size - off))
-              for r, s in host for off in range(0, r.size, COPY_CHUNK)]
-    ways = min(pool._max_workers + 1, max(1, total // COPY_CHUNK))
-
-    def part(k):
-        for at, s, off, n in chunks[k::ways]:
-            _device.copy_to_host(dst[at:at + n], s, off)
-    futs = [pool.submit(part, k) for k in range(1, ways)]
+    share = -(-total // ways)
+    batches = []
+    start = acc = 0
+    for j, job in enumerate(jobs):
+        acc += job[2]
+        if acc >= share * (len(batches) + 1) or j == len(jobs) - 1:
+            batches.append(jobs[start:j + 1])
+            start = j + 1
+    futs = [pool.submit(_nvio.copy_many, b) for b in batches[1:]]
     try:
-        part(0)
+        _nvio.copy_many(batches[0])
     finally:
         for f in futs:          # every thread is done with dst before we go on
             f.exception()
