@@ -451,11 +451,14 @@ NVIO_API int nvio_config_save_tuned(const nvio_config_t *cfg, const char *dir,
  *                      copy of the file on disk for good; a process
  *                      still reading an old version through an open
  *                      descriptor or mapping sees it overwritten by the
- *                      save after next. Silently an ordinary ATOMIC
- *                      write when path does not exist yet, when the
- *                      spare is a link, has other names, is another
- *                      user's or is in use by another writer (flock),
- *                      and on a file system without RENAME_EXCHANGE.
+ *                      save after next. When path does not exist, a
+ *                      spare there all the same is used and renamed
+ *                      into place (0666 less the umask) and none is
+ *                      made. Silently an ordinary ATOMIC write when
+ *                      there is no spare to take: none and no path, a
+ *                      link, other names, another user's, in use by
+ *                      another writer (flock); a plain rename on a
+ *                      file system without RENAME_EXCHANGE.
  *                      Abandoning keeps the spare (its content is then
  *                      garbage; only its blocks matter).
  * Unknown flags, no READ/WRITE/ATOMIC, TRUNC/EXCL with ATOMIC, NOSYNC

@@ -124,28 +124,62 @@ static int temp_name(char **out, const char *dir, const char *target)
 }
 
 /*
- * NVIO_FILE_SPARE on an existing target: its spare as the temporary, the
- * one the last save left or, if none, a new one under the spare's name so
- * that the next save finds one. -errno when there is none to take
- * (temps.c says which): the caller then makes an ordinary temporary.
+ * The process's umask, read without changing it (umask(2) sets it, which
+ * would race other threads' file creation): "Umask:" in /proc/self/status
+ * (Linux 4.7 and later). -1 if it cannot be told.
  */
-static int open_spare(struct nvio_file *f, const char *dir)
+static int read_umask(void)
+{
+	char buf[8192], *p;
+	ssize_t n;
+	int fd = nvio__open("/proc/self/status", O_RDONLY, 0);
+
+	if (fd < 0)
+		return -1;
+	n = read(fd, buf, sizeof(buf) - 1);
+	nvio__sys.close(fd);
+	if (n <= 0)
+		return -1;
+	buf[n] = 0;
+	p = strstr(buf, "\nUmask:");
+	return p ? (int)(strtol(p + 7, NULL, 8) & 0777) : -1;
+}
+
+/*
+ * NVIO_FILE_SPARE: the target's spare as the temporary, its blocks
+ * overwritten in place. An existing target (exists): the spare the last
+ * save left or, if none, a new one under the spare's name so that the
+ * next save finds one; commit swaps the two. No target: a spare that is
+ * there all the same (its target removed since, or a file its owner
+ * renamed to the spare's name to reuse its blocks, as nvio.dcp's writer
+ * does) is used and renamed into place, with the mode a new file gets
+ * (0666 less the umask); none is made. -errno when there is none to take (temps.c
+ * says which): the caller then makes an ordinary temporary.
+ */
+static int open_spare(struct nvio_file *f, const char *dir, int exists)
 {
 	size_t len = strlen(dir) + NAME_MAX + 2;
 	char *name = malloc(len);
-	int fd = -ENOMEM;
+	int fd = -ENOMEM, mask = 0;
 
-	if (name && (fd = nvio__spare_name(name, len, dir, base_of(f->target))) >= 0) {
+	if (!exists && (mask = read_umask()) < 0)
+		fd = -ENOSYS;
+	else if (name && (fd = nvio__spare_name(name, len, dir, base_of(f->target))) >= 0) {
 		fd = nvio__spare_take(name, 0);
-		if (fd == -ENOENT)
+		if (fd == -ENOENT && exists)
 			fd = nvio__spare_take(name, 1);
 	}
 	if (fd < 0) {
 		free(name);
 		return fd;
 	}
+	if (!exists) {
+		f->tmp_mode = 0666 & ~(unsigned)mask;
+		f->keep_mode = 1;
+	}
 	f->tmp_path = name;
 	f->spare = 1;
+	f->exchange = exists;
 	return fd;
 }
 
@@ -187,8 +221,7 @@ static int open_temp(struct nvio_file *f, const char **what)
 	/* what killed writers of this target left (best effort) */
 	nvio__temps_sweep(dir, base_of(f->target), 0, NULL, NULL);
 	*what = "open temporary";
-	if ((f->flags & NVIO_FILE_SPARE) && f->keep_mode &&
-	    (fd = open_spare(f, dir)) >= 0) {
+	if ((f->flags & NVIO_FILE_SPARE) && (fd = open_spare(f, dir, f->keep_mode)) >= 0) {
 		free(dir);
 		return fd;
 	}
@@ -609,8 +642,9 @@ static int name_tmpfile(struct nvio_file *f)
  * the spare's lock, so no other writer has either file. The spare's name
  * must still lead to this file: if something other than nvio moved it
  * meanwhile, the file gets an ordinary hidden name and a plain rename
- * (*plain set). A target removed meanwhile (ENOENT) or a file system
- * without RENAME_EXCHANGE: a plain rename too, no spare left.
+ * (*plain set). A target that did not exist at open, one removed since
+ * (ENOENT), or a file system without RENAME_EXCHANGE: a plain rename, no
+ * spare left.
  */
 static int swap_spare(struct nvio_file *f, int *plain, const char **what)
 {
@@ -626,10 +660,10 @@ static int swap_spare(struct nvio_file *f, int *plain, const char **what)
 		*what = "link";
 		return name_tmpfile(f);
 	}
-	if (nvio__sys.renameat2(AT_FDCWD, f->tmp_path, AT_FDCWD, f->target,
-				RENAME_EXCHANGE) == 0)
+	if (f->exchange && nvio__sys.renameat2(AT_FDCWD, f->tmp_path, AT_FDCWD, f->target,
+					       RENAME_EXCHANGE) == 0)
 		return 0;
-	r = errno;
+	r = f->exchange ? errno : ENOENT;
 	if (r != EINVAL && r != ENOSYS && r != EOPNOTSUPP && r != ENOENT) {
 		*what = "rename (exchange with the spare)";
 		return -r;

@@ -154,6 +154,7 @@ struct nvio_file {
 	unsigned tmp_mode;
 	int committed;
 	int spare;		/* tmp_path is the target's spare, flock'ed on fd */
+	int exchange;		/* spare: the target existed, commit swaps the two */
 	int private;		/* made for one by-path/fd op, closed with it */
 	int created;		/* its open created it */
 };

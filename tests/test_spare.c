@@ -337,6 +337,22 @@ static void misc(nvio_handle_t *h)
 		T_ERR(nvio_file_pread(f, back, 200, 0, 0), -ENODATA);
 		T_OK(nvio_file_close(f));
 	}
+	/* no target, a spare there: its blocks, renamed into place */
+	t_ctx("%s spare without a target", t_combo());
+	{
+		struct stat st;
+		ino_t s = ino_of(spare);
+
+		unlink(target);
+		T_OK(save(h, NVIO_FILE_SPARE, 12345, 18, 1));
+		check_file(target, 12345, 18);
+		T_EQ_U64(ino_of(target), s);
+		T_EQ_INT(entries(), 1);		/* used up: no spare made */
+		if (T_OK(lstat(target, &st) < 0 ? -errno : 0))
+			T_EQ_INT(st.st_mode & 07777, 0644);	/* 0666 less umask 022 */
+		T_OK(save(h, NVIO_FILE_SPARE, 2345, 19, 1));	/* a spare again */
+		T_EQ_INT(entries(), 2);
+	}
 	t_ctx("%s sweeps", t_combo());
 	T_EQ_INT(nvio_clean_temporaries(dir, NULL, 0, NULL, NULL), 0);
 	T_EQ_INT(nvio_clean_temporaries(dir, NULL, NVIO_CLEAN_SPARES, NULL, NULL), 0);
@@ -370,6 +386,7 @@ int main(void)
 	int err;
 
 	t_init("spare");
+	umask(022);
 	buf = t_alloc(MAXN);
 	back = t_alloc(MAXN);
 	t_path(target, "target");

@@ -77,7 +77,7 @@ from torch.futures import Future
 from . import _device, _nvio
 from .checkpoint import _zip
 from .checkpoint._plan import DEFAULT_ALIGN, CheckpointError, Plan, _executor, crc_submit
-from .checkpoint._save import _crc_device, write_device
+from .checkpoint._save import _crc_device, atomic_flags, write_device
 
 __all__ = ["FileSystemWriter", "FileSystemReader", "save", "async_save", "load"]
 
@@ -88,6 +88,11 @@ _METADATA = _fs._metadata_fn            # ".metadata"
 _SUFFIX = _fs.DEFAULT_SUFFIX            # ".distcp"
 #: Names of DCP data files (ours and DCP's): the only files a commit removes.
 _DATA_NAME = re.compile(r"^__\d+_\d+(\.[0-9a-f]+)?\.distcp$")
+#: With spare=True a data file slot has two names used in turn, DCP's and
+#: this one's (tag "b": random tags have 8 hex digits), so that each name
+#: finds the spare its last use left: the file two saves back.
+_SPARE_TAG = "b"
+_ROTATING_NAME = re.compile(r"^__\d+_\d+(\.b)?\.distcp$")
 #: Small records of each torch.save image are packed as torch.save packs them.
 _META_ALIGN = 64
 #: Bytes read from the start and the end of each image to find its pickle,
@@ -199,6 +204,23 @@ def _file_vector(images):
     return vec, dev
 
 
+def _keep_as_spare(path):
+    """Gives a data file nobody uses any more its hidden spare name, where
+    the next save of that name finds its blocks (True), unless that name is
+    taken or the file system has no hard links (False: remove it). A link
+    then an unlink, so that no file at the spare's name is ever replaced."""
+    d, base = os.path.split(path)
+    try:
+        os.link(path, os.path.join(d, "." + base + ".nvio-spare"), follow_symlinks=False)
+    except OSError:
+        return False
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    return True
+
+
 class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
     """DCP's FileSystemWriter, writing through libnvio (see the module).
 
@@ -214,12 +236,23 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
     ``timeout`` (seconds): with a group, every rank waits at the end of its
     writes in a ``monitored_barrier`` (gloo) so that a rank that died is
     named in the error instead of surfacing as a lost connection.
+
+    ``spare=True`` (saving again and again into the same directory): each
+    data file is written into the blocks of the one its slot had two saves
+    back instead of fresh ones (libnvio's FILE_SPARE; on thin or
+    loop-backed disks about twice as fast to write). A slot's two names
+    (DCP's ``__R_N.distcp`` and ``__R_N.b.distcp``) are used in turn; at
+    commit the data files the new checkpoint does not use are renamed to
+    their hidden spare names (``.__R_N.distcp.nvio-spare``) instead of being
+    removed: the directory holds two checkpoints' worth of data for good.
+    Nothing changes for a save into a new directory (there is nothing to
+    reuse). ``.metadata`` is written as without it (it is small).
     """
 
     def __init__(self, path, single_file_per_rank=True, sync_files=True, thread_count=1,
                  per_thread_copy_ahead=10_000_000, cache_staged_state_dict=False,
                  overwrite=True, *, handle=None, align=DEFAULT_ALIGN, crc32=False,
-                 process_group=None, timeout=None):
+                 process_group=None, timeout=None, spare=False):
         _fs._FileSystemWriter.__init__(self, path=path, single_file_per_rank=single_file_per_rank,
                                        sync_files=_nvio.check_flag(sync_files, "sync_files"),
                                        thread_count=thread_count,
@@ -235,6 +268,7 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
         self.crc32 = _nvio.check_flag(crc32, "crc32")
         self.process_group = process_group
         self.timeout = timeout
+        self.spare = _nvio.check_flag(spare, "spare")
         self._tag = None
         self._pool = _StagingPool()
         self.failure = None     # the error naming a rank that did not finish
@@ -249,9 +283,13 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
 
     def _file_name(self, prefix, n):
         """DCP's name, or one of our own when that name is taken (by the
-        checkpoint this save replaces, which must stay whole until commit)."""
+        checkpoint this save replaces, which must stay whole until commit):
+        with spare, the slot's other name if free, else a random one."""
         name = "%s%d%s" % (prefix, n, _SUFFIX)
         if os.path.lexists(os.path.join(self.path, name)):
+            alt = "%s%d.%s%s" % (prefix, n, _SPARE_TAG, _SUFFIX)
+            if self.spare and not os.path.lexists(os.path.join(self.path, alt)):
+                return alt
             if self._tag is None:
                 self._tag = secrets.token_hex(4)
             name = "%s%d.%s%s" % (prefix, n, self._tag, _SUFFIX)
@@ -280,7 +318,7 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
 
     def _write_files(self, prefix, buckets, planner):
         h = _handle(self.handle)
-        flags = _nvio.FILE_ATOMIC | (0 if self.sync_files else _nvio.FILE_NOSYNC)
+        flags = atomic_flags(self.sync_files, self.spare)
         files, results = [], []
         try:
             for n, items in enumerate(buckets):
@@ -367,8 +405,11 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
         mine = "__" if rank is None else "__%d_" % rank
         for name in sorted(os.listdir(self.path)):
             if name not in keep and name.startswith(mine) and _DATA_NAME.match(name):
+                path = os.path.join(self.path, name)
+                if self.spare and _ROTATING_NAME.match(name) and _keep_as_spare(path):
+                    continue
                 try:
-                    os.unlink(os.path.join(self.path, name))
+                    os.unlink(path)
                 except FileNotFoundError:
                     pass
 

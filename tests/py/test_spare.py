@@ -210,3 +210,44 @@ def test_nvio_clean_spares_tool(tmp_path):
     clean("--spares=all")
     assert os.listdir(tmp_path) == ["b.pt"]
     same(torch.load(b, weights_only=True), state(1, 1000))
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "direct"])
+def test_dcp_writer_spare_rotation(tmp_path, direct):
+    """nvio.dcp.FileSystemWriter(spare=True) saving again and again into one
+    directory: DCP's own reader reads every checkpoint; from the third save
+    on each data file is the spare its name's last use left (the inode
+    shows it), and the directory holds .metadata, the data file and one
+    spare, never more."""
+    import warnings
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    import nvio.dcp as nd
+    if direct and not nvio.probe(str(tmp_path))["direct_ok"]:
+        pytest.skip("O_DIRECT not supported here")
+    h = nvio.AioHandle(direct=direct)
+    d = tmp_path / "ck"
+    spares = {}
+    for i in range(5):
+        sd = {"w": torch.randn(50_000 + 1000 * (i % 2)), "b": torch.arange(i + 10), "step": i}
+        before = {n: ino(str(d / n)) for n in os.listdir(d)} if d.exists() else {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.save(sd, storage_writer=nd.FileSystemWriter(d, spare=True, handle=h),
+                     no_dist=True)
+            got = {"w": torch.zeros_like(sd["w"]), "b": torch.zeros_like(sd["b"]), "step": -1}
+            dcp.load(got, storage_reader=dcp.FileSystemReader(d), no_dist=True)
+        assert torch.equal(got["w"], sd["w"]) and torch.equal(got["b"], sd["b"])
+        assert got["step"] == i
+        names = sorted(os.listdir(d))
+        data = [n for n in names if n.endswith(".distcp")]
+        assert len(data) == 1, names
+        assert data[0] == ("__0_0.distcp" if i % 2 == 0 else "__0_0.b.distcp"), names
+        other = "__0_0.b.distcp" if i % 2 == 0 else "__0_0.distcp"
+        assert names == sorted([".metadata", data[0]] +
+                               ([".%s.nvio-spare" % other] if i >= 1 else []))
+        if i >= 2:
+            assert ino(str(d / data[0])) == spares[data[0]]    # the spare's blocks
+        if i >= 1:
+            assert ino(str(d / (".%s.nvio-spare" % other))) == before[other]
+            spares[other] = before[other]
+    h.close()
