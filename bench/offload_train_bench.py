@@ -178,6 +178,7 @@ def worker(a):
     info["pools"] = pools
     step_no = [0]
     cpu = [0.0]          # the last step's CPU seconds, every thread of the process
+    split = [0.0, 0.0, 0.0]      # forward, backward, optimizer step (s)
 
     def step():
         c0 = time.process_time()
@@ -189,9 +190,12 @@ def worker(a):
             x = batch(a, step_no[0])
             opt.zero_grad()
             loss = m(input_ids=x, labels=x).loss
+            t1 = time.perf_counter()
             loss.backward()
+            t2 = time.perf_counter()
             loss = loss.item()
             opt.step()
+            split[:] = [t1 - t0, t2 - t1, time.perf_counter() - t2]
         t = time.perf_counter() - t0
         step_no[0] += 1
         cpu[0] = time.process_time() - c0
@@ -208,7 +212,7 @@ def worker(a):
         if cmd == "step":
             tally["read"] = tally["write"] = 0
             t, loss = step()
-            r = {"s": t, "cpu_s": cpu[0], "loss": loss, "read_bytes": tally["read"],
+            r = {"s": t, "cpu_s": cpu[0], "split": list(split), "loss": loss, "read_bytes": tally["read"],
                  "write_bytes": tally["write"]}
             if nvme:
                 r.update({"opt_" + k: v for k, v in opt.last_step.items()})
@@ -232,7 +236,10 @@ class Worker:
         if a.fused:
             argv.append("--fused")
         self.kind = kind
-        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        env = dict(os.environ)
+        env.update(kv.split("=", 1) for kv in a.env)
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  env=env)
         self.info = self.read()
 
     def read(self):
@@ -285,6 +292,8 @@ def run_part(a, part, disk, d, fio):
             row["memory_s"], row["memory_loss"] = m["s"], m["loss"]
             v = nv.ask("step")
             row.update(memory_cpu_s=m["cpu_s"], nvme_cpu_s=v["cpu_s"])
+            if part == "train":
+                row.update(memory_split=m["split"], nvme_split=v["split"])
             row.update(nvme_s=v["s"], nvme_loss=v["loss"], read_bytes=v["read_bytes"],
                        write_bytes=v["write_bytes"])
             row.update({k: v[k] for k in v if k.startswith("opt_")})
@@ -369,6 +378,10 @@ def report_part(res, a):
               % med(lambda x: x["nvme_s"]),
               "| CPU seconds of the step (all threads): in memory / NVMe | %.2f / %.2f |" % (
                   med(lambda x: x["memory_cpu_s"]), med(lambda x: x["nvme_cpu_s"])),
+              "| forward / backward / optimizer step, in memory (s) | %.3f / %.3f / %.3f |" % tuple(
+                  med(lambda x, i=i: x["memory_split"][i]) for i in range(3)),
+              "| forward / backward / optimizer step, NVMe (s) | %.3f / %.3f / %.3f |" % tuple(
+                  med(lambda x, i=i: x["nvme_split"][i]) for i in range(3)),
               "| of which the optimizer step (s): total / waiting for reads / compute / "
               "waiting for writes | %.3f / %.3f / %.3f / %.3f |" % (
                   med(lambda x: x["opt_total"]), med(lambda x: x["opt_read_wait"]),
@@ -440,6 +453,8 @@ def main():
     ap.add_argument("--prefetch", type=int, default=1)
     ap.add_argument("--fio-size", type=int, default=1 << 30)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="set in both contenders' environment (e.g. OMP_WAIT_POLICY=PASSIVE)")
     ap.add_argument("--fused", action="store_true",
                     help="AdamW(fused=True) in both contenders (torch's one-pass CPU kernel)")
     ap.add_argument("--out")
@@ -516,11 +531,13 @@ def main():
                        "%.2f GB. Batch %d x %d tokens, AdamW lr 1e-4%s. One untimed warm-up "
                        "step, then %d timed rounds, interleaved: in-memory step, NVMe step, "
                        "fio-best write, fio-best read (file of %.2f GB in the same directory). "
-                       "Medians of per-round ratios." % (
+                       "Medians of per-round ratios.%s" % (
                            a.layers, a.hidden, a.inter, a.vocab, n, gb(16 * n), a.batch, a.seq,
                            ", fused=True (torch's one-pass kernel)" if a.fused else
                            " (torch's default on CPU: the single-tensor loop)",
-                           a.rounds, gb(a.fio_size)), ""]
+                           a.rounds, gb(a.fio_size),
+                           " Both contenders' environment adds %s." % " ".join(a.env)
+                           if a.env else ""), ""]
     for res in results:
         part_lines, good = report_part(res, a)
         L += part_lines
