@@ -12,6 +12,10 @@ random weights, every tensor a DTensor sharded by rows over the W ranks
 
   dcp-tN      dcp.save(sd, storage_writer=torch's FileSystemWriter(d, thread_count=N))
   nvio        dcp.save(sd, storage_writer=nvio.dcp.FileSystemWriter(d))
+  nvio-spare  the same with FileSystemWriter(d, spare=True) into a directory
+              kept across its runs (saved into twice, untimed, before the
+              rounds): each data file goes into the blocks of the one two
+              saves back, which the writer kept as a spare
   fio-best    the better of libaio 1M x QD32 x 1 job and 8M x QD128 x W jobs
               (QD32 for W = 4, to keep fio's huge-page buffers at 1 GiB),
               huge-page buffers, O_DIRECT, end_fsync, on a preallocated file
@@ -126,7 +130,8 @@ def main():
                             world_size=W, timeout=datetime.timedelta(minutes=30))
     mesh = init_device_mesh("cpu", (W,))
     base = os.path.join(a.dir, "nvio-dcp-bench")
-    ck = {"nvio": base + "-nvio", "dcp": base + "-dcp", "run": base + "-run"}
+    ck = {"nvio": base + "-nvio", "dcp": base + "-dcp", "run": base + "-run",
+          "spare": base + "-spare"}
     pf = base + "-fio.bin"
     sd, sums = make_sd(mesh, a.rank, W, a.layers)
     nbytes = sum(v.to_local().nbytes for v in sd.values())
@@ -138,6 +143,8 @@ def main():
     def writer(name, d):
         if name == "nvio":
             return nd.FileSystemWriter(d)
+        if name == "nvio-spare":
+            return nd.FileSystemWriter(d, spare=True)
         return dcp.FileSystemWriter(d, thread_count=int(name[len("dcp-t"):]))
 
     def reader(name, d):
@@ -146,7 +153,8 @@ def main():
     def timed_save(name, d):
         dist.barrier()
         if a.rank == 0:
-            shutil.rmtree(d, ignore_errors=True)
+            if name != "nvio-spare":      # its directory holds the spares it reuses
+                shutil.rmtree(d, ignore_errors=True)
             core_bench.drop_caches()
         dist.barrier()
         c0, t0 = cpu(), time.perf_counter()
@@ -194,14 +202,16 @@ def main():
                              "huge pages could not be reserved (other jobs held them): "
                              "fio-best ran with 4 KiB-page buffers, like fio-4k")
         # the checkpoints the loads read
-        for name, d in (("nvio", ck["nvio"]), ("dcp-t1", ck["dcp"])):
+        for name, d in (("nvio", ck["nvio"]), ("dcp-t1", ck["dcp"]),
+                        ("nvio-spare", ck["spare"]), ("nvio-spare", ck["spare"])):
             timed_save(name, d)
         if a.rank == 0:
             sizes = {k: data_bytes(ck[k]) for k in ("nvio", "dcp")}
         fbytes = state_bytes // (64 * MiB) * (64 * MiB)   # whole 8 MiB blocks per job
         if a.rank == 0:
             core_bench.Bench.prepare_file(fio, pf, fbytes)
-        saves = ["dcp-t%d" % n for n in tcs] + ["nvio", "fio-best", "fio-4k", "fio-new"]
+        saves = ["dcp-t%d" % n for n in tcs] + ["nvio", "fio-best", "nvio-spare", "fio-4k",
+                                                 "fio-new"]
         loads = ["dcp", "nvio", "nvio-x", "fio-best", "fio-4k"]
         for phase, names, op in (("save", saves, "write"), ("load", loads, "read")):
             per = {n: [] for n in names}
@@ -224,7 +234,7 @@ def main():
                         dist.barrier()
                         continue
                     if phase == "save":
-                        secs, c = timed_save(n, ck["run"])
+                        secs, c = timed_save(n, ck["spare"] if n == "nvio-spare" else ck["run"])
                     else:
                         d = ck["dcp"] if n in ("dcp", "nvio-x") else ck["nvio"]
                         secs, c = timed_load(n, d)
@@ -306,7 +316,7 @@ def report(a, res, state_bytes, sizes, guest, t_start, tcs):
            "- checkpoint bytes on disk: nvio %s, DCP %s" % (sizes.get("nvio"), sizes.get("dcp")),
            "- %s (bench/guestmem.py); %s" % (guest["note"], guest.get("huge", "-")),
            "- %d rounds, interleaved and rotated; page cache dropped before every run; saves "
-           "durable into a directory removed before each run; GB/s = tensor bytes / wall time; "
+           "durable into a directory removed before each run (nvio-spare: kept, it holds the spares); GB/s = tensor bytes / wall time; "
            "ratios = median of per-round ratios; fio rows move the same bytes rounded down to "
            "64 MiB" % a.rounds, ""]
     for phase in ("save", "load"):

@@ -927,7 +927,8 @@ static PyMethodDef handle_methods[] = {
 	{ "open", (PyCFunction)(void (*)(void))ext_h_open, METH_VARARGS | METH_KEYWORDS,
 	  "open($self, path, flags=FILE_READ)\n--\n\n"
 	  "Open path once for any number of ops: a File. flags: FILE_READ, FILE_WRITE,\n"
-	  "FILE_CREATE, FILE_EXCL, FILE_TRUNC, FILE_ATOMIC (nvio_file_open(3))." },
+	  "FILE_CREATE, FILE_EXCL, FILE_TRUNC, FILE_ATOMIC, with it FILE_NOSYNC and\n"
+	  "FILE_SPARE (nvio_file_open(3))." },
 	{ "open_fd", (PyCFunction)(void (*)(void))ext_h_open_fd, METH_VARARGS | METH_KEYWORDS,
 	  "open_fd($self, fd, flags=FILE_READ)\n--\n\n"
 	  "A File over an open descriptor, which nvio never closes or changes.\n"
