@@ -448,7 +448,8 @@ static int spare_usable(const struct stat *st, unsigned how)
 
 /*
  * Opens the spare at path (relative to dfd) and locks it. how:
- * SPARE_CREATE a new one (O_EXCL); SPARE_WRITE read-write (else read
+ * SPARE_CREATE a new one (O_EXCL; path relative to the working directory
+ * then, as only writers make spares); SPARE_WRITE read-write (else read
  * only: enough to lock it); SPARE_ANY_USER whoever's. An existing one is
  * looked at through an O_PATH descriptor first, so that no device or FIFO
  * is ever opened, and, to be written, made 0600 like any temporary (it has
@@ -532,7 +533,8 @@ static int spares_sweep(int dfd, DIR *d, const char *base, unsigned flags,
 			why = fd == -EWOULDBLOCK ? "spare in use by a writer" :
 			      fd == -EPERM || fd == -ELOOP ?
 			      "not removable (a link, a hard link, or another user's)" :
-			      "changed while it was looked at";
+			      fd == -EACCES ? "cannot be opened to lock it (permission)" :
+			      fd == -ENOENT ? "gone" : "changed while it was looked at";
 		} else {
 			why = flags & NVIO_CLEAN_ALL_SPARES ? "spare" :
 			      "spare of a target that is gone";
