@@ -12,6 +12,7 @@ engine, compared element by element.
 import collections
 import io
 import os
+import pickle
 import zipfile
 
 import pytest
@@ -171,3 +172,99 @@ def test_snapshot_of_many_storages_lands_at_each_record(monkeypatch, chunk):
     for r, s in plan.data:
         want[r.data_offset:r.end] = _plan.u8(s)
     assert torch.equal(dst, want)
+
+
+# --- the fast weights-only unpickler ------------------------------------------
+
+
+def load_slow(p, monkeypatch, **kw):
+    """nvio.load with the fast unpickler refusing everything (so torch's
+    weights-only unpickler reads the pickle)."""
+    from nvio.checkpoint import _load
+    with monkeypatch.context() as m:
+        m.setattr(_load, "_fast_table", {})
+        return nvio.load(p, **kw)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fast_unpickler_gives_what_torch_unpickler_gives(name, tmp_path, monkeypatch):
+    obj = CASES[name]
+    p = tmp_path / "x.pt"
+    nvio.save(obj, p)
+    from test_checkpoint import same
+    try:
+        want = torch.load(p, weights_only=True)
+    except pickle.UnpicklingError:
+        with pytest.raises(pickle.UnpicklingError):
+            nvio.load(p)
+        return
+    got = nvio.load(p)
+    same(want, got)
+    same(load_slow(p, monkeypatch), got)
+    assert sharing(got) == sharing(want)
+
+
+def spy_torch_unpickler(monkeypatch):
+    from torch import _weights_only_unpickler as wo
+    calls = []
+    orig = wo.Unpickler.load
+
+    def spy(self):
+        calls.append(1)
+        return orig(self)
+    monkeypatch.setattr(wo.Unpickler, "load", spy)
+    return calls
+
+
+def test_fast_unpickler_is_taken_for_state_dicts_and_not_for_other_globals(tmp_path, monkeypatch):
+    p = tmp_path / "x.pt"
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    state = {"model": model.state_dict(), "opt": opt.state_dict()}
+    nvio.save(state, p)
+    want = torch.load(p, weights_only=True)
+    calls = spy_torch_unpickler(monkeypatch)
+    from test_checkpoint import same
+    same(want, nvio.load(p))
+    assert calls == []
+    # a uint16 tensor pickles through _rebuild_tensor_v3, a set through
+    # builtins.set: not in the fast table, so torch's unpickler reads it
+    for other in ({"u": torch.arange(5, dtype=torch.int32).to(torch.uint16)}, {"s": {1, 2}, "t": torch.ones(2)}):
+        nvio.save(other, p)
+        del calls[:]
+        got = nvio.load(p)
+        assert len(calls) == 1
+        same(other, got)
+
+
+def rewrite_pickle(src, dst, pkl):
+    """A copy of the zip checkpoint src with data.pkl replaced by pkl."""
+    with zipfile.ZipFile(src) as zi, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zo:
+        for info in zi.infolist():
+            data = pkl if info.filename.endswith("/data.pkl") else zi.read(info)
+            zo.writestr(info.filename, data)
+
+
+def test_fast_unpickler_cannot_change_torch_functions(tmp_path):
+    """A pickle that sets __defaults__ on torch's rebuild function through a
+    BUILD with a slot state: refused (torch's unpickler refuses BUILD on a
+    function), and the function is unchanged."""
+    good = tmp_path / "good.pt"
+    torch.save({"t": torch.ones(2)}, good)
+    evil = (b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n"
+            b"N}X\x0c\x00\x00\x00__defaults__K\x01\x85s\x86b0}.")
+    p = tmp_path / "evil.pt"
+    rewrite_pickle(good, p, evil)
+    before = torch._utils._rebuild_tensor_v2.__defaults__
+    with pytest.raises(pickle.UnpicklingError) as ei:
+        nvio.load(p)
+    assert str(p) in str(ei.value) and "weights_only" in str(ei.value)
+    assert torch._utils._rebuild_tensor_v2.__defaults__ == before
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(p, weights_only=True)
+    # a global outside torch's allowlist is refused as before
+    rewrite_pickle(good, p, b"\x80\x02cos\nsystem\nX\x04\x00\x00\x00true\x85R.")
+    with pytest.raises(pickle.UnpicklingError):
+        nvio.load(p)
