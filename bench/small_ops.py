@@ -125,11 +125,17 @@ def uptime():
         return " ".join(f.read().split()[:3])
 
 
-def time_calls(fn, offsets):
+def time_calls(fn, offsets, cpu=None):
+    """Mean wall microseconds per call; the thread's CPU microseconds per
+    call are appended to cpu (a list) when given."""
+    c0 = time.thread_time()
     t0 = time.perf_counter()
     for off in offsets:
         fn(off)
-    return (time.perf_counter() - t0) / len(offsets) * 1e6
+    t1 = time.perf_counter()
+    if cpu is not None:
+        cpu.append((time.thread_time() - c0) / len(offsets) * 1e6)
+    return (t1 - t0) / len(offsets) * 1e6
 
 
 def main():
@@ -162,21 +168,27 @@ def main():
             offsets = [(i * 7919 % nslots) * size for i in range(a.calls)]
             for op in (0, 1):
                 per = {n: [] for n in names}
+                cpu = {n: [] for n in names}
                 for n in names:  # warm up: first-use costs are not per call
                     time_calls(methods[n][op], offsets[:50])
                 for r in range(a.rounds):
                     order = names[r % len(names):] + names[:r % len(names)]
                     for n in order:
-                        per[n].append(time_calls(methods[n][op], offsets))
-                base = per["python-fd"]
-                tbase = per["python-fd-tnp"]
+                        per[n].append(time_calls(methods[n][op], offsets, cpu[n]))
+                def ratio(a, b):
+                    return statistics.median(x / y for x, y in zip(a, b))
+
                 for n in names:
                     lines.append((human(size), ("read", "write")[op], n,
                                   statistics.median(per[n]),
-                                  statistics.median(x / b for x, b in zip(per[n], base)),
-                                  statistics.median(x / b for x, b in zip(per[n], tbase)),
+                                  ratio(per[n], per["python-fd"]),
+                                  ratio(per[n], per["python-fd-tnp"]),
+                                  statistics.median(cpu[n]),
+                                  ratio(cpu[n], cpu["python-fd"]),
+                                  ratio(cpu[n], cpu["python-fd-tnp"]),
                                   " ".join("%.2f" % x for x in per[n])))
-                    print("%5s %-5s %-13s %8.2f us  x%.2f  x%.2f  %s" % lines[-1], file=sys.stderr)
+                    print("%5s %-5s %-13s %8.2f us  x%.2f  x%.2f  cpu %.2f x%.2f x%.2f  %s" %
+                          lines[-1], file=sys.stderr)
                 loads.append(uptime())
             del keep
     finally:
@@ -197,10 +209,12 @@ def main():
            "- %d calls per method per round, %d interleaved rounds; us = median of the "
            "per-round means; ratios = median of per-round ratios to python-fd "
            "(os.preadv on a memoryview) and to python-fd-tnp (os.preadv on t.numpy(), the "
-           "view made per call)" % (a.calls, a.rounds),
-           "", "| size | op | method | us per call | × python-fd | × python-fd-tnp | per-round us |",
-           "|---|---|---|---:|---:|---:|---|"]
-    out += ["| %s | %s | %s | %.2f | %.2f | %.2f | %s |" % l for l in lines]
+           "view made per call); CPU = the thread's CPU time per call (time.thread_time), "
+           "steadier than wall time on a shared machine, its ratios likewise" % (a.calls, a.rounds),
+           "", "| size | op | method | us per call | × python-fd | × python-fd-tnp | CPU us "
+           "| CPU × python-fd | CPU × python-fd-tnp | per-round us |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    out += ["| %s | %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s |" % l for l in lines]
     text = "\n".join(out) + "\n"
     print(text)
     if a.out:

@@ -252,19 +252,25 @@ def main():
            "- %d calls of %d bytes per method per round, %d interleaved rounds (order rotated); "
            "ns = median over rounds of wall ns per call; ratios = median of per-round ratios "
            "to the round's pread(2) and to the round's os.preadv (py-preadv); CPU = user+sys ns "
-           "per call; fio lat = fio's own mean latency per I/O" % (a.n, a.bs, a.rounds), ""]
+           "per call (getrusage; fio: its usr+sys share of its runtime), its ratios likewise "
+           "(steadier than wall time on a shared machine); fio lat = fio's own mean latency "
+           "per I/O" % (a.n, a.bs, a.rounds), ""]
     for sc, spec, per, cpu, lat, loads in report:
         base = per[spec["base"]]
         pyb = per[[m for m in spec["methods"] if m.startswith("py-preadv")][0]]
+        cbase = cpu[spec["base"]]
+        cpyb = cpu[[m for m in spec["methods"] if m.startswith("py-preadv")][0]]
         out += ["## %s" % sc, "", "1-minute load average after each round: %s" % " ".join(loads), "",
-                "| method | ns per call | × %s | × os.preadv | CPU ns per call | fio lat ns "
-                "| per-round ns |" % spec["base"],
-                "|---|---:|---:|---:|---:|---:|---|"]
+                "| method | ns per call | × %s | × os.preadv | CPU ns per call | CPU × %s "
+                "| CPU × os.preadv | fio lat ns | per-round ns |" % (spec["base"], spec["base"]),
+                "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
         for m in spec["methods"]:
             ratio = statistics.median(x / b for x, b in zip(per[m], base))
             rpy = statistics.median(x / b for x, b in zip(per[m], pyb))
-            out.append("| %s | %.0f | %.3f | %.3f | %.0f | %s | %s |" % (
-                m, statistics.median(per[m]), ratio, rpy, statistics.median(cpu[m]),
+            cr = statistics.median(x / b for x, b in zip(cpu[m], cbase))
+            cpy = statistics.median(x / b for x, b in zip(cpu[m], cpyb))
+            out.append("| %s | %.0f | %.3f | %.3f | %.0f | %.3f | %.3f | %s | %s |" % (
+                m, statistics.median(per[m]), ratio, rpy, statistics.median(cpu[m]), cr, cpy,
                 "%.0f" % statistics.median(lat[m]) if lat[m] else "",
                 " ".join("%.0f" % x for x in per[m])))
         for m in spec["methods"]:
