@@ -176,12 +176,21 @@ def main():
     ap.add_argument("--tmpfs-dir", default="/dev/shm")
     ap.add_argument("--disk-dir", default="/root/nvio-bench")
     ap.add_argument("--lib", default=os.path.join(ROOT, "build", "libnvio.a"))
+    ap.add_argument("--also-lib", action="append", default=[], metavar="NAME=LIB",
+                    help="also run the file method (file-direct where direct) with the "
+                    "benchmark built against LIB, as method file@NAME, in the same rounds "
+                    "(e.g. before=/tmp/libnvio-before.a)")
     ap.add_argument("--methods", help="comma list replacing every scenario's methods "
                     "(its base and py-preadv are kept; -direct names where the scenario is)")
     ap.add_argument("--out")
     a = ap.parse_args()
 
     exe = "/tmp/nvio-small-ops-c-%d" % os.getpid()
+    exes = {}
+    for spec_ in a.also_lib:
+        name, lib = spec_.split("=", 1)
+        exes[name] = "%s-%s" % (exe, name)
+        build(lib, exes[name])
     load0 = uptime()
     build(a.lib, exe)
     os.makedirs(a.disk_dir, exist_ok=True)
@@ -204,6 +213,8 @@ def main():
                     if m not in want:
                         want.append(m)
                 names = want
+            for name in exes:
+                names.append("file%s@%s" % ("-direct" if spec["direct"] else "", name))
             spec = dict(spec, methods=names)
             per = {m: [] for m in names}
             cpu = {m: [] for m in names}
@@ -223,7 +234,11 @@ def main():
                     elif m.startswith("py-preadv"):
                         ns, c = run_py(path, spec["direct"], a.n, a.bs, r + 1)
                     else:
-                        ns, c = run_c(exe, path, m, a.n, a.bs, r + 1)
+                        m_exe, m_name = exe, m
+                        if "@" in m:
+                            m_name, lib_name = m.split("@")
+                            m_exe = exes[lib_name]
+                        ns, c = run_c(m_exe, path, m_name, a.n, a.bs, r + 1)
                     per[m].append(ns)
                     cpu[m].append(c)
                     print("%s round %d %-13s %9.1f ns/call  cpu %9.1f" % (sc, r, m, ns, c),
@@ -231,8 +246,9 @@ def main():
                 loads.append(uptime().split()[0])
             report.append((sc, spec, per, cpu, lat, loads))
     finally:
-        if os.path.exists(exe):
-            os.unlink(exe)
+        for x in [exe] + list(exes.values()):
+            if os.path.exists(x):
+                os.unlink(x)
         for p in made:
             if p.startswith(a.tmpfs_dir):
                 os.unlink(p)
