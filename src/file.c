@@ -146,6 +146,24 @@ static int read_umask(void)
 }
 
 /*
+ * A spare's old bytes are marked unwritten (FALLOC_FL_ZERO_RANGE: ext4
+ * converts the extents and keeps the blocks), so that a buffered write of
+ * part of a page (a record's header, an unaligned tail) does not first
+ * read that page from the disk, one synchronous read each: a spare save
+ * of 5,000 small tensors ran 0.6x as fast without this. Direct writes
+ * then convert the extents back, as into a new, preallocated file; the
+ * blocks below stay written ones. Best effort: a file system without it
+ * just reads.
+ */
+static void zero_old_bytes(int fd)
+{
+	struct stat st;
+
+	if (nvio__sys.fstat(fd, &st) == 0 && st.st_size > 0)
+		(void)nvio__sys.fallocate(fd, FALLOC_FL_ZERO_RANGE, 0, st.st_size);
+}
+
+/*
  * NVIO_FILE_SPARE: the target's spare as the temporary, its blocks
  * overwritten in place. An existing target (exists): the spare the last
  * save left or, if none, a new one under the spare's name so that the
@@ -177,6 +195,7 @@ static int open_spare(struct nvio_file *f, const char *dir, int exists)
 		f->tmp_mode = 0666 & ~(unsigned)mask;
 		f->keep_mode = 1;
 	}
+	zero_old_bytes(fd);
 	f->tmp_path = name;
 	f->spare = 1;
 	f->exchange = exists;
