@@ -444,7 +444,9 @@ NVIO_API int nvio_config_save_tuned(const nvio_config_t *cfg, const char *dir,
  *                      as much to write). The temporary is the spare
  *                      ".<name>.nvio-spare" beside path, overwritten in
  *                      place (it starts empty all the same: its size is
- *                      what is written); commit truncates it to that
+ *                      what is written; its old bytes are marked
+ *                      unwritten with FALLOC_FL_ZERO_RANGE, which ext4
+ *                      does keeping the blocks); commit truncates it to that
  *                      size, makes it durable and swaps it with path
  *                      (renameat2 RENAME_EXCHANGE), so the old version
  *                      becomes the next save's spare. Costs one more
