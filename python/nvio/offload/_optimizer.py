@@ -72,29 +72,34 @@ class _Buffers:
     allocator maps large ones anew each time) paid a page fault per 4 KiB
     it touched: the copy of a 32 MiB sub-group took 27 ms, three times
     torch's fused AdamW update of it. Every buffer is ``nbytes`` (the
-    largest sub-group's parameters), so any one fits; as many exist as
-    writes are in flight with a copy (the pool's regions bound those), and
-    at most ``KEEP`` are kept between uses."""
-    KEEP = 3
+    largest sub-group's parameters), so any one fits. A copy lives while
+    its sub-group's write is in flight (the pool's regions bound those, and
+    step() ends with none), and as many buffers are kept as were ever out
+    at once: the memory the copies took at their peak, no more."""
 
     def __init__(self, nbytes):
         self.nbytes = nbytes
         self.made = 0             # buffers allocated so far
+        self.out = 0              # taken and not given back
+        self.peak = 0
         self._free = []
         self._lock = threading.Lock()
 
     def take(self, nbytes):
         with self._lock:
+            self.out += 1
+            self.peak = max(self.peak, self.out)
             if nbytes <= self.nbytes and self._free:
                 return self._free.pop()
             self.made += 1
         return torch.empty(max(nbytes, self.nbytes, 1), dtype=torch.uint8)
 
     def give(self, buf):
-        if buf is None or buf.numel() != max(self.nbytes, 1):
+        if buf is None:
             return
         with self._lock:
-            if len(self._free) < self.KEEP:
+            self.out -= 1
+            if buf.numel() == max(self.nbytes, 1) and len(self._free) < self.peak:
                 self._free.append(buf)
 
 
