@@ -268,3 +268,49 @@ def test_fast_unpickler_cannot_change_torch_functions(tmp_path):
     rewrite_pickle(good, p, b"\x80\x02cos\nsystem\nX\x04\x00\x00\x00true\x85R.")
     with pytest.raises(pickle.UnpicklingError):
         nvio.load(p)
+
+
+def image_of(runs, size):
+    img = bytearray(size)
+    mask = bytearray(size)
+    for off, b in runs:
+        assert off + len(b) <= size
+        img[off:off + len(b)] = b
+        mask[off:off + len(b)] = b"\x01" * len(b)
+    return bytes(img), bytes(mask)
+
+
+def reference_meta_pieces(plan):
+    """Every non-tensor byte of the file, record by record (the layout's
+    own view: headers, small records, descriptors, directory)."""
+    out = []
+    for r in plan.layout.records:
+        out.append((r.header_offset, r.local))
+        if r.name in plan.meta:
+            out.append((r.data_offset, plan.meta[r.name]))
+        out.append((r.end, r.descriptor()))
+    out.append((plan.dir_offset, plan.layout.directory()))
+    return out
+
+
+@pytest.mark.parametrize("limit", [None, 5000])
+def test_meta_pieces_and_directory_size(monkeypatch, limit):
+    """meta_pieces covers exactly the bytes the records say, merged into
+    maximal runs between tensor records; Plan.size (from directory_size)
+    is where the directory ends; zip64 records too (limit lowered)."""
+    from nvio.checkpoint import _zip
+    if limit:
+        monkeypatch.setattr(_zip, "ZIP64_LIMIT", limit)
+    sd = many(300, seed=6)
+    sd["empty"] = torch.empty(0)
+    sd["big"] = torch.ones(3000)
+    plan = _plan.Plan(sd, "x.pt", meta_align=64)
+    for i, (r, _) in enumerate(plan.data):
+        r.crc = (i * 2654435761) & 0xFFFFFFFF
+    runs = plan.meta_pieces()
+    assert plan.size == plan.dir_offset + len(plan.layout.directory())
+    assert image_of(runs, plan.size) == image_of(reference_meta_pieces(plan), plan.size)
+    ends = [(off, off + len(b)) for off, b in runs]
+    assert all(a[1] < b[0] for a, b in zip(ends, ends[1:]))      # sorted, merged, apart
+    # one run before the first tensor record, one after each tensor with bytes
+    assert len(runs) == 1 + sum(1 for r, _ in plan.data if r.size)

@@ -243,7 +243,7 @@ class Plan:
                        str(secrets.randbits(128)).zfill(40).encode())
         # the directory's length does not depend on the CRCs: size it now
         self.dir_offset = lay.cursor
-        self.size = lay.cursor + len(lay.directory())
+        self.size = lay.cursor + lay.directory_size()
 
     def _add_meta(self, name, b):
         r = self.layout.add(name, len(b), self.meta_align)
@@ -256,22 +256,33 @@ class Plan:
 
     def meta_pieces(self):
         """(offset, bytes) of everything that is not tensor data: headers,
-        small records, descriptors, the directory; runs merged. Needs every
-        data record's crc."""
+        small records, descriptors, the directory; runs merged (a run goes
+        from one tensor record's data to the next: its descriptor, the
+        next local headers, small records). Needs every data record's crc."""
         runs = []
-
-        def put(off, b):
-            if runs and runs[-1][0] + len(runs[-1][1]) == off:
-                runs[-1][1].extend(b)
-            elif b:
-                runs.append((off, bytearray(b)))
-
+        meta = self.meta
+        start, parts, pos = 0, [], 0
         for r in self.layout.records:
-            put(r.header_offset, r.local)
-            if r.name in self.meta:
-                put(r.data_offset, self.meta[r.name])
-            put(r.end, r.descriptor())
-        put(self.dir_offset, self.layout.directory())
+            if r.header_offset != pos:          # never in nvio's layouts
+                if parts:
+                    runs.append((start, b"".join(parts)))
+                start, parts = r.header_offset, []
+            parts.append(r.local)
+            m = meta.get(r.name)
+            if m is not None:
+                parts.append(m)
+            elif r.size:                        # tensor bytes: the run ends
+                if parts:
+                    runs.append((start, b"".join(parts)))
+                start, parts = r.end, []
+            parts.append(r.descriptor())
+            pos = r.end + r.descriptor_size
+        if self.dir_offset != pos:
+            if parts:
+                runs.append((start, b"".join(parts)))
+            start, parts = self.dir_offset, []
+        parts.append(self.layout.directory())
+        runs.append((start, b"".join(parts)))
         return runs
 
 

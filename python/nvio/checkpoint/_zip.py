@@ -114,6 +114,14 @@ class Layout:
         self.cursor = r.end + r.descriptor_size
         return r
 
+    def directory_size(self):
+        """len(self.directory()), without building it (nor needing CRCs)."""
+        n = ZIP64_EOCD_SIZE + ZIP64_LOCATOR_SIZE + EOCD_SIZE
+        for r in self.records:
+            k = 2 * (r.size >= ZIP64_LIMIT) + (r.header_offset >= ZIP64_LIMIT)
+            n += CENTRAL_SIZE + len(r.name.encode("utf-8")) + (4 + 8 * k if k else 0)
+        return n
+
     def directory(self):
         """Central directory and end records (needs every record's crc)."""
         parts = []
