@@ -252,7 +252,7 @@ def test_memory_is_bounded_by_the_pool(tmp_path):
     assert out["state_dict+save"] > out["state"] * 0.9, out
 
 
-def test_safe_steps_copies_reuse_their_buffers(tmp_path):
+def test_safe_steps_copies_reuse_their_buffers(engine, tmp_path):
     """safe_steps' copy of each sub-group's parameters goes to buffers made
     once and reused (a fresh allocation per sub-group cost a page fault per
     4 KiB, more than a fused AdamW update of it): over 12 steps of 5
@@ -264,7 +264,7 @@ def test_safe_steps_copies_reuse_their_buffers(tmp_path):
     b = copy.deepcopy(a)
     ref = torch.optim.AdamW(a.parameters(), lr=1e-2)
     opt = NVMeOptimizer(torch.optim.AdamW(b.parameters(), lr=1e-2), str(tmp_path),
-                        sub_group_numel=1200)
+                        sub_group_numel=1200, engine=engine)
     assert len(opt._subgroups) >= 5
     xs = batches(12)
     assert train(a, ref, xs) == train(b, opt, xs)
