@@ -37,9 +37,20 @@ dropped first, end_fsync for writes), on a file of --fio-size in the same
 directory, in every round.
 
 Needs root (drop_caches, hugetlbfs, the RAM disk), like checkpoint_bench.py.
+A RAM disk this script mounts it takes down at the end; one that was
+mounted already is left as it is.
 
   sudo python3 bench/offload_train_bench.py --disk both --rounds 3 \\
       --out bench/results/offload-2026-11-26.md
+  # torch's one-pass AdamW, and OpenMP threads that sleep instead of
+  # spinning between kernels (see README, "Training ... on NVMe", Speed):
+  sudo python3 bench/offload_train_bench.py --disk both --fused \\
+      --env OMP_WAIT_POLICY=PASSIVE
+
+Every worker reports each step's wall and CPU seconds (all its threads);
+training steps are split into forward, backward and optimizer step, and
+the NVMe optimizer's step into waiting for reads, update, waiting for
+writes (``NVMeOptimizer.last_step``).
 
 Memory (default model: 8 layers, hidden 1024, vocab 8192, 120 M
 parameters, 1.9 GB of fp32 weights + AdamW state): the in-memory workers
