@@ -353,6 +353,29 @@ static void misc(nvio_handle_t *h)
 		T_OK(save(h, NVIO_FILE_SPARE, 2345, 19, 1));	/* a spare again */
 		T_EQ_INT(entries(), 2);
 	}
+	/* a name too long for a spare beside it: ordinary saves */
+	t_ctx("%s long name", t_combo());
+	{
+		char name[250], path[T_PATH_MAX];
+		nvio_file_t *lf;
+
+		memset(name, 'n', sizeof(name) - 1);
+		name[sizeof(name) - 1] = 0;
+		snprintf(path, sizeof(path), "%s/%s", dir, name);	/* t_path cuts at 200 */
+		T_OK(t_write_file(path, buf, 10));
+		for (int i = 0; i < 3; i++) {
+			lf = nvio_file_open(h, path, NVIO_FILE_ATOMIC | NVIO_FILE_SPARE, &err);
+			if (!T_TRUE(lf != NULL))
+				break;
+			t_fill_random(buf, 5000, 20 + i);
+			T_OK(nvio_file_pwrite(lf, buf, 5000, 0, 0));
+			T_OK(nvio_file_commit(lf));
+			T_OK(nvio_file_close(lf));
+			check_file(path, 5000, 20 + i);
+		}
+		T_EQ_INT(entries(), 3);		/* target, its spare, the long one */
+		unlink(path);
+	}
 	t_ctx("%s sweeps", t_combo());
 	T_EQ_INT(nvio_clean_temporaries(dir, NULL, 0, NULL, NULL), 0);
 	T_EQ_INT(nvio_clean_temporaries(dir, NULL, NVIO_CLEAN_SPARES, NULL, NULL), 0);
