@@ -314,3 +314,94 @@ def test_meta_pieces_and_directory_size(monkeypatch, limit):
     assert all(a[1] < b[0] for a, b in zip(ends, ends[1:]))      # sorted, merged, apart
     # one run before the first tensor record, one after each tensor with bytes
     assert len(runs) == 1 + sum(1 for r, _ in plan.data if r.size)
+
+
+# --- the packed writer (many small host storages) ------------------------------
+
+
+def write_both_ways(plan, handle, tmp_path, monkeypatch, window):
+    """The same plan written packed (windows of `window` bytes) and
+    straight from the tensors: both files' bytes."""
+    from nvio.checkpoint import _save
+    out = []
+    for packed in (True, False):
+        monkeypatch.setattr(_save, "PACK_MIN_RECORDS", 1 if packed else 1 << 30)
+        monkeypatch.setattr(_save, "PACK_WINDOW", window)
+        for r, _ in plan.data:
+            r.crc = 0xDEADBEEF                      # stale: must be recomputed
+        p = tmp_path / ("packed.pt" if packed else "plain.pt")
+        calls = []
+        orig = _save.write_packed
+        monkeypatch.setattr(_save, "write_packed", lambda *a: calls.append(1) or orig(*a))
+        with handle.open(p, nvio._nvio.FILE_ATOMIC | nvio._nvio.FILE_NOSYNC) as f:
+            _save.write_plan(plan, f)
+            f.commit()
+        assert calls == ([1] if packed else [])
+        out.append(p.read_bytes())
+    return out
+
+
+@pytest.mark.parametrize("window", [3 * 4096, 64 << 10, 32 << 20])
+def test_packed_writer_writes_the_same_file(handle, tmp_path, monkeypatch, window):
+    """Windows cut records, descriptors, headers and the directory anywhere;
+    the file is byte for byte the one written straight from the tensors."""
+    sd = many(400, seed=8)
+    sd["empty"] = torch.empty(0)
+    sd["view"] = sd["t.5"][2:]
+    plan = _plan.Plan(sd, "ck.pt")
+    packed, plain = write_both_ways(plan, handle, tmp_path, monkeypatch, window)
+    assert len(packed) == plan.size
+    assert packed == plain
+    equal_states({k: v for k, v in sd.items() if k != "view"},
+                 {k: v for k, v in nvio.load(tmp_path / "packed.pt", verify=True).items()
+                  if k != "view"})
+
+
+def test_packed_writer_error_leaves_old_checkpoint(tmp_path, monkeypatch):
+    """A failure after two windows are in flight: the error comes out, the
+    old checkpoint stays, no temporary is left."""
+    from nvio.checkpoint import _save
+    p = tmp_path / "ck.pt"
+    nvio.save({"old": torch.ones(10)}, p)
+    before = p.read_bytes()
+    monkeypatch.setattr(_save, "PACK_WINDOW", 64 << 10)
+    orig = nvio._nvio.copy_many
+    n = [0]
+
+    def failing(jobs):
+        n[0] += 1
+        if n[0] == 3:
+            raise MemoryError("injected")
+        return orig(jobs)
+    monkeypatch.setattr(nvio._nvio, "copy_many", failing)
+    with pytest.raises(MemoryError, match="injected"):
+        nvio.save(many(300, seed=9), p)
+    assert n[0] == 3
+    assert p.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["ck.pt"]
+
+
+def test_packed_writer_enospc(tmp_path):
+    """A full file system fails the packed save with ENOSPC; the old
+    checkpoint stays and no temporary is left."""
+    import errno
+    import subprocess
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount tmpfs here")
+    try:
+        p = mnt / "ck.pt"
+        nvio.save({"old": torch.ones(1000)}, p)
+        before = p.read_bytes()
+        big = {"t%d" % i: torch.ones(10000) for i in range(100)}        # 4 MB in 100 records
+        with pytest.raises(OSError) as ei:
+            nvio.save(big, p)
+        assert ei.value.errno == errno.ENOSPC
+        assert p.read_bytes() == before
+        assert os.listdir(mnt) == ["ck.pt"]
+    finally:
+        subprocess.run(["umount", str(mnt)])
