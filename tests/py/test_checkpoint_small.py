@@ -319,7 +319,7 @@ def test_meta_pieces_and_directory_size(monkeypatch, limit):
 # --- the packed writer (many small host storages) ------------------------------
 
 
-def write_both_ways(plan, handle, tmp_path, monkeypatch, window):
+def write_both_ways(plan, handle, tmp_path, monkeypatch, window, windows=2):
     """The same plan written packed (windows of `window` bytes) and
     straight from the tensors: both files' bytes."""
     from nvio.checkpoint import _save
@@ -327,6 +327,7 @@ def write_both_ways(plan, handle, tmp_path, monkeypatch, window):
     for packed in (True, False):
         monkeypatch.setattr(_save, "PACK_MIN_RECORDS", 1 if packed else 1 << 30)
         monkeypatch.setattr(_save, "PACK_WINDOW", window)
+        monkeypatch.setattr(_save, "PACK_WINDOWS", windows)
         for r, _ in plan.data:
             r.crc = 0xDEADBEEF                      # stale: must be recomputed
         p = tmp_path / ("packed.pt" if packed else "plain.pt")
@@ -341,15 +342,15 @@ def write_both_ways(plan, handle, tmp_path, monkeypatch, window):
     return out
 
 
-@pytest.mark.parametrize("window", [3 * 4096, 64 << 10, 32 << 20])
-def test_packed_writer_writes_the_same_file(handle, tmp_path, monkeypatch, window):
+@pytest.mark.parametrize("window,windows", [(3 * 4096, 2), (64 << 10, 3), (32 << 20, 2)])
+def test_packed_writer_writes_the_same_file(handle, tmp_path, monkeypatch, window, windows):
     """Windows cut records, descriptors, headers and the directory anywhere;
     the file is byte for byte the one written straight from the tensors."""
     sd = many(400, seed=8)
     sd["empty"] = torch.empty(0)
     sd["view"] = sd["t.5"][2:]
     plan = _plan.Plan(sd, "ck.pt")
-    packed, plain = write_both_ways(plan, handle, tmp_path, monkeypatch, window)
+    packed, plain = write_both_ways(plan, handle, tmp_path, monkeypatch, window, windows)
     assert len(packed) == plan.size
     assert packed == plain
     equal_states({k: v for k, v in sd.items() if k != "view"},

@@ -151,8 +151,10 @@ def write_plan(plan, f):
 #: PACK_MEAN_MAX bytes, all in host memory, is written through windows.
 PACK_MIN_RECORDS = 64
 PACK_MEAN_MAX = 1 << 20
-#: Bytes of file per window; two windows are in use at a time.
+#: Bytes of file per window, and how many windows are in use at a time
+#: (one being filled while the others are written).
 PACK_WINDOW = 32 << 20
+PACK_WINDOWS = 2
 
 
 def _packs(plan):
@@ -204,14 +206,15 @@ def write_packed(plan, f):
     segs = segs2
     segs.append((plan.dir_offset, size, None, plan, None))
     window = min(PACK_WINDOW, -(-size // 4096) * 4096)
-    bufs = [_nvio.LockedBuffer(window), _nvio.LockedBuffer(window)] if size else []
+    nwin = max(2, PACK_WINDOWS)
+    bufs = [_nvio.LockedBuffer(window) for _ in range(nwin)] if size else []
     made = {}                             # segment index -> its bytes
-    futs = [None, None]
+    futs = [None] * nwin
     i = 0
     try:
         for k, w0 in enumerate(range(0, size, window)):
             w1 = min(w0 + window, size)
-            slot = k & 1
+            slot = k % nwin
             if futs[slot] is not None:
                 fut, futs[slot] = futs[slot], None
                 fut.result()              # its buffer is free again
