@@ -126,7 +126,6 @@ def worker_main():
         import contextlib
         import io
         with contextlib.redirect_stdout(io.StringIO()):
-            import torch
             from deepspeed.ops.op_builder import AsyncIOBuilder
             ds = AsyncIOBuilder().load(verbose=False)
             import deepspeed
@@ -144,13 +143,6 @@ def worker_main():
         r = resource.getrusage(resource.RUSAGE_SELF)
         return r.ru_utime, r.ru_stime
 
-    def fsync_path(path):
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
     for line in sys.stdin:
         c = json.loads(line)
         cmd = c["cmd"]
@@ -167,12 +159,17 @@ def worker_main():
             reply({"ok": True})
             continue
         op, path, size, seed = c["op"], c["path"], c["size"], c["seed"]
-        if cmd == "ds":
-            if ds is None:
+        if cmd in ("ds", "nvio"):
+            # DeepSpeed's aio_handle, or nvio's AioHandle from Python with
+            # the C sweep's best config: the same calls on each one's own
+            # locked tensor. nvio writes through an fd opened without
+            # truncation (by path, nvio's whole-file write is an atomic new
+            # file: not this benchmark's overwrite).
+            if cmd == "ds" and ds is None:
                 reply({"ok": False, "msg": ds_err})
                 continue
             cfg = c["cfg"]
-            key = json.dumps(cfg, sort_keys=True)
+            key = cmd + ":" + json.dumps(cfg, sort_keys=True)
             ent = handles.get(key)
             if ent is not None and ent[1].numel() != size:
                 ent[0].free_cpu_locked_tensor(ent[1])
@@ -183,55 +180,16 @@ def worker_main():
                     for h, t, _ in handles.values():
                         h.free_cpu_locked_tensor(t)
                     handles.clear()
-                h = ds.aio_handle(cfg["block"], cfg["qd"], bool(cfg["single"]),
-                                  bool(cfg["overlap"]), cfg["par"])
-                t = h.new_cpu_locked_tensor(size, torch.empty(0, dtype=torch.uint8))
-                ent = handles[key] = [h, t, None]
-            h, t, tseed = ent
-            a = t.numpy()
-            if op == "write":
-                if seed != tseed:
-                    if seed:
-                        pattern_fill(a, size, seed)
-                    else:
-                        a.fill(0x5A)
-                    ent[2] = seed
-            else:
-                a[: 1 << 20] = 0
-                ent[2] = None
-            u0, s0 = ru()
-            t0 = time.perf_counter()
-            if op == "write":
-                r = h.sync_pwrite(t, path)
-                fsync_path(path)
-            else:
-                r = h.sync_pread(t, path)
-            t1 = time.perf_counter()
-            u1, s1 = ru()
-            out = {"ok": r >= 0, "ret": r, "secs": t1 - t0, "user": u1 - u0,
-                   "sys": s1 - s0}
-            if op == "read":
-                out["sum"] = buffer_sum(a, size)
-            reply(out)
-            continue
-        if cmd == "nvio":
-            # nvio from Python: AioHandle with the C sweep's best config and
-            # its own locked tensor, writing through an fd opened without
-            # truncation (by path, a whole-file write is an atomic new
-            # file: not this benchmark's overwrite)
-            import nvio
-            import torch
-            key = "nvio:" + c["cfg"]
-            ent = handles.get(key)
-            if ent is not None and ent[1].numel() != size:
-                ent[0].free_cpu_locked_tensor(ent[1])
-                del handles[key]
-                ent = None
-            if ent is None:
-                if c["cfg"] == "default":
+                import torch
+                if cmd == "ds":
+                    h = ds.aio_handle(cfg["block"], cfg["qd"], bool(cfg["single"]),
+                                      bool(cfg["overlap"]), cfg["par"])
+                elif cfg == "default":
+                    import nvio
                     h = nvio.AioHandle()
                 else:
-                    bs, qd, par, eng, single, overlap = c["cfg"].split(":")
+                    import nvio
+                    bs, qd, par, eng, single, overlap = cfg.split(":")
                     h = nvio.AioHandle(block_size=int(bs), queue_depth=int(qd),
                                        single_submit=single == "1",
                                        overlap_events=overlap == "1",
@@ -251,14 +209,15 @@ def worker_main():
                 a[: 1 << 20] = 0
                 ent[2] = None
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            target = path if cmd == "ds" else fd
             try:
                 u0, s0 = ru()
                 t0 = time.perf_counter()
                 if op == "write":
-                    r = h.sync_pwrite(t, fd)
+                    r = h.sync_pwrite(t, target)
                     os.fsync(fd)
                 else:
-                    r = h.sync_pread(t, fd)
+                    r = h.sync_pread(t, target)
                 t1 = time.perf_counter()
                 u1, s1 = ru()
             finally:
