@@ -77,7 +77,7 @@ from torch.futures import Future
 from . import _device, _nvio
 from .checkpoint import _zip
 from .checkpoint._plan import DEFAULT_ALIGN, CheckpointError, Plan, _executor, crc_submit
-from .checkpoint._save import _crc_device, atomic_flags, write_device
+from .checkpoint._save import _crc_device, atomic_flags, reserve_space, write_device
 
 __all__ = ["FileSystemWriter", "FileSystemReader", "save", "async_save", "load"]
 
@@ -328,12 +328,7 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
                                             self.crc32)
                 f = h.open(path, flags)
                 files.append((f, images))
-                if size >= 1 << 20:
-                    try:
-                        f.allocate(0, size)      # ENOSPC before any byte moves
-                    except _nvio.NvioError as e:
-                        if e.errno not in (95, 22):
-                            raise
+                reserve_space(f, size)     # ENOSPC before any byte moves
                 for im in images:
                     results.append(WriteResult(index=im.item.index, size_in_bytes=im.length,
                                                storage_data=_StorageInfo(name, im.base,

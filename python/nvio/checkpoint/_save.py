@@ -15,6 +15,7 @@ behind.
 """
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import threading
@@ -41,6 +42,19 @@ def default_handle():
             _handle = AioHandle(block_size=8 << 20, queue_depth=32,
                                 intra_op_parallelism=max(1, min(4, os.cpu_count() or 1)))
         return _handle
+
+
+def reserve_space(f, size):
+    """Allocate size bytes of the open file f up front, so that a full disk
+    fails the save (ENOSPC) before any data moves; where the file system has
+    no fallocate (EOPNOTSUPP, EINVAL) the writes allocate as they go. Files
+    under 1 MiB are left alone."""
+    if size >= 1 << 20:
+        try:
+            f.allocate(0, size)
+        except _nvio.NvioError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
 
 
 def _forget_handle_after_fork():
@@ -177,12 +191,7 @@ def write_packed(plan, f):
     instead of a direct write, a buffered tail and a buffered header per
     record (thousands of small writes, and as many dirty pages to flush)."""
     size = plan.size
-    if size >= 1 << 20:
-        try:
-            f.allocate(0, size)           # ENOSPC now, before any data moves
-        except _nvio.NvioError as e:
-            if e.errno not in (95, 22):   # EOPNOTSUPP, EINVAL: no fallocate here
-                raise
+    reserve_space(f, size)
     # segments in file order, covering it: (offset, end, storage address or
     # None, record, bytes or None: a descriptor or the directory, made when
     # its window is filled)
@@ -271,12 +280,7 @@ def write_plans(f, placed, size):
                 dev.append((base, r, s))
             else:           # host memory; another device's (mps, xpu) copied here
                 host.append((base, r, s if s.device.type == "cpu" else s.cpu()))
-    if size >= 1 << 20:
-        try:
-            f.allocate(0, size)           # ENOSPC now, before any data moves
-        except _nvio.NvioError as e:
-            if e.errno not in (95, 22):   # EOPNOTSUPP, EINVAL: no fallocate here
-                raise
+    reserve_space(f, size)
     if dev:
         _device.synchronize([s for _, _, s in dev])   # torch's writes to them ended
     pieces = [(u8(s), base + r.data_offset) for base, r, s in host if r.size]

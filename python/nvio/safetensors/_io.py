@@ -23,7 +23,7 @@ import torch
 from .. import _device, _nvio
 from ..checkpoint._load import _alloc_host, _read_pieces
 from ..checkpoint._plan import u8
-from ..checkpoint._save import atomic_flags, default_handle, write_device
+from ..checkpoint._save import atomic_flags, default_handle, reserve_space, write_device
 from ._format import (BY_TORCH, PACKED, PREFIX, SafetensorsError, header_length, layout,
                       parse_header)
 
@@ -410,12 +410,7 @@ def save_file(tensors, filename, metadata=None, *, durable=True, handle=None, sp
     h = handle if handle is not None else default_handle()
     flags = atomic_flags(_nvio.check_flag(durable, "durable"), _nvio.check_flag(spare, "spare"))
     with h.open(path, flags) as f:         # an exception abandons the temporary
-        if size >= 1 << 20:
-            try:
-                f.allocate(0, size)          # ENOSPC now, before any data moves
-            except _nvio.NvioError as e:
-                if e.errno not in (95, 22):  # EOPNOTSUPP, EINVAL: no fallocate here
-                    raise
+        reserve_space(f, size)
         on_dev = [(t, off) for _, off, t in data if _device.is_device(t.untyped_storage())]
         pieces = [(head, 0)] + [(t, off) for _, off, t in data
                                 if not _device.is_device(t.untyped_storage())]
