@@ -334,6 +334,24 @@ static int judge(int dfd, const char *name, const struct owner *o,
 	return 1;
 }
 
+/*
+ * One entry's outcome r (1 removed, 0 kept, -errno) counted into *count
+ * or kept as the first failure, and reported with why (errno's text for
+ * a failure).
+ */
+static void tally(const char *name, int r, const char *why, nvio_clean_fn *report,
+		  void *arg, int *count, int *failed)
+{
+	if (r > 0)
+		(*count)++;
+	else if (r < 0 && !*failed)
+		*failed = r;
+	if (r < 0)
+		why = strerror(-r);
+	if (report)
+		report(name, r, why, arg);
+}
+
 static int spares_sweep(int dfd, DIR *d, const char *base, unsigned flags,
 			nvio_clean_fn *report, void *arg);
 
@@ -363,14 +381,7 @@ int nvio__temps_sweep(const char *dir, const char *base, unsigned flags,
 		if (!parse(e->d_name, base, &o))
 			continue;
 		r = judge(dfd, e->d_name, &o, &me, flags, &why);
-		if (r > 0)
-			count++;
-		else if (r < 0 && !failed)
-			failed = r;
-		if (r < 0)
-			why = strerror(-r);
-		if (report)
-			report(e->d_name, r, why, arg);
+		tally(e->d_name, r, why, report, arg, &count, &failed);
 	}
 	if (flags & (NVIO_CLEAN_SPARES | NVIO_CLEAN_ALL_SPARES)) {
 		int r = spares_sweep(dfd, d, base, flags, report, arg);
@@ -544,14 +555,7 @@ static int spares_sweep(int dfd, DIR *d, const char *base, unsigned flags,
 				r = -errno;
 			nvio__sys.close(fd);
 		}
-		if (r > 0)
-			count++;
-		else if (r < 0 && !failed)
-			failed = r;
-		if (r < 0)
-			why = strerror(-r);
-		if (report)
-			report(e->d_name, r, why, arg);
+		tally(e->d_name, r, why, report, arg, &count, &failed);
 	}
 	return failed ? failed : count;
 }
