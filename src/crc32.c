@@ -3,8 +3,15 @@
  * 0xEDB88320, initial and final value ~0): nvio_crc32() and
  * nvio_crc32_combine(), results equal to zlib's crc32()/crc32_combine().
  *
- * Two implementations, picked once at run time:
+ * Three implementations, the fastest the CPU has picked once at run time:
  *
+ *  - x86-64 with VPCLMULQDQ and AVX2: as the next, 256 bytes at a time
+ *    into sixteen 128-bit remainders held in eight 256-bit registers (one
+ *    instruction multiplies two lanes), folded into one at the end: 2.2-2.7x
+ *    the PCLMULQDQ code's speed on data in cache where the wide multiply
+ *    issues as often as the narrow one (AMD Zen 3 and later, Intel Ice
+ *    Lake and later; 24 against 9 GB/s on the 2-core EPYC VM nvio is
+ *    developed on).
  *  - x86-64 with PCLMULQDQ: the data is folded 64 bytes at a time into
  *    four 128-bit remainders with carry-less multiplications (each 128-bit
  *    value v, whose polynomial stands D bits before the data it is folded
@@ -37,8 +44,8 @@
 static uint32_t crc_table[8][256];
 #ifdef CRC_HAVE_CLMUL
 /* Folding multipliers, as 64-bit reflected operands (see fold()). */
-static uint64_t k_fold512[2], k_fold128[2];
-static int crc_use_clmul;
+static uint64_t k_fold2048[2], k_fold512[2], k_fold128[2];
+static int crc_use_clmul;	/* 0 tables, 1 PCLMULQDQ, 2 VPCLMULQDQ */
 #endif
 static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
 
@@ -83,11 +90,16 @@ static void crc_init(void)
 	 * Index 0 multiplies the register's low half (its higher-degree
 	 * coefficients), index 1 its high half.
 	 */
+	k_fold2048[0] = (uint64_t)reflect32(xpow_mod(2048 + 63)) << 32;
+	k_fold2048[1] = (uint64_t)reflect32(xpow_mod(2048 - 1)) << 32;
 	k_fold512[0] = (uint64_t)reflect32(xpow_mod(512 + 63)) << 32;
 	k_fold512[1] = (uint64_t)reflect32(xpow_mod(512 - 1)) << 32;
 	k_fold128[0] = (uint64_t)reflect32(xpow_mod(128 + 63)) << 32;
 	k_fold128[1] = (uint64_t)reflect32(xpow_mod(128 - 1)) << 32;
 	crc_use_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+	if (crc_use_clmul && __builtin_cpu_supports("vpclmulqdq") &&
+	    __builtin_cpu_supports("avx2"))
+		crc_use_clmul = 2;
 #endif
 }
 
@@ -125,6 +137,21 @@ CLMUL_TARGET static inline __m128i fold(__m128i v, __m128i k)
 	return _mm_xor_si128(lo, hi);
 }
 
+/* The raw state after the 16-byte remainder x, advanced over the n bytes
+ * left at p: 16 at a time by folding, the rest and x through the tables. */
+CLMUL_TARGET static uint32_t crc_fold_tail(__m128i x, const unsigned char *p, size_t n)
+{
+	const __m128i k128 = _mm_loadu_si128((const __m128i *)k_fold128);
+	while (n >= 16) {
+		x = _mm_xor_si128(fold(x, k128), _mm_loadu_si128((const __m128i *)p));
+		p += 16;
+		n -= 16;
+	}
+	unsigned char rem[16];
+	_mm_storeu_si128((__m128i *)rem, x);
+	return crc_tables(crc_tables(0, rem, 16), p, n);
+}
+
 /* The raw state c advanced over n >= 64 bytes. */
 CLMUL_TARGET static uint32_t crc_clmul(uint32_t c, const unsigned char *p, size_t n)
 {
@@ -148,14 +175,46 @@ CLMUL_TARGET static uint32_t crc_clmul(uint32_t c, const unsigned char *p, size_
 	x1 = _mm_xor_si128(fold(x0, k128), x1);
 	x2 = _mm_xor_si128(fold(x1, k128), x2);
 	x3 = _mm_xor_si128(fold(x2, k128), x3);
-	while (n >= 16) {
-		x3 = _mm_xor_si128(fold(x3, k128), _mm_loadu_si128((const __m128i *)p));
-		p += 16;
-		n -= 16;
+	return crc_fold_tail(x3, p, n);
+}
+
+#define VCLMUL_TARGET __attribute__((target("vpclmulqdq,avx2,pclmul,sse4.1")))
+
+/* fold() on both 128-bit lanes at once. */
+VCLMUL_TARGET static inline __m256i fold2(__m256i v, __m256i k)
+{
+	__m256i lo = _mm256_clmulepi64_epi128(v, k, 0x00);
+	__m256i hi = _mm256_clmulepi64_epi128(v, k, 0x11);
+	return _mm256_xor_si256(lo, hi);
+}
+
+/* The raw state c advanced over n >= 256 bytes, 256 at a time. */
+VCLMUL_TARGET static uint32_t crc_vclmul(uint32_t c, const unsigned char *p, size_t n)
+{
+	const __m256i k2048 = _mm256_broadcastsi128_si256(
+		_mm_loadu_si128((const __m128i *)k_fold2048));
+	const __m128i k128 = _mm_loadu_si128((const __m128i *)k_fold128);
+	__m256i y[8];
+	for (int i = 0; i < 8; i++)
+		y[i] = _mm256_loadu_si256((const __m256i *)(p + 32 * i));
+	y[0] = _mm256_xor_si256(y[0], _mm256_zextsi128_si256(_mm_cvtsi32_si128((int)c)));
+	p += 256;
+	n -= 256;
+	while (n >= 256) {
+		for (int i = 0; i < 8; i++)
+			y[i] = _mm256_xor_si256(fold2(y[i], k2048),
+						_mm256_loadu_si256((const __m256i *)(p + 32 * i)));
+		p += 256;
+		n -= 256;
 	}
-	unsigned char rem[16];
-	_mm_storeu_si128((__m128i *)rem, x3);
-	return crc_tables(crc_tables(0, rem, 16), p, n);
+	/* the sixteen 16-byte remainders in stream order, folded into the last */
+	__m128i x = _mm256_castsi256_si128(y[0]);
+	x = _mm_xor_si128(fold(x, k128), _mm256_extracti128_si256(y[0], 1));
+	for (int i = 1; i < 8; i++) {
+		x = _mm_xor_si128(fold(x, k128), _mm256_castsi256_si128(y[i]));
+		x = _mm_xor_si128(fold(x, k128), _mm256_extracti128_si256(y[i], 1));
+	}
+	return crc_fold_tail(x, p, n);
 }
 #endif
 
@@ -167,10 +226,27 @@ uint32_t nvio_crc32(uint32_t crc, const void *buf, size_t len)
 	const unsigned char *p = buf;
 	uint32_t c = ~crc;
 #ifdef CRC_HAVE_CLMUL
+	if (crc_use_clmul == 2 && len >= 256)
+		return ~crc_vclmul(c, p, len);
 	if (crc_use_clmul && len >= 256)
 		return ~crc_clmul(c, p, len);
 #endif
 	return ~crc_tables(c, p, len);
+}
+
+uint32_t nvio__crc32_with(int level, uint32_t crc, const void *buf, size_t len)
+{
+	if (!buf || !len)
+		return crc;
+	pthread_once(&crc_once, crc_init);
+	uint32_t c = ~crc;
+#ifdef CRC_HAVE_CLMUL
+	if (level >= 2 && crc_use_clmul >= 2 && len >= 256)
+		return ~crc_vclmul(c, buf, len);
+	if (level >= 1 && crc_use_clmul >= 1 && len >= 64)
+		return ~crc_clmul(c, buf, len);
+#endif
+	return ~crc_tables(c, buf, len);
 }
 
 uint32_t nvio__crc32_portable(uint32_t crc, const void *buf, size_t len)

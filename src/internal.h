@@ -426,11 +426,13 @@ int nvio__cufile_rw(void *fh, int is_write, void *dev, uint64_t off,
 		    uint64_t len, const char **what);
 
 /*
- * crc32.c: the table-driven CRC-32 alone (what nvio_crc32 gives on CPUs
- * without PCLMULQDQ), and whether nvio_crc32 uses the folding code; for
- * tests that compare the two.
+ * crc32.c, for tests that compare the implementations: the table-driven
+ * CRC-32 alone (what nvio_crc32 gives on CPUs without PCLMULQDQ); the
+ * fastest implementation up to level (0 tables, 1 PCLMULQDQ folding, 2
+ * VPCLMULQDQ folding) that the CPU has; and the level nvio_crc32 uses.
  */
 uint32_t nvio__crc32_portable(uint32_t crc, const void *buf, size_t len);
+uint32_t nvio__crc32_with(int level, uint32_t crc, const void *buf, size_t len);
 int nvio__crc32_accelerated(void);
 
 #endif

@@ -4,7 +4,8 @@
  * 0xEDB88320, initial and final value ~0): the standard check value,
  * every length 0..600 at every start alignment in 16 bytes, lengths
  * around the folding strides, a few large buffers, continuation from a
- * nonzero crc, the table code alone (what CPUs without PCLMULQDQ get),
+ * nonzero crc, each implementation the CPU has on its own (the tables,
+ * what CPUs without PCLMULQDQ get; PCLMULQDQ; VPCLMULQDQ),
  * and combine over lengths 0, 1, odd ones and ones above 4 GiB (checked
  * against its definition by splitting buffers).
  */
@@ -37,7 +38,10 @@ static uint32_t shift_zeros(uint32_t crc, uint64_t n)
 int main(void)
 {
 	t_init("test_crc32");
-	t_note("PCLMULQDQ folding: %s", nvio__crc32_accelerated() ? "yes" : "no (tables)");
+	static const char *const levels[] = { "tables", "PCLMULQDQ folding",
+					      "VPCLMULQDQ folding" };
+	int top = nvio__crc32_accelerated();
+	t_note("nvio_crc32 uses %s", levels[top]);
 
 	t_ctx("check value");
 	T_EQ_U64(nvio_crc32(0, "123456789", 9), 0xCBF43926u);
@@ -59,6 +63,11 @@ int main(void)
 			if (!T_EQ_U64(nvio_crc32(0, buf + a, n), want) ||
 			    !T_EQ_U64(nvio__crc32_portable(0, buf + a, n), want))
 				break;
+			for (int l = 0; l <= top; l++) {
+				t_ctx("align %u len %zu, %s", a, n, levels[l]);
+				T_EQ_U64(nvio__crc32_with(l, 0x5eedu, buf + a, n),
+					 crc_bitwise(0x5eedu, buf + a, n));
+			}
 		}
 	static const size_t sizes[] = { 255, 256, 257, 319, 320, 321, 1023, 1024, 4095,
 					4096, 4097, 65536 + 15, 1 << 20 };
@@ -68,6 +77,8 @@ int main(void)
 			t_ctx("align %u len %zu, continued from 0xdeadbeef", a, n);
 			uint32_t want = crc_bitwise(0xdeadbeefu, buf + a, n);
 			T_EQ_U64(nvio_crc32(0xdeadbeefu, buf + a, n), want);
+			for (int l = 0; l <= top; l++)
+				T_EQ_U64(nvio__crc32_with(l, 0xdeadbeefu, buf + a, n), want);
 			/* the same bytes in two calls, split anywhere */
 			size_t cut = (n * (a + 1)) / 65;
 			T_EQ_U64(nvio_crc32(nvio_crc32(0xdeadbeefu, buf + a, cut), buf + a + cut,
@@ -78,6 +89,10 @@ int main(void)
 	uint32_t whole = crc_bitwise(0, buf + 3, big);
 	T_EQ_U64(nvio_crc32(0, buf + 3, big), whole);
 	T_EQ_U64(nvio__crc32_portable(0, buf + 3, big), whole);
+	for (int l = 0; l <= top; l++) {
+		t_ctx("large buffer, %zu bytes, %s", big, levels[l]);
+		T_EQ_U64(nvio__crc32_with(l, 0, buf + 3, big), whole);
+	}
 
 	/* combine: the large buffer cut in pieces, and odd lengths */
 	static const size_t cuts[] = { 0, 1, 15, 16, 17, 4096, 1u << 20, 3333333 };
