@@ -187,6 +187,22 @@ static int open_spare(struct nvio_file *f, const char *dir, int exists)
 		if (fd == -ENOENT && exists)
 			fd = nvio__spare_take(name, 1);
 	}
+	if (fd >= 0) {
+		/*
+		 * The lock stays on a descriptor of its own that no I/O goes
+		 * through: the kernel can hold the file an I/O descriptor
+		 * names for a while after close() (an io_uring or aio request
+		 * completing, a deferred release), and with it the lock, so
+		 * the next save would find its own spare "in use" and fall
+		 * back to an ordinary temporary.
+		 */
+		f->lock_fd = fd;
+		fd = nvio__reopen(f->lock_fd, NULL, O_RDWR, NULL);
+		if (fd < 0) {
+			nvio__sys.close(f->lock_fd);
+			f->lock_fd = -1;
+		}
+	}
 	if (fd < 0) {
 		free(name);
 		return fd;
@@ -405,7 +421,7 @@ int nvio__file_make(struct nvio_handle *h, const char *path, int fd,
 		flags |= NVIO_FILE_WRITE;
 	f->h = h;
 	f->flags = flags;
-	f->fd = f->dfd = f->caller_fd = -1;
+	f->fd = f->dfd = f->caller_fd = f->lock_fd = -1;
 	pthread_mutex_init(&f->lock, NULL);
 	if (path) {
 		f->path = strdup(path);
@@ -475,8 +491,10 @@ int nvio__file_close_fds(struct nvio_file *f)
 		err = r;
 	if (f->own_fd && (r = close_checked(f, f->fd)) && !err)
 		err = r;
+	if (f->lock_fd >= 0)
+		nvio__sys.close(f->lock_fd);	/* last: the spare is free again */
 	f->own_fd = f->own_dfd = 0;
-	f->fd = f->dfd = -1;
+	f->fd = f->dfd = f->lock_fd = -1;
 	return err;
 }
 

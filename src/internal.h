@@ -153,7 +153,8 @@ struct nvio_file {
 	int keep_mode;		/* target existed: its permission bits */
 	unsigned tmp_mode;
 	int committed;
-	int spare;		/* tmp_path is the target's spare, flock'ed on fd */
+	int spare;		/* tmp_path is the target's spare, flock'ed on lock_fd */
+	int lock_fd;		/* spare: holds its flock, never used for I/O, -1 */
 	int exchange;		/* spare: the target existed, commit swaps the two */
 	int private;		/* made for one by-path/fd op, closed with it */
 	int created;		/* its open created it */
