@@ -77,5 +77,18 @@ pytest_stage() {
 }
 stage python pytest_stage
 
+# What failed, again at the end, where a log cut to its head and tail
+# still shows it.
+if [ "$failed" != 0 ]; then
+	echo "=== failures"
+	for f in "$log"/*; do
+		case $(basename "$f") in
+		teeth.out) continue ;;			# fails on purpose
+		gpu-teeth) pat='^[0-9]+ passed, [1-9][0-9]* failed' ;;
+		*) pat='^(FAIL|FAILED|ERROR)|^[0-9]+ passed, [1-9][0-9]* failed' ;;
+		esac
+		grep -E "$pat" "$f" | head -n 20 | sed "s|^|$(basename "$f"): |"
+	done
+fi
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" = 0 ]
