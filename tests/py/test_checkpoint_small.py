@@ -14,6 +14,7 @@ import io
 import os
 import pickle
 import zipfile
+import zlib
 
 import pytest
 
@@ -153,6 +154,70 @@ def test_copy_many_copies_each_region_and_checks_its_input():
     with pytest.raises(ValueError, match="item 0: address 0 with 4 bytes"):
         nvio._nvio.copy_many([(0, s, 4)])
     assert torch.equal(dst, want)           # a refused batch copied nothing
+
+
+def test_copy_crc_many_copies_and_checksums_each_region():
+    """Each item copied, and its CRC-32 (zlib's) computed as it goes: sizes
+    around the 32 KiB steps it checksums from the cache."""
+    g = torch.Generator().manual_seed(10)
+    src = torch.randint(0, 256, (300000,), dtype=torch.uint8, generator=g)
+    dst = torch.zeros(300000, dtype=torch.uint8)
+    s, d = src.data_ptr(), dst.data_ptr()
+    cuts = [(0, 0), (5, 1), (100, 32768), (40000, 32769), (80000, 65536 + 3), (150000, 140001)]
+    crcs = nvio._nvio.copy_crc_many([(d + o, s + o + 1, n) for o, n in cuts])
+    want = torch.zeros_like(dst)
+    for (o, n), c in zip(cuts, crcs):
+        want[o:o + n] = src[o + 1:o + 1 + n]
+        assert c == zlib.crc32(src[o + 1:o + 1 + n].numpy().tobytes()), (o, n)
+    assert torch.equal(dst, want)
+    assert nvio._nvio.copy_crc_many([]) == []
+    with pytest.raises(TypeError, match="copy_crc_many: item 1 is not a"):
+        nvio._nvio.copy_crc_many([(d, s, 1), (d, s)])
+    with pytest.raises(ValueError, match="item 0: address 0 with 4 bytes"):
+        nvio._nvio.copy_crc_many([(0, s, 4)])
+
+
+@pytest.mark.parametrize("chunk", [1000, 4 << 20])
+def test_crc_submit_with_sources_copies_then_checksums(chunk):
+    """crc_submit(regions, sources): every region filled from its source and
+    its CRC-32 given, the pieces of a region (chunk bytes) joined again."""
+    g = torch.Generator().manual_seed(11)
+    srcs = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
+            for n in (0, 7, 4096, 250001, 1 << 20)]
+    dsts = [torch.zeros_like(t) for t in srcs]
+    got = _plan.crc_submit([(t.data_ptr(), t.numel()) for t in dsts],
+                           [t.data_ptr() for t in srcs], chunk)()
+    assert got == [zlib.crc32(t.numpy().tobytes()) for t in srcs]
+    for a, b in zip(dsts, srcs):
+        assert torch.equal(a, b)
+
+
+def test_persistent_id_filter_answers_plain_types_in_c():
+    """None for an object whose exact type is in the set, without calling
+    fn; fn's answer for any other (a subclass of a plain type included)."""
+    seen = []
+
+    def fn(obj):
+        seen.append(obj)
+        return ("id", len(seen))
+    pid = nvio._nvio.persistent_id_filter(frozenset((int, str)), fn)
+    assert pid(3) is None and pid("x") is None
+    assert seen == []
+
+    class MyInt(int):
+        pass
+    assert pid(2.5) == ("id", 1)
+    assert pid(MyInt(4)) == ("id", 2)
+    assert seen == [2.5, MyInt(4)]
+    with pytest.raises(TypeError, match="plain must be a set"):
+        nvio._nvio.persistent_id_filter([int], fn)
+    with pytest.raises(TypeError, match="fn must be callable"):
+        nvio._nvio.persistent_id_filter({int}, 3)
+
+    def boom(obj):
+        raise KeyError("from fn")
+    with pytest.raises(KeyError, match="from fn"):
+        nvio._nvio.persistent_id_filter({int}, boom)(1.0)
 
 
 @pytest.mark.parametrize("chunk", [3001, 1 << 20])
@@ -366,7 +431,7 @@ def test_packed_writer_error_leaves_old_checkpoint(tmp_path, monkeypatch):
     nvio.save({"old": torch.ones(10)}, p)
     before = p.read_bytes()
     monkeypatch.setattr(_save, "PACK_WINDOW", 64 << 10)
-    orig = nvio._nvio.copy_many
+    orig = nvio._nvio.copy_crc_many
     n = [0]
 
     def failing(jobs):
@@ -374,10 +439,11 @@ def test_packed_writer_error_leaves_old_checkpoint(tmp_path, monkeypatch):
         if n[0] == 3:
             raise MemoryError("injected")
         return orig(jobs)
-    monkeypatch.setattr(nvio._nvio, "copy_many", failing)
+    monkeypatch.setattr(nvio._nvio, "copy_crc_many", failing)
     with pytest.raises(MemoryError, match="injected"):
         nvio.save(many(300, seed=9), p)
-    assert n[0] == 3
+    # the failing window's other batches (one per CRC thread) ran; no later window
+    assert 3 <= n[0] < 3 + _plan._executor().n
     assert p.read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == ["ck.pt"]
 
@@ -438,3 +504,30 @@ def test_load_predicts_offsets_and_checks_them(tmp_path, monkeypatch):
     equal_states(sd, nvio.load(odd, verify=True))
     assert sum(seen) >= 200                     # the second pass read every header
     equal_states(sd, torch.load(odd, weights_only=True))
+
+
+def test_gc_paused_while_pickling_and_restored(tmp_path, monkeypatch):
+    """Plan pickles with the cyclic collector off and leaves it as it found
+    it: on, off, and after a pickling error."""
+    import gc
+    states = []
+
+    def spy(self, obj):
+        states.append(gc.isenabled())
+        return orig(self, obj)
+    orig = _plan._Pickler._persistent_id
+    monkeypatch.setattr(_plan._Pickler, "_persistent_id", spy)
+    assert gc.isenabled()
+    nvio.save({"a": torch.ones(3)}, tmp_path / "a.pt")
+    assert states and not any(states)
+    assert gc.isenabled()
+    with pytest.raises(_plan.CheckpointError, match="cannot pickle"):
+        nvio.save({"a": torch.ones(3), "f": lambda: 0}, tmp_path / "b.pt")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        nvio.save({"a": torch.ones(3)}, tmp_path / "c.pt")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    assert torch.equal(nvio.load(tmp_path / "c.pt")["a"], torch.ones(3))

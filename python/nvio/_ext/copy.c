@@ -5,24 +5,30 @@
  * no torch call per tensor, and several threads copy side by side. Like
  * crc32_many, the caller vouches for the memory (nvio's checkpoint code
  * passes storages it holds and a buffer it owns); the regions must not
- * overlap.
+ * overlap. copy_crc_many also gives each item's CRC-32, computed as the
+ * bytes are copied.
  */
 #include "ext.h"
 
 #include <string.h>
 
-static PyObject *m_copy_many(PyObject *m, PyObject *arg)
+struct copy {
+	void *dst;
+	const void *src;
+	uint64_t n;
+	uint32_t crc;
+};
+
+/* The (dst address, src address, nbytes) items of seq, checked, into *out
+ * (NULL for none); how many, or -1 with an exception set. */
+static Py_ssize_t parse_copies(PyObject *seq, const char *fn, struct copy **out)
 {
-	(void)m;
-	PyObject *seq = PySequence_List(arg);	/* the limited API has no _Fast */
-	if (!seq)
-		return NULL;
 	Py_ssize_t n = PyList_Size(seq);
-	struct copy { void *dst; const void *src; uint64_t n; } *c = NULL;
-	PyObject *out = NULL;
+	struct copy *c = NULL;
+	*out = NULL;
 	if (n && !(c = PyMem_Calloc((size_t)n, sizeof(*c)))) {
 		PyErr_NoMemory();
-		goto done;
+		return -1;
 	}
 	for (Py_ssize_t i = 0; i < n; i++) {
 		PyObject *t = PyList_GetItem(seq, i);
@@ -31,38 +37,99 @@ static PyObject *m_copy_many(PyObject *m, PyObject *arg)
 		if (!PyTuple_Check(t) || !PyArg_ParseTuple(t, "OOK", &dst, &src, &len)) {
 			if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
 				PyErr_Clear();
-				PyErr_Format(PyExc_TypeError, "nvio.copy_many: item %zd is not a "
-					     "(dst address, src address, nbytes) tuple", i);
+				PyErr_Format(PyExc_TypeError, "nvio.%s: item %zd is not a "
+					     "(dst address, src address, nbytes) tuple", fn, i);
 			}
-			goto done;
+			goto fail;
 		}
 		c[i].dst = PyLong_AsVoidPtr(dst);
 		if (!c[i].dst && PyErr_Occurred())
-			goto done;
+			goto fail;
 		c[i].src = PyLong_AsVoidPtr(src);
 		if (!c[i].src && PyErr_Occurred())
-			goto done;
+			goto fail;
 		if ((!c[i].dst || !c[i].src) && len) {
-			PyErr_Format(PyExc_ValueError, "nvio.copy_many: item %zd: address 0 "
-				     "with %llu bytes", i, len);
-			goto done;
+			PyErr_Format(PyExc_ValueError, "nvio.%s: item %zd: address 0 "
+				     "with %llu bytes", fn, i, len);
+			goto fail;
 		}
 		if (len > SIZE_MAX) {
-			PyErr_Format(PyExc_OverflowError, "nvio.copy_many: item %zd: %llu bytes",
-				     i, len);
-			goto done;
+			PyErr_Format(PyExc_OverflowError, "nvio.%s: item %zd: %llu bytes",
+				     fn, i, len);
+			goto fail;
 		}
 		c[i].n = len;
 	}
+	*out = c;
+	return n;
+fail:
+	PyMem_Free(c);
+	return -1;
+}
+
+static PyObject *m_copy_many(PyObject *m, PyObject *arg)
+{
+	(void)m;
+	PyObject *seq = PySequence_List(arg);	/* the limited API has no _Fast */
+	if (!seq)
+		return NULL;
+	struct copy *c;
+	Py_ssize_t n = parse_copies(seq, "copy_many", &c);
+	Py_DECREF(seq);
+	if (n < 0)
+		return NULL;
 	Py_BEGIN_ALLOW_THREADS
 	for (Py_ssize_t i = 0; i < n; i++)
 		if (c[i].n)
 			memcpy(c[i].dst, c[i].src, (size_t)c[i].n);
 	Py_END_ALLOW_THREADS
-	out = Py_NewRef(Py_None);
-done:
 	PyMem_Free(c);
+	Py_RETURN_NONE;
+}
+
+/* Bytes copied, then checksummed while still in the core's cache. */
+#define COPY_CRC_STEP (32u << 10)
+
+/*
+ * copy_crc_many(copies): copy_many, and the CRC-32 of each item's bytes,
+ * computed COPY_CRC_STEP bytes at a time right after they are copied (from
+ * the cache, not from memory again): one pass over the source for a
+ * checkpoint's packed window.
+ */
+static PyObject *m_copy_crc_many(PyObject *m, PyObject *arg)
+{
+	(void)m;
+	PyObject *seq = PySequence_List(arg);
+	if (!seq)
+		return NULL;
+	struct copy *c;
+	Py_ssize_t n = parse_copies(seq, "copy_crc_many", &c);
 	Py_DECREF(seq);
+	if (n < 0)
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	for (Py_ssize_t i = 0; i < n; i++) {
+		unsigned char *d = c[i].dst;
+		const unsigned char *s = c[i].src;
+		uint32_t crc = 0;
+		for (uint64_t off = 0; off < c[i].n; off += COPY_CRC_STEP) {
+			size_t k = (size_t)(c[i].n - off < COPY_CRC_STEP ? c[i].n - off
+								     : COPY_CRC_STEP);
+			memcpy(d + off, s + off, k);
+			crc = nvio_crc32(crc, d + off, k);
+		}
+		c[i].crc = crc;
+	}
+	Py_END_ALLOW_THREADS
+	PyObject *out = PyList_New(n);
+	for (Py_ssize_t i = 0; out && i < n; i++) {
+		PyObject *v = PyLong_FromUnsignedLong(c[i].crc);
+		if (!v)
+			Py_CLEAR(out);
+		else
+			PyList_SetItem(out, i, v);	/* steals v; cannot fail here */
+	}
+	PyMem_Free(c);
 	return out;
 }
 
@@ -70,6 +137,9 @@ static PyMethodDef copy_functions[] = {
 	{ "copy_many", m_copy_many, METH_O,
 	  "copy_many(copies)\n--\n\nCopy each (dst address, src address, nbytes) of host memory\n"
 	  "(regions must not overlap), the GIL released for the whole batch." },
+	{ "copy_crc_many", m_copy_crc_many, METH_O,
+	  "copy_crc_many(copies)\n--\n\ncopy_many, returning the CRC-32 of each item's bytes\n"
+	  "(computed as they are copied)." },
 	{ NULL, NULL, 0, NULL }
 };
 

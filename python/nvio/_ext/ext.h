@@ -198,6 +198,9 @@ int ext_crc_exec(PyObject *m, ext_state *st);
 /* Vectored host memcpy (copy.c) */
 int ext_copy_exec(PyObject *m, ext_state *st);
 
+/* A persistent_id for torch.save's pickling (pickling.c) */
+int ext_pickling_exec(PyObject *m, ext_state *st);
+
 /* ------------------------------------------------------------------ */
 /* Handle (handle.c)                                                   */
 /* ------------------------------------------------------------------ */

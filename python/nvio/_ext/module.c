@@ -408,7 +408,7 @@ static int module_exec(PyObject *m)
 	if (ext_errors_exec(m, st) < 0 || ext_buffers_exec(m, st) < 0 ||
 	    ext_locked_exec(m, st) < 0 || ext_handle_exec(m, st) < 0 ||
 	    ext_files_exec(m, st) < 0 || ext_crc_exec(m, st) < 0 ||
-	    ext_copy_exec(m, st) < 0)
+	    ext_copy_exec(m, st) < 0 || ext_pickling_exec(m, st) < 0)
 		return -1;
 	if (PyModule_AddIntConstant(m, "VERSION_NUM", (long)nvio_version()) < 0 ||
 	    PyModule_AddStringConstant(m, "version_string", nvio_version_string()) < 0 ||

@@ -21,7 +21,7 @@ import torch
 
 from .. import _device, _nvio
 from . import _zip
-from ._plan import NVIO_FORMAT, NVIO_RECORD, CheckpointError, crc_submit, u8
+from ._plan import NVIO_FORMAT, NVIO_RECORD, CheckpointError, crc_submit, gc_paused, u8
 
 __all__ = ["load", "load_plain", "Index", "open_index"]
 
@@ -583,12 +583,13 @@ def _load_plain(path, map_location, weights_only, handle, pin, verify, _read_all
         if tls is not None:
             tls.map_location = map_location
         try:
-            if weights_only:
-                result = _load_weights_only(pkl, reader)
-            else:
-                up = _unpickler(pkl, weights_only)
-                up.persistent_load = reader
-                result = up.load()
+            with gc_paused():
+                if weights_only:
+                    result = _load_weights_only(pkl, reader)
+                else:
+                    up = _unpickler(pkl, weights_only)
+                    up.persistent_load = reader
+                    result = up.load()
         except pickle.UnpicklingError as e:
             if weights_only:
                 raise pickle.UnpicklingError(

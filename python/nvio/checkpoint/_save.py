@@ -169,6 +169,9 @@ PACK_MEAN_MAX = 1 << 20
 #: (one being filled while the others are written).
 PACK_WINDOW = 32 << 20
 PACK_WINDOWS = 2
+#: A window's bytes are copied and checksummed by the CRC threads side by
+#: side, in pieces of at most this many bytes.
+PACK_CHUNK = 4 << 20
 
 
 def _packs(plan):
@@ -180,9 +183,10 @@ def _packs(plan):
 
 def write_packed(plan, f):
     """Write a checkpoint of many small host storages as its file image,
-    PACK_WINDOW bytes at a time: the caller copies the window's tensor
-    bytes into a page-aligned buffer (``_nvio.copy_many``, the GIL
-    released), computes their CRC-32s there (``crc32_many``), fills in the
+    PACK_WINDOW bytes at a time: the CRC threads copy the window's tensor
+    bytes into a page-aligned buffer side by side, checksumming them as
+    they go (``crc_submit`` with sources: ``copy_crc_many``, one pass over
+    memory, the GIL released), the caller fills in the
     headers, descriptors and directory that fall in the window, and
     starts one write of the whole window, then fills the other buffer
     while it runs. Each record's descriptor follows its data, so its CRC
@@ -203,7 +207,7 @@ def write_packed(plan, f):
             segs.append((r.data_offset, r.end, None, None, m))
         segs.append((r.end, r.end + r.descriptor_size, None, r, None))
     for r, s in plan.data:
-        r.crc = 0
+        r.crc = None if r.size else 0
     addr = {id(r): s.data_ptr() for r, s in plan.data}
     # data segments go between each data record's header and descriptor
     segs2 = []
@@ -243,10 +247,10 @@ def write_packed(plan, f):
                     else:
                         metas.append((j, lo, hi))
                 j += 1
-            _nvio.copy_many(copies)
-            crcs = _nvio.crc32_many([(a, n) for _, a, n in parts])
+            crcs = crc_submit([(d, n) for d, _, n in copies], [a for _, a, _ in copies],
+                              PACK_CHUNK)()
             for (r, _, n), c in zip(parts, crcs):
-                r.crc = _nvio.crc32_combine(r.crc, c, n)
+                r.crc = _nvio.crc32_combine(r.crc, c, n) if r.crc is not None else c
             mv = memoryview(buf)
             for j, lo, hi in metas:
                 b = made.get(j)
