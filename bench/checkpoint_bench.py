@@ -102,6 +102,7 @@ sys.path.insert(0, HERE)
 import core_bench  # noqa: E402
 import guestmem  # noqa: E402
 import hugepages  # noqa: E402
+import ramdisk  # noqa: E402
 import vec_sizes  # noqa: E402
 
 import torch  # noqa: E402
@@ -483,48 +484,41 @@ def main():
               ("small-5000", lambda: small_tensors(5000, int((2 << 30) * scale)))]
     states = [s for s in states if a.state in (s[0], "both")]
     disks = [d for d in ("real", "ram") if a.disk in (d, "both")]
-    mnt = os.environ.get("NVIO_RAMDISK", "/mnt/nvio-ram")
     res = []
     disk_lines = []
-    ram_up = False
     with guestmem.page_reporting_paused(True) as guest, \
-            hugepages.reserved(8 * MiB * 128 + 64 * MiB, log) as fio.huge_path:
-        try:
-            dirs = []
-            if "real" in disks:
-                os.makedirs(a.real_dir, exist_ok=True)
-                dirs.append(("real", a.real_dir))
-            if "ram" in disks:
-                subprocess.run([os.path.join(HERE, "ramdisk.sh"), "up", a.ram_size], check=True)
-                ram_up = True
-                dirs.append(("ram", mnt))
-            disk_lines = [core_bench.disk_info(k, d) for k, d in dirs]
-            for sname, make in states:
-                log("making %s" % sname)
-                sd = make()
-                for disk, d in dirs:
-                    cell = Cell(a, disk, d, sname, sd, fio)
-                    try:
-                        cell.setup()
-                        saves = cell.run_saves()
-                        loads = cell.run_loads()
-                    finally:
-                        for x in (cell.p, cell.pnew, cell.spare):
-                            with contextlib.suppress(FileNotFoundError):
-                                os.unlink(x)
-                    res.append((disk, sname, cell.nbytes, len(cell.st), cell.fsize,
-                                cell.fio_bytes, cell.checks, saves, loads))
-                    # a partial report after every cell
-                    report(a, res, disk_lines, guest, t_start,
-                           resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                           quiet=True)
-                    del cell
-                    gc.collect()
-                del sd
+            hugepages.reserved(8 * MiB * 128 + 64 * MiB, log) as fio.huge_path, \
+            contextlib.ExitStack() as stack:
+        dirs = []
+        if "real" in disks:
+            os.makedirs(a.real_dir, exist_ok=True)
+            dirs.append(("real", a.real_dir))
+        if "ram" in disks:
+            dirs.append(("ram", stack.enter_context(ramdisk.mounted(a.ram_size, log))))
+        disk_lines = [core_bench.disk_info(k, d) for k, d in dirs]
+        for sname, make in states:
+            log("making %s" % sname)
+            sd = make()
+            for disk, d in dirs:
+                cell = Cell(a, disk, d, sname, sd, fio)
+                try:
+                    cell.setup()
+                    saves = cell.run_saves()
+                    loads = cell.run_loads()
+                finally:
+                    for x in (cell.p, cell.pnew, cell.spare):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(x)
+                res.append((disk, sname, cell.nbytes, len(cell.st), cell.fsize,
+                            cell.fio_bytes, cell.checks, saves, loads))
+                # a partial report after every cell
+                report(a, res, disk_lines, guest, t_start,
+                       resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                       quiet=True)
+                del cell
                 gc.collect()
-        finally:
-            if ram_up:
-                subprocess.run([os.path.join(HERE, "ramdisk.sh"), "down"])
+            del sd
+            gc.collect()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     report(a, res, disk_lines, guest, t_start, peak)
 

@@ -38,6 +38,7 @@ Needs root. Usage:
 """
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -53,6 +54,7 @@ import time
 
 import guestmem  # bench/guestmem.py
 import hugepages  # bench/hugepages.py
+import ramdisk  # bench/ramdisk.py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -1007,28 +1009,22 @@ def run_all(bench, args, sizes, dirs, cells, out):
 
 
 def run_all_disks(bench, args, sizes, dirs, cells, out):
-    ram_up = False
-    try:
+    with contextlib.ExitStack() as stack:     # workers stop before the RAM disk goes
+        ram = (stack.enter_context(ramdisk.mounted(args.ram_size, bench.log))
+               if args.disk in ("ram", "both") else None)
+        stack.callback(bench.stop_workers)
         bench.start_workers()
         if args.disk in ("real", "both"):
             os.makedirs(args.real_dir, exist_ok=True)
             dirs.append(("real", args.real_dir))
-        if args.disk in ("ram", "both"):
-            mnt = os.environ.get("NVIO_RAMDISK", "/mnt/nvio-ram")
-            subprocess.run([os.path.join(HERE, "ramdisk.sh"), "up", args.ram_size],
-                           check=True)
-            ram_up = True
-            dirs.append(("ram", mnt))
+        if ram is not None:
+            dirs.append(("ram", ram))
         bench.disk_lines = [disk_info(disk, d) for disk, d in dirs]
         for disk, d in dirs:
             for size in sizes:
                 cells.append(bench.run_cell(disk, d, size))
                 # a partial report after every cell
                 write_report(bench, cells, dirs, out, sys.argv)
-    finally:
-        bench.stop_workers()
-        if ram_up:
-            subprocess.run([os.path.join(HERE, "ramdisk.sh"), "down"])
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ activations; the RAM disk holds the swap files (up to the 1.9 GB of the
 model's weights, grads and state) and the fio file.
 """
 import argparse
+import contextlib
 import datetime
 import hashlib
 import json
@@ -483,6 +484,7 @@ def main():
     import core_bench
     import guestmem
     import hugepages
+    import ramdisk
     import torch
     import nvio
     fio = core_bench.Bench.__new__(core_bench.Bench)
@@ -490,32 +492,23 @@ def main():
     fio.log = log
     disks = [k for k in ("real", "ram") if a.disk in (k, "both")]
     parts = [p for p in ("optimizer", "train") if a.part in (p, "both")]
-    mnt = os.environ.get("NVIO_RAMDISK", "/mnt/nvio-ram")
     results, ok = [], True
-    ram_up = False
     load0 = open("/proc/loadavg").read().split()[:3]
     t0 = datetime.datetime.now(datetime.timezone.utc)
     with guestmem.page_reporting_paused(True) as guest, \
-            hugepages.reserved(8 * MiB * 128 + 64 * MiB, log) as fio.huge_path:
-        try:
-            dirs = []
-            for k in disks:
-                if k == "real":
-                    os.makedirs(a.real_dir, exist_ok=True)
-                    dirs.append(("real", a.real_dir))
-                else:
-                    was = subprocess.run(["mountpoint", "-q", mnt]).returncode == 0
-                    subprocess.run([os.path.join(HERE, "ramdisk.sh"), "up", a.ram_size],
-                                   check=True)
-                    ram_up = not was
-                    dirs.append(("ram", mnt))
-            disk_lines = [core_bench.disk_info(k, d) for k, d in dirs]
-            for part in parts:
-                for disk, d in dirs:
-                    results.append(run_part(a, part, disk, d, fio))
-        finally:
-            if ram_up:
-                subprocess.run([os.path.join(HERE, "ramdisk.sh"), "down"])
+            hugepages.reserved(8 * MiB * 128 + 64 * MiB, log) as fio.huge_path, \
+            contextlib.ExitStack() as stack:
+        dirs = []
+        for k in disks:
+            if k == "real":
+                os.makedirs(a.real_dir, exist_ok=True)
+                dirs.append(("real", a.real_dir))
+            else:
+                dirs.append(("ram", stack.enter_context(ramdisk.mounted(a.ram_size, log))))
+        disk_lines = [core_bench.disk_info(k, d) for k, d in dirs]
+        for part in parts:
+            for disk, d in dirs:
+                results.append(run_part(a, part, disk, d, fio))
         huge = "fio with huge-page buffers" if fio.huge_path else \
             "fio WITHOUT huge-page buffers (none could be reserved)"
     load1 = open("/proc/loadavg").read().split()[:3]

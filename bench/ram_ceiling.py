@@ -43,6 +43,7 @@ sys.path.insert(0, HERE)
 import core_bench  # noqa: E402
 import guestmem  # noqa: E402
 import hugepages  # noqa: E402
+import ramdisk  # noqa: E402
 
 MiB = 1 << 20
 SIZE = 1 << 30
@@ -109,69 +110,68 @@ def main():
     import signal
     signal.signal(signal.SIGTERM, lambda *x: sys.exit(143))
     signal.signal(signal.SIGHUP, lambda *x: sys.exit(129))
-    mnt = os.environ.get("NVIO_RAMDISK", "/mnt/nvio-ram")
-    srv = None
-    per = {}
     notes = []
-    try:
-        with guestmem.page_reporting_paused(True) as guest, \
-                hugepages.reserved(8 * MiB * 128 + 64 * MiB, lambda m: None) as huge:
-            notes.append(guest["note"])
-            subprocess.run([os.path.join(HERE, "ramdisk.sh"), "up", "4G"], check=True)
-            dev = subprocess.run(["findmnt", "-n", "-o", "SOURCE", mnt], capture_output=True,
-                                 text=True).stdout.strip()
-            name = os.path.basename(dev)
-            for f in ("loop/dio", "queue/max_sectors_kb", "queue/max_segments",
-                      "queue/rotational"):
-                try:
-                    notes.append("%s %s: %s" % (dev, f, open("/sys/block/%s/%s" % (name, f))
-                                                .read().strip()))
-                except OSError:
-                    pass
-            path = os.path.join(mnt, "nvio-ram-ceiling")
-            with open(path, "wb") as f:
-                for _ in range(SIZE // (64 * MiB)):
-                    f.write(b"\x5a" * (64 * MiB))
-                os.fsync(f.fileno())
-            srv = subprocess.Popen([exe], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                   text=True, bufsize=1)
+    # the server holding its file there stops (finally) before the disk goes
+    with ramdisk.mounted("4G", notes.append) as mnt:
+        srv = None
+        per = {}
+        try:
+            with guestmem.page_reporting_paused(True) as guest, \
+                    hugepages.reserved(8 * MiB * 128 + 64 * MiB, lambda m: None) as huge:
+                notes.append(guest["note"])
+                dev = subprocess.run(["findmnt", "-n", "-o", "SOURCE", mnt], capture_output=True,
+                                     text=True).stdout.strip()
+                name = os.path.basename(dev)
+                for f in ("loop/dio", "queue/max_sectors_kb", "queue/max_segments",
+                          "queue/rotational"):
+                    try:
+                        notes.append("%s %s: %s" % (dev, f, open("/sys/block/%s/%s" % (name, f))
+                                                    .read().strip()))
+                    except OSError:
+                        pass
+                path = os.path.join(mnt, "nvio-ram-ceiling")
+                with open(path, "wb") as f:
+                    for _ in range(SIZE // (64 * MiB)):
+                        f.write(b"\x5a" * (64 * MiB))
+                    os.fsync(f.fileno())
+                srv = subprocess.Popen([exe], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       text=True, bufsize=1)
 
-            def nvio(cfg):
-                srv.stdin.write("run write locked %s %d 0 %s\n" % (path, SIZE, cfg))
-                srv.stdin.flush()
-                r = json.loads(srv.stdout.readline())
-                if not r["ok"]:
-                    raise RuntimeError(r)
-                return dict(gbps=SIZE / r["secs"] / 1e9)
+                def nvio(cfg):
+                    srv.stdin.write("run write locked %s %d 0 %s\n" % (path, SIZE, cfg))
+                    srv.stdin.flush()
+                    r = json.loads(srv.stdout.readline())
+                    if not r["ok"]:
+                        raise RuntimeError(r)
+                    return dict(gbps=SIZE / r["secs"] / 1e9)
 
-            conts = [("fio-2j", lambda: run_fio(path, 2, None)),
-                     ("fio-2j-huge", lambda: run_fio(path, 2, huge)),
-                     ("fio-1j", lambda: run_fio(path, 1, None)),
-                     ("nvio-best", lambda: nvio("%d:128:2:libaio:0:1" % (8 * MiB))),
-                     ("nvio-default", lambda: nvio("default"))]
-            per = {n: [] for n, _ in conts}
-            for n, fn in conts:  # warm-up: buffers made, handles opened
-                core_bench.drop_caches()
-                fn()
-            for r in range(a.rounds):
-                order = conts[r % len(conts):] + conts[:r % len(conts)]
-                for n, fn in order:
+                conts = [("fio-2j", lambda: run_fio(path, 2, None)),
+                         ("fio-2j-huge", lambda: run_fio(path, 2, huge)),
+                         ("fio-1j", lambda: run_fio(path, 1, None)),
+                         ("nvio-best", lambda: nvio("%d:128:2:libaio:0:1" % (8 * MiB))),
+                         ("nvio-default", lambda: nvio("default"))]
+                per = {n: [] for n, _ in conts}
+                for n, fn in conts:  # warm-up: buffers made, handles opened
                     core_bench.drop_caches()
-                    s0 = meminfo("Shmem")
-                    x = fn()
-                    x["shmem_delta"] = meminfo("Shmem") - s0
-                    per[n].append(x)
-                print("round %d: %s" % (r + 1, "  ".join("%s %.2f" % (n, per[n][-1]["gbps"])
-                                                        for n, _ in conts)), file=sys.stderr)
-    finally:
-        if srv is not None:
-            try:
-                srv.stdin.write("quit\n")
-                srv.stdin.close()
-            except (OSError, AttributeError):
-                pass
-            srv.wait()
-        subprocess.run([os.path.join(HERE, "ramdisk.sh"), "down"])
+                    fn()
+                for r in range(a.rounds):
+                    order = conts[r % len(conts):] + conts[:r % len(conts)]
+                    for n, fn in order:
+                        core_bench.drop_caches()
+                        s0 = meminfo("Shmem")
+                        x = fn()
+                        x["shmem_delta"] = meminfo("Shmem") - s0
+                        per[n].append(x)
+                    print("round %d: %s" % (r + 1, "  ".join("%s %.2f" % (n, per[n][-1]["gbps"])
+                                                            for n, _ in conts)), file=sys.stderr)
+        finally:
+            if srv is not None:
+                try:
+                    srv.stdin.write("quit\n")
+                    srv.stdin.close()
+                except (OSError, AttributeError):
+                    pass
+                srv.wait()
 
     med = statistics.median
     out = ["# RAM-disk write ceiling: what fio's 2-job runs do — %s" % datetime.date.today(), "",

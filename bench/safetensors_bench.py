@@ -41,6 +41,7 @@ Save contenders (one file of the whole state dict, ends durable):
     sudo python3 bench/safetensors_bench.py --ram --layers 8 ...   # RAM disk
 """
 import argparse
+import contextlib
 import datetime
 import filecmp
 import gc
@@ -51,6 +52,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -59,6 +61,7 @@ sys.path.insert(0, HERE)
 import core_bench  # noqa: E402
 import guestmem  # noqa: E402
 import hugepages  # noqa: E402
+import ramdisk  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -129,20 +132,23 @@ def main():
     a = ap.parse_args()
     ram_env = dict(os.environ, NVIO_RAMDISK="/mnt/nvio-ram-st",
                    NVIO_RAMDISK_BACKING="/mnt/nvio-ram-st-backing")
+    ram = contextlib.ExitStack()
     if a.ram:
         # model, one-file save and its spare, fio file (and torch.save's file):
         # ~90 MB a layer + 270 MB each
         model_gib = (a.layers * 90 * MiB + 270 * MiB) / (1 << 30)
-        subprocess.run(["sh", os.path.join(HERE, "ramdisk.sh"), "up", "%dG" % (
-            int(model_gib * 5) + 1)], check=True, env=ram_env)
-        a.dir = os.path.join(ram_env["NVIO_RAMDISK"], "bench")
+        a.dir = os.path.join(ram.enter_context(ramdisk.mounted(
+            "%dG" % (int(model_gib * 5) + 1), log, ram_env)), "bench")
     skip = set(x for x in a.skip.split(",") if x)
     os.makedirs(a.dir, exist_ok=True)
-    disk_line = core_bench.disk_info("ram" if a.ram else "real", a.dir)
-    mdir = os.path.join(a.dir, "model")
-    ptf = os.path.join(a.dir, "model.pt")
-    one = os.path.join(a.dir, "one.safetensors")
-    pf = os.path.join(a.dir, "fio.bin")
+    # the run's files go into a directory of its own, removed at the end:
+    # --dir itself (and anything else in it) is left alone
+    work = tempfile.mkdtemp(prefix="nvio-st-bench-", dir=a.dir)
+    disk_line = core_bench.disk_info("ram" if a.ram else "real", work)
+    mdir = os.path.join(work, "model")
+    ptf = os.path.join(work, "model.pt")
+    one = os.path.join(work, "one.safetensors")
+    pf = os.path.join(work, "fio.bin")
     t_start = time.time()
     load_start = "%.2f" % os.getloadavg()[0]
     res, checks = {}, []
@@ -352,9 +358,8 @@ def main():
                         "%s %.2f" % (n, per[n][-1]["gbps"]) for n, _ in allc)))
                 res[phase] = per
     finally:
-        shutil.rmtree(a.dir, ignore_errors=True)
-        if a.ram:
-            subprocess.run(["sh", os.path.join(HERE, "ramdisk.sh"), "down"], env=ram_env)
+        shutil.rmtree(work, ignore_errors=True)
+        ram.close()
 
     med = statistics.median
     disk = "ram" if a.ram else "real"
