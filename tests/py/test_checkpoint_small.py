@@ -507,9 +507,10 @@ def test_load_predicts_offsets_and_checks_them(tmp_path, monkeypatch):
 
 
 def test_gc_paused_while_pickling_and_restored(tmp_path, monkeypatch):
-    """Plan pickles with the cyclic collector off and leaves it as it found
-    it: on, off, and after a pickling error."""
+    """Plan pickles, and load parses, with the cyclic collector off, and
+    each leaves it as it found it: on, off, and after a pickling error."""
     import gc
+    from nvio.checkpoint import _zip
     states = []
 
     def spy(self, obj):
@@ -531,3 +532,20 @@ def test_gc_paused_while_pickling_and_restored(tmp_path, monkeypatch):
     finally:
         gc.enable()
     assert torch.equal(nvio.load(tmp_path / "c.pt")["a"], torch.ones(3))
+    assert gc.isenabled()
+    # loading: off while the directory and pickle are parsed, as it was after
+    seen = []
+    orig_parse = _zip.parse_directory
+
+    def parse_spy(cd, count):
+        seen.append(gc.isenabled())
+        return orig_parse(cd, count)
+    monkeypatch.setattr(_zip, "parse_directory", parse_spy)
+    gc.disable()
+    try:
+        nvio.load(tmp_path / "c.pt")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    nvio.load(tmp_path / "c.pt")
+    assert seen == [False, False] and gc.isenabled()

@@ -547,15 +547,18 @@ def load_plain(f, map_location=None, weights_only=True, mmap=False, handle=None,
         handle = default_handle()
     args = (path, map_location, weights_only, handle, pin, verify, _read_all)
     lazy = weights_only and _read_all is None
-    try:
-        return _load_plain(*args, lazy=lazy)
-    except (_Mispredicted, CheckpointError):
-        if not lazy:
-            raise
-    # a tensor record not where the archive's alignment puts it (a zip
-    # writer other than torch's and nvio's), or a bad file: again, reading
-    # every local header (a bad file gives its error from here)
-    return _load_plain(*args, lazy=False)
+    # the directory's entries, the pickle's objects, a tensor per storage:
+    # thousands of containers, and full collections walking the process
+    with gc_paused():
+        try:
+            return _load_plain(*args, lazy=lazy)
+        except (_Mispredicted, CheckpointError):
+            if not lazy:
+                raise
+        # a tensor record not where the archive's alignment puts it (a zip
+        # writer other than torch's and nvio's), or a bad file: again, reading
+        # every local header (a bad file gives its error from here)
+        return _load_plain(*args, lazy=False)
 
 
 def _load_plain(path, map_location, weights_only, handle, pin, verify, _read_all, lazy):
@@ -583,13 +586,12 @@ def _load_plain(path, map_location, weights_only, handle, pin, verify, _read_all
         if tls is not None:
             tls.map_location = map_location
         try:
-            with gc_paused():
-                if weights_only:
-                    result = _load_weights_only(pkl, reader)
-                else:
-                    up = _unpickler(pkl, weights_only)
-                    up.persistent_load = reader
-                    result = up.load()
+            if weights_only:
+                result = _load_weights_only(pkl, reader)
+            else:
+                up = _unpickler(pkl, weights_only)
+                up.persistent_load = reader
+                result = up.load()
         except pickle.UnpicklingError as e:
             if weights_only:
                 raise pickle.UnpicklingError(
