@@ -19,16 +19,22 @@ struct copy {
 	uint32_t crc;
 };
 
-/* The (dst address, src address, nbytes) items of seq, checked, into *out
- * (NULL for none); how many, or -1 with an exception set. */
-static Py_ssize_t parse_copies(PyObject *seq, const char *fn, struct copy **out)
+/* The (dst address, src address, nbytes) items of the sequence arg,
+ * checked, into *out (NULL for none; PyMem_Free it); how many, or -1 with
+ * an exception set. */
+static Py_ssize_t parse_copies(PyObject *arg, const char *fn, struct copy **out)
 {
-	Py_ssize_t n = PyList_Size(seq);
+	PyObject *seq = PySequence_List(arg);	/* the limited API has no _Fast */
 	struct copy *c = NULL;
+	Py_ssize_t n;
+
 	*out = NULL;
+	if (!seq)
+		return -1;
+	n = PyList_Size(seq);
 	if (n && !(c = PyMem_Calloc((size_t)n, sizeof(*c)))) {
 		PyErr_NoMemory();
-		return -1;
+		goto fail;
 	}
 	for (Py_ssize_t i = 0; i < n; i++) {
 		PyObject *t = PyList_GetItem(seq, i);
@@ -60,69 +66,45 @@ static Py_ssize_t parse_copies(PyObject *seq, const char *fn, struct copy **out)
 		}
 		c[i].n = len;
 	}
+	Py_DECREF(seq);
 	*out = c;
 	return n;
 fail:
+	Py_DECREF(seq);
 	PyMem_Free(c);
 	return -1;
-}
-
-static PyObject *m_copy_many(PyObject *m, PyObject *arg)
-{
-	(void)m;
-	PyObject *seq = PySequence_List(arg);	/* the limited API has no _Fast */
-	if (!seq)
-		return NULL;
-	struct copy *c;
-	Py_ssize_t n = parse_copies(seq, "copy_many", &c);
-	Py_DECREF(seq);
-	if (n < 0)
-		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	for (Py_ssize_t i = 0; i < n; i++)
-		if (c[i].n)
-			memcpy(c[i].dst, c[i].src, (size_t)c[i].n);
-	Py_END_ALLOW_THREADS
-	PyMem_Free(c);
-	Py_RETURN_NONE;
 }
 
 /* Bytes copied, then checksummed while still in the core's cache. */
 #define COPY_CRC_STEP (32u << 10)
 
 /*
- * copy_crc_many(copies): copy_many, and the CRC-32 of each item's bytes,
- * computed COPY_CRC_STEP bytes at a time right after they are copied (from
- * the cache, not from memory again): one pass over the source for a
- * checkpoint's packed window.
+ * The copies of arg; with crc, each item's CRC-32 too, computed
+ * COPY_CRC_STEP bytes at a time right after they are copied (from the
+ * cache, not from memory again): one pass over the source for a
+ * checkpoint's packed window. None, or the list of CRCs.
  */
-static PyObject *m_copy_crc_many(PyObject *m, PyObject *arg)
+static PyObject *copy_items(PyObject *arg, const char *fn, int crc)
 {
-	(void)m;
-	PyObject *seq = PySequence_List(arg);
-	if (!seq)
-		return NULL;
 	struct copy *c;
-	Py_ssize_t n = parse_copies(seq, "copy_crc_many", &c);
-	Py_DECREF(seq);
+	Py_ssize_t n = parse_copies(arg, fn, &c);
 	if (n < 0)
 		return NULL;
 	Py_BEGIN_ALLOW_THREADS
 	for (Py_ssize_t i = 0; i < n; i++) {
 		unsigned char *d = c[i].dst;
 		const unsigned char *s = c[i].src;
-		uint32_t crc = 0;
-		for (uint64_t off = 0; off < c[i].n; off += COPY_CRC_STEP) {
-			size_t k = (size_t)(c[i].n - off < COPY_CRC_STEP ? c[i].n - off
-								     : COPY_CRC_STEP);
+		uint64_t step = crc ? COPY_CRC_STEP : c[i].n;
+		for (uint64_t off = 0; off < c[i].n; off += step) {
+			size_t k = (size_t)(c[i].n - off < step ? c[i].n - off : step);
 			memcpy(d + off, s + off, k);
-			crc = nvio_crc32(crc, d + off, k);
+			if (crc)
+				c[i].crc = nvio_crc32(c[i].crc, d + off, k);
 		}
-		c[i].crc = crc;
 	}
 	Py_END_ALLOW_THREADS
-	PyObject *out = PyList_New(n);
-	for (Py_ssize_t i = 0; out && i < n; i++) {
+	PyObject *out = crc ? PyList_New(n) : Py_NewRef(Py_None);
+	for (Py_ssize_t i = 0; crc && out && i < n; i++) {
 		PyObject *v = PyLong_FromUnsignedLong(c[i].crc);
 		if (!v)
 			Py_CLEAR(out);
@@ -131,6 +113,18 @@ static PyObject *m_copy_crc_many(PyObject *m, PyObject *arg)
 	}
 	PyMem_Free(c);
 	return out;
+}
+
+static PyObject *m_copy_many(PyObject *m, PyObject *arg)
+{
+	(void)m;
+	return copy_items(arg, "copy_many", 0);
+}
+
+static PyObject *m_copy_crc_many(PyObject *m, PyObject *arg)
+{
+	(void)m;
+	return copy_items(arg, "copy_crc_many", 1);
 }
 
 static PyMethodDef copy_functions[] = {
