@@ -4,7 +4,7 @@ Use the nvio package instead; this stub lets type checkers see what the
 extension exports. Where a C function accepts any object and tests its
 truth (the "p" format), the stub says bool.
 """
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final, Literal, Protocol, Self, TypedDict, final
 
 from _typeshed import StrOrBytesPath
@@ -51,6 +51,15 @@ def crc32_many(regions: Sequence[tuple[int, int]], /) -> list[int]:
 def copy_many(copies: Sequence[tuple[int, int, int]], /) -> None:
     """Copy each (dst address, src address, nbytes) of host memory (regions
     must not overlap), the GIL released for the whole batch."""
+
+def copy_crc_many(copies: Sequence[tuple[int, int, int]], /) -> list[int]:
+    """copy_many, returning the CRC-32 of each item's bytes (computed as
+    they are copied)."""
+
+def persistent_id_filter(plain: set[type] | frozenset[type],
+                         fn: Callable[[Any], Any], /) -> Callable[[Any], Any]:
+    """A persistent_id for a pickler: None for objects whose exact type is
+    in plain, fn(obj) for the others."""
 
 # --- errors (errors.c) ----------------------------------------------------
 
