@@ -516,8 +516,8 @@ def test_gc_paused_while_pickling_and_restored(tmp_path, monkeypatch):
     def spy(self, obj):
         states.append(gc.isenabled())
         return orig(self, obj)
-    orig = _plan._Pickler._persistent_id
-    monkeypatch.setattr(_plan._Pickler, "_persistent_id", spy)
+    orig = _plan._StorageIds.__call__
+    monkeypatch.setattr(_plan._StorageIds, "__call__", spy)
     assert gc.isenabled()
     nvio.save({"a": torch.ones(3)}, tmp_path / "a.pt")
     assert states and not any(states)
@@ -549,3 +549,23 @@ def test_gc_paused_while_pickling_and_restored(tmp_path, monkeypatch):
         gc.enable()
     nvio.load(tmp_path / "c.pt")
     assert seen == [False, False] and gc.isenabled()
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_pickler_is_freed_at_once_with_the_storages_it_holds(fast):
+    """No reference cycle through the pickler's persistent_id: with the
+    cyclic collector off, the pickler (and the storages its ids hold) go as
+    soon as the last reference does."""
+    import gc
+    import weakref
+    gc.disable()
+    try:
+        storages = {}
+        p = _plan._Pickler(io.BytesIO(), 2, storages, None, fast=fast)
+        p.dump({"a": torch.ones(4), "b": torch.zeros(3)})
+        assert list(storages) == ["0", "1"]
+        r = weakref.ref(p)
+        del p
+        assert r() is None
+    finally:
+        gc.enable()

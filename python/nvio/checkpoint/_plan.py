@@ -165,28 +165,20 @@ def _odict_reducer(protocol):
     return reduce
 
 
-class _Pickler(pickle.Pickler):
-    """torch.save's pickling: storages become persistent ids."""
+class _StorageIds:
+    """torch.save's persistent ids: each storage as
+    ``("storage", storage_type, key, location, numel)``, keys given in the
+    order storages are met. Apart from the pickler, so that the pickler's
+    persistent_id (a C filter calling this) makes no reference cycle back to
+    the pickler: the storages it holds are let go as soon as it is."""
 
-    def __init__(self, file, protocol, storages, location=None, fast=None):
-        if FAST_REDUCE if fast is None else fast:
-            # before Pickler.__init__, which looks the table up once
-            table = dict(copyreg.dispatch_table)
-            table.setdefault(torch.Tensor, _tensor_reducer(protocol))
-            table.setdefault(collections.OrderedDict, _odict_reducer(protocol))
-            self.dispatch_table = table
-            # answered in C for the plain types (most objects pickled)
-            self.persistent_id = _nvio.persistent_id_filter(_PID_NONE, self._persistent_id)
-        super().__init__(file, protocol=protocol)
-        self._storages = storages      # key -> UntypedStorage, in key order
-        self._location = location      # every storage's location tag, if given
-        self._keys = {}                # storage._cdata -> key
-        self._dtypes = {}              # data_ptr -> dtype
+    def __init__(self, storages, location):
+        self.storages = storages       # key -> UntypedStorage, in key order
+        self.location = location       # every storage's location tag, if given
+        self.keys = {}                 # storage._cdata -> key
+        self.dtypes = {}               # data_ptr -> dtype
 
-    def persistent_id(self, obj):
-        return self._persistent_id(obj)
-
-    def _persistent_id(self, obj):
+    def __call__(self, obj):
         cls = type(obj)
         if cls is _Ref:
             storage = obj.storage
@@ -211,18 +203,37 @@ class _Pickler(pickle.Pickler):
         else:
             return None
         if storage.device.type != "meta" and storage.data_ptr() != 0:
-            seen = self._dtypes.setdefault(storage.data_ptr(), dtype)
+            seen = self.dtypes.setdefault(storage.data_ptr(), dtype)
             if seen != dtype:
                 raise pickle.PicklingError(
                     "cannot save two tensors or storages that view the same "
                     "memory as different dtypes (%s and %s)" % (seen, dtype))
-        key = self._keys.get(storage._cdata)
+        key = self.keys.get(storage._cdata)
         if key is None:
-            key = self._keys[storage._cdata] = str(len(self._keys))
-            self._storages[key] = storage
-        location = (str(fake) if fake is not None else self._location or
+            key = self.keys[storage._cdata] = str(len(self.keys))
+            self.storages[key] = storage
+        location = (str(fake) if fake is not None else self.location or
                     _device.location(storage))
         return ("storage", stype, key, location, numel)
+
+
+class _Pickler(pickle.Pickler):
+    """torch.save's pickling: storages become persistent ids."""
+
+    def __init__(self, file, protocol, storages, location=None, fast=None):
+        self._ids = _StorageIds(storages, location)
+        if FAST_REDUCE if fast is None else fast:
+            # before Pickler.__init__, which looks the table up once
+            table = dict(copyreg.dispatch_table)
+            table.setdefault(torch.Tensor, _tensor_reducer(protocol))
+            table.setdefault(collections.OrderedDict, _odict_reducer(protocol))
+            self.dispatch_table = table
+            # answered in C for the plain types (most objects pickled)
+            self.persistent_id = _nvio.persistent_id_filter(_PID_NONE, self._ids)
+        super().__init__(file, protocol=protocol)
+
+    def persistent_id(self, obj):
+        return self._ids(obj)
 
 
 class Plan:
