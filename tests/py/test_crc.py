@@ -93,3 +93,29 @@ def test_crc_submit_splits_and_joins():
             (5, 0, _plan.CRC_CHUNK * 2 + 3, 1 << 20, _plan.CRC_CHUNK, 77)]
     got = _plan.crc_submit([(b.ctypes.data, b.nbytes) for b in bufs])()
     assert got == [zlib.crc32(b.tobytes()) for b in bufs]
+
+
+def test_crc_submit_waits_for_every_batch_before_raising(monkeypatch):
+    """A failed batch is raised only once the others have ended: the caller
+    frees the memory they read (or copy into) as soon as result() returns."""
+    import threading
+    import time
+    from nvio.checkpoint import _plan
+    monkeypatch.setattr(_plan, "_executor", lambda pool=_plan._CrcPool(2): pool)
+    ended = threading.Event()
+    calls = []
+
+    def batch(regions):
+        calls.append(len(regions))
+        if len(calls) == 1:
+            raise MemoryError("first batch")
+        time.sleep(0.3)
+        ended.set()
+        return [0] * len(regions)
+    monkeypatch.setattr(_nvio, "crc32_many", batch)
+    bufs = [np.zeros(1000, dtype=np.uint8) for _ in range(4)]
+    wait = _plan.crc_submit([(b.ctypes.data, b.nbytes) for b in bufs])
+    with pytest.raises(MemoryError, match="first batch"):
+        wait()
+    assert len(calls) == 2
+    assert ended.is_set()

@@ -418,7 +418,17 @@ def crc_submit(regions, sources=None, chunk=CRC_CHUNK):
     futs = [ex.submit(fn, b) for b in batches]
 
     def result():
-        crcs = [c for f in futs for c in f.result()]
+        # every batch ends before anything is raised: the caller may free
+        # the memory they read (and, with sources, write) once this returns
+        crcs, first = [], None
+        for f in futs:
+            try:
+                crcs += f.result()
+            except BaseException as e:  # noqa: BLE001 - raised below
+                if first is None:
+                    first = e
+        if first is not None:
+            raise first
         out = [None] * len(regions)
         for p, i, c in zip(pieces, owner, crcs):
             out[i] = c if out[i] is None else crc32_combine(out[i], c, p[-1])
