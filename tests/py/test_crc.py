@@ -119,3 +119,33 @@ def test_crc_submit_waits_for_every_batch_before_raising(monkeypatch):
         wait()
     assert len(calls) == 2
     assert ended.is_set()
+
+
+def test_save_error_before_the_write_waits_for_the_crc_batches(tmp_path, monkeypatch):
+    """nvio.save whose tensor write fails to start: the CRC batches reading
+    the tensors have ended when the error comes out (before, the tensors,
+    freed with the call's dict, were still being read: the process crashed),
+    and the old file stays."""
+    import threading
+    import time
+    from nvio import _futures
+    ended = threading.Event()
+    orig = _nvio.crc32_many
+
+    def slow(regions):
+        time.sleep(0.3)
+        out = orig(regions)
+        ended.set()
+        return out
+
+    def refuse(self, bufs, offset, flags=0):
+        raise OSError(5, "injected: no write today")
+    p = tmp_path / "ck.pt"
+    nvio.save({"old": torch.ones(3)}, p)
+    before = p.read_bytes()
+    monkeypatch.setattr(_nvio, "crc32_many", slow)
+    monkeypatch.setattr(_futures.File, "pwritev_async", refuse)
+    with pytest.raises(OSError, match="injected"):
+        nvio.save({"w": torch.randn(1 << 20), "b": torch.randn(300000)}, p)
+    assert ended.is_set()
+    assert p.read_bytes() == before

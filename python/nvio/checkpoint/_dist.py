@@ -224,10 +224,12 @@ def _write_share(g, plan, tmp, path, handle, writers, durable):
                 regions.append((h.data_ptr() + off, n))
                 pieces.append((u8(h)[off:off + n], r.data_offset + off))
             wait = crc_submit(regions)
-            fut = f.pwritev_async(pieces, _nvio.OFFSET_PER_IOV) if pieces else None
+            fut = None
             try:
+                fut = f.pwritev_async(pieces, _nvio.OFFSET_PER_IOV) if pieces else None
                 crcs = [(i, off, n, c) for (i, off, n), c in zip(mine, wait())]
             finally:
+                wait.settle()           # they read hosts (CUDA: copies freed after)
                 if fut is not None:
                     fut.result()
             if durable and pieces:

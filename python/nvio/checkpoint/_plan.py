@@ -392,6 +392,9 @@ def crc_submit(regions, sources=None, chunk=CRC_CHUNK):
     the bytes at its source (``copy_crc_many``: copied and checksummed in
     one pass, the CRC read from the cache).
 
+    ``result.settle()`` waits for every batch without raising (error paths
+    that did not call it).
+
     Regions are cut into pieces of at most ``chunk`` bytes and the pieces
     dealt, in order, to one batch per CRC thread with about equal bytes;
     each batch is one ``crc32_many`` call (no Python work per tensor), and
@@ -417,20 +420,17 @@ def crc_submit(regions, sources=None, chunk=CRC_CHUNK):
     fn = _nvio.crc32_many if sources is None else _nvio.copy_crc_many
     futs = [ex.submit(fn, b) for b in batches]
 
+    def settle():
+        """Wait for every batch, raising nothing: for a caller's error path,
+        before it frees the memory they read (and, with sources, write)."""
+        concurrent.futures.wait(futs)
+
     def result():
-        # every batch ends before anything is raised: the caller may free
-        # the memory they read (and, with sources, write) once this returns
-        crcs, first = [], None
-        for f in futs:
-            try:
-                crcs += f.result()
-            except BaseException as e:  # noqa: BLE001 - raised below
-                if first is None:
-                    first = e
-        if first is not None:
-            raise first
+        settle()                # all end before the first failure is raised
+        crcs = [c for f in futs for c in f.result()]
         out = [None] * len(regions)
         for p, i, c in zip(pieces, owner, crcs):
             out[i] = c if out[i] is None else crc32_combine(out[i], c, p[-1])
         return out
+    result.settle = settle
     return result

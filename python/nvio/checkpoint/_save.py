@@ -301,6 +301,7 @@ def write_plans(f, placed, size):
         for (_, r, _), crc in zip(dev, dev_crcs):
             r.crc = crc.result()
     finally:
+        crcs.settle()                     # they read host: it may be a copy
         _wait_all(futs)                   # also on an error: buffers are busy
     meta = [(b, base + off) for base, plan in placed for off, b in plan.meta_pieces()]
     f.pwritev(meta, _nvio.OFFSET_PER_IOV)
