@@ -178,8 +178,7 @@ def _read_local(ar, e):
     e.local_flags = flags
     e.local_method = method
     e.local_sizes = (crc, csize, usize)
-    end = e.header_offset + _zip.LOCAL_SIZE + nlen + xlen
-    if end > ar.size:
+    if e.data_offset > ar.size:     # the header's name and extra fields end there
         ar.local_errors[e.name] = ("local header at offset %d runs past the end of the "
                                    "file: truncated" % e.header_offset)
         return

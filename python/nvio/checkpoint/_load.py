@@ -125,23 +125,24 @@ def open_index(f, path, lazy=False):
         _read_headers(f, path, data)
         return ix
     for e in data:
-        start = (e.header_offset + _zip.LOCAL_SIZE + len(e.name.encode("utf-8")) + 4 +
-                 (20 if e.size >= _zip.ZIP64_LIMIT else 0))
-        e.data_offset = start + (-start % align)
+        e.data_offset = _zip.data_start(e.header_offset, e.name.encode("utf-8"), e.size, align)
     ix.predicted = data
     return ix
 
 
+def _local_headers(f, recs):
+    """The fixed part of each record's local header (one vectored read)."""
+    n = _zip.LOCAL_SIZE
+    mv = memoryview(bytearray(n * len(recs)))
+    _read_pieces(f, [(mv[i * n:(i + 1) * n], e.header_offset) for i, e in enumerate(recs)])
+    return [mv[i * n:(i + 1) * n] for i in range(len(recs))]
+
+
 def _read_headers(f, path, recs):
-    """Set each record's data_offset from its local header (one vectored read)."""
-    hdrs = bytearray(_zip.LOCAL_SIZE * len(recs))
-    mv = memoryview(hdrs)
-    pieces = [(mv[i * _zip.LOCAL_SIZE:(i + 1) * _zip.LOCAL_SIZE], e.header_offset)
-              for i, e in enumerate(recs)]
-    _read_pieces(f, pieces)
-    for i, e in enumerate(recs):
+    """Set each record's data_offset from its local header."""
+    for e, local in zip(recs, _local_headers(f, recs)):
         try:
-            e.data_offset = _zip.data_offset(e, hdrs[i * _zip.LOCAL_SIZE:(i + 1) * _zip.LOCAL_SIZE])
+            e.data_offset = _zip.data_offset(e, local)
         except _zip.ZipFormatError as err:
             raise _err(path, "%s: the file is corrupt" % err) from None
 
@@ -166,14 +167,7 @@ def check_predicted(ix, span):
         return
     lo, hi = span.base, span.base + len(span.mv)
     outside = [e for e in recs if not lo <= e.header_offset <= hi - _zip.LOCAL_SIZE]
-    got = {}
-    if outside:
-        hdrs = bytearray(_zip.LOCAL_SIZE * len(outside))
-        mv = memoryview(hdrs)
-        _read_pieces(ix.f, [(mv[i * _zip.LOCAL_SIZE:(i + 1) * _zip.LOCAL_SIZE], e.header_offset)
-                            for i, e in enumerate(outside)])
-        for i, e in enumerate(outside):
-            got[id(e)] = hdrs[i * _zip.LOCAL_SIZE:(i + 1) * _zip.LOCAL_SIZE]
+    got = {id(e): h for e, h in zip(outside, _local_headers(ix.f, outside))} if outside else {}
     for e in recs:
         local = got.get(id(e))
         if local is None:

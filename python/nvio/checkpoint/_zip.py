@@ -77,6 +77,16 @@ class Record:
         return 24 if self.zip64 else 16
 
 
+def data_start(cursor, name_b, size, align):
+    """Where the data of a record whose local header is at cursor starts:
+    after the fixed part, the name, a zip64 field if size needs one, and a
+    padding field (4 bytes and the padding) up to a multiple of align. The
+    layout nvio writes (_local_header) and torch.save's too, so a loader can
+    predict offsets without reading the header."""
+    start = cursor + LOCAL_SIZE + len(name_b) + (20 if size >= ZIP64_LIMIT else 0) + 4
+    return start + (-start % align)
+
+
 def _local_header(name_b, size, cursor, align):
     """The local header of a record at cursor whose data must start on a
     multiple of align: (header bytes, data offset)."""
@@ -84,10 +94,11 @@ def _local_header(name_b, size, cursor, align):
     extra = b""
     if zip64:
         # With a descriptor the local sizes are unknown-in-advance: 0xFFFFFFFF
-        # here and in the zip64 field, the real ones after the data.
+        # here and in the zip64 field, the real ones after the data (20 bytes,
+        # as data_start counts).
         extra = struct.pack("<HHQQ", ZIP64_EXTRA_ID, 16, 0, 0)
     start = cursor + LOCAL_SIZE + len(name_b) + len(extra) + 4
-    pad = -start % align
+    pad = data_start(cursor, name_b, size, align) - start
     extra += struct.pack("<HH", PAD_EXTRA_ID, pad) + b"Z" * pad
     sz = 0xFFFFFFFF if zip64 else 0
     fixed = struct.pack("<IHHHHHIIIHH", LOCAL_SIG, 45 if zip64 else 20,
