@@ -199,24 +199,18 @@ def write_packed(plan, f):
     # segments in file order, covering it: (offset, end, storage address or
     # None, record, bytes or None: a descriptor or the directory, made when
     # its window is filled)
+    for r, s in plan.data:
+        r.crc = None if r.size else 0
+    addr = {id(r): s.data_ptr() for r, s in plan.data}
     segs = []
     for r in plan.layout.records:
         segs.append((r.header_offset, r.data_offset, None, None, r.local))
         m = plan.meta.get(r.name)
         if m is not None:
             segs.append((r.data_offset, r.end, None, None, m))
+        elif r.size and id(r) in addr:          # tensor bytes, from the storage
+            segs.append((r.data_offset, r.end, addr[id(r)], r, None))
         segs.append((r.end, r.end + r.descriptor_size, None, r, None))
-    for r, s in plan.data:
-        r.crc = None if r.size else 0
-    addr = {id(r): s.data_ptr() for r, s in plan.data}
-    # data segments go between each data record's header and descriptor
-    segs2 = []
-    for seg in segs:
-        off, end, _, r, b = seg
-        if r is not None and id(r) in addr and r.size:
-            segs2.append((r.data_offset, r.end, addr[id(r)], r, None))
-        segs2.append(seg)
-    segs = segs2
     segs.append((plan.dir_offset, size, None, plan, None))
     window = min(PACK_WINDOW, -(-size // 4096) * 4096)
     nwin = max(2, PACK_WINDOWS)
