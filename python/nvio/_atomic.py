@@ -14,8 +14,15 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
 
 from . import _nvio
+
+#: A replaced or removed file at least this large is freed off the
+#: caller's path (hold_replaced).
+RECLAIM_LATER_MIN = 64 << 20
+_releasing = []                 # threads closing held files (release_replaced)
+_releasing_lock = threading.Lock()
 
 
 def create_temp(path, size=0):
@@ -63,10 +70,64 @@ def commit(tmp, path, durable):
         os.umask(um)
         mode = 0o666 & ~um
     os.chmod(tmp, mode)
-    os.rename(tmp, path)
+    old = hold_replaced(path)
+    try:
+        os.rename(tmp, path)
+    finally:
+        release_replaced(old)
     if durable:
         dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+def hold_replaced(path):
+    """An fd of the regular file at path, which is about to be replaced or
+    removed (None if there is none, or a small one). Held across the
+    rename or unlink, it keeps the old inode alive, so that step does not
+    free its blocks (0.1-0.5 s for 2 GiB on ext4 with discard);
+    release_replaced frees them in the background afterwards."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+        if not stat.S_ISREG(st.st_mode) or st.st_size < RECLAIM_LATER_MIN:
+            return None
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def release_replaced(fd):
+    """Close an fd of hold_replaced on a thread of its own: the last close
+    of a replaced file frees its blocks, which neither the caller nor the
+    CRC threads (a next save's) should wait for."""
+    if fd is None:
+        return
+    t = threading.Thread(target=_close, args=(fd,), name="nvio-release", daemon=True)
+    with _releasing_lock:
+        _releasing[:] = [x for x in _releasing if x.is_alive()]
+        _releasing.append(t)
+    t.start()
+
+
+def _close(fd):
+    os.close(fd)
+
+
+def settle_released():
+    """Wait until every file released so far is freed (benchmarks call it so
+    that one run's freeing does not land on the next run's time)."""
+    with _releasing_lock:
+        threads = list(_releasing)
+    for t in threads:
+        t.join()
+
+
+def remove(path):
+    """Unlink path, its blocks freed in the background (hold_replaced)."""
+    fd = hold_replaced(path)
+    try:
+        os.unlink(path)
+    finally:
+        release_replaced(fd)

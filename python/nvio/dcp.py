@@ -74,7 +74,7 @@ from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from . import _device, _nvio
+from . import _atomic, _device, _nvio
 from .checkpoint import _zip
 from .checkpoint._plan import DEFAULT_ALIGN, CheckpointError, Plan, _executor, crc_submit
 from .checkpoint._save import _crc_device, atomic_flags, reserve_space, write_device
@@ -404,7 +404,7 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
                 if self.spare and _ROTATING_NAME.match(name) and _keep_as_spare(path):
                     continue
                 try:
-                    os.unlink(path)
+                    _atomic.remove(path)    # its blocks freed in the background
                 except FileNotFoundError:
                     pass
 

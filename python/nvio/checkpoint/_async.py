@@ -311,17 +311,13 @@ class AsyncCheckpointer:
         if h is None:
             from ._save import default_handle
             h = default_handle()
-        from ._save import atomic_flags, hold_replaced, release_replaced
+        from .._atomic import hold_replaced, release_replaced
+        from ._save import atomic_flags, reserve_space
         flags = atomic_flags(durable, spare)
         old = None if spare else hold_replaced(path)
         try:
             with h.open(path, flags) as f:
-                if plan.size >= 1 << 20:
-                    try:
-                        f.allocate(0, plan.size)
-                    except _nvio.NvioError as e:
-                        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                            raise
+                reserve_space(f, plan.size)
                 if plan.size:
                     f.pwrite(mv[:plan.size], 0)
                 self._check()

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 import threading
 
 import torch
 
 from .. import _device, _nvio
+from .._atomic import hold_replaced, release_replaced
 from ._plan import DEFAULT_ALIGN, Plan, _executor, crc_submit, u8
 
 __all__ = ["save", "default_handle", "write_plan", "write_plans", "write_device",
@@ -72,30 +72,6 @@ def atomic_flags(durable, spare=False):
     see :func:`save`)."""
     return (_nvio.FILE_ATOMIC | (0 if durable else _nvio.FILE_NOSYNC) |
             (_nvio.FILE_SPARE if spare else 0))
-
-
-#: A destination at least this large is freed off the caller's path.
-RECLAIM_LATER_MIN = 64 << 20
-
-
-def hold_replaced(path):
-    """An fd of the regular file a save is about to replace (None if there
-    is none, or a small one). Held across the commit, it keeps the old
-    inode alive, so the rename does not free its blocks (0.1-0.3 s for
-    2 GiB on ext4 with discard); release_replaced frees them in the
-    background once the new file is in place."""
-    try:
-        st = os.stat(path, follow_symlinks=False)
-        if not stat.S_ISREG(st.st_mode) or st.st_size < RECLAIM_LATER_MIN:
-            return None
-        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-
-
-def release_replaced(fd):
-    if fd is not None:
-        _executor().submit(os.close, fd)
 
 
 #: Bytes of a device storage copied to the host at a time for its CRC-32.

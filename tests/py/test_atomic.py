@@ -1,0 +1,93 @@
+"""nvio._atomic: named temporaries renamed into place, and the replaced
+file's blocks freed off the caller's path."""
+import os
+import threading
+
+import pytest
+
+from nvio import _atomic
+
+BIG = _atomic.RECLAIM_LATER_MIN
+
+
+def _held(path):
+    """fds of this process that lead to the (deleted) file once at path."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink("/proc/self/fd/" + fd)
+        except OSError:
+            continue
+        if link == path + " (deleted)":
+            out.append(int(fd))
+    return out
+
+
+@pytest.fixture
+def slow_close(monkeypatch):
+    """Releases wait for `go` before closing; `entered` says one started."""
+    go, entered = threading.Event(), threading.Event()
+    real = _atomic._close
+
+    def close(fd):
+        entered.set()
+        go.wait(30)
+        real(fd)
+    monkeypatch.setattr(_atomic, "_close", close)
+    yield go, entered
+    go.set()
+    _atomic.settle_released()
+
+
+def _big_file(path, head):
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(BIG)
+
+
+def test_commit_frees_the_replaced_file_in_the_background(tmp_path, slow_close):
+    go, entered = slow_close
+    p = str(tmp_path / "ck.pt")
+    _big_file(p, b"old version")
+    tmp = _atomic.create_temp(p)
+    with open(tmp, "wb") as f:
+        f.write(b"new version")
+    _atomic.commit(tmp, p, durable=True)    # returns with the release still waiting
+    with open(p, "rb") as f:
+        assert f.read() == b"new version"
+    assert not os.path.exists(tmp)
+    assert entered.wait(10)
+    held = _held(p)
+    assert len(held) == 1                   # the old inode, kept alive off the path
+    with open("/proc/self/fd/%d" % held[0], "rb") as f:
+        assert f.read(11) == b"old version"
+    go.set()
+    _atomic.settle_released()
+    assert _held(p) == []
+
+
+def test_remove_unlinks_at_once_and_frees_later(tmp_path, slow_close):
+    go, entered = slow_close
+    p = str(tmp_path / "__0_0.distcp")
+    _big_file(p, b"data")
+    _atomic.remove(p)
+    assert not os.path.lexists(p)
+    assert entered.wait(10)
+    assert len(_held(p)) == 1
+    go.set()
+    _atomic.settle_released()
+    assert _held(p) == []
+    with pytest.raises(FileNotFoundError):
+        _atomic.remove(p)
+
+
+def test_small_and_odd_files_are_not_held(tmp_path):
+    small = str(tmp_path / "small")
+    with open(small, "wb") as f:
+        f.write(b"x" * 4096)
+    assert _atomic.hold_replaced(small) is None
+    assert _atomic.hold_replaced(str(tmp_path / "missing")) is None
+    os.symlink(small, str(tmp_path / "link"))
+    assert _atomic.hold_replaced(str(tmp_path / "link")) is None
+    assert _atomic.hold_replaced(str(tmp_path)) is None     # a directory
+    _atomic.release_replaced(None)                          # nothing to do
