@@ -540,6 +540,14 @@ typedef struct nvio_file_info {
 NVIO_API int nvio_file_info(const nvio_file_t *f, nvio_file_info_t *out);
 /* The path it was opened with ("fd N" for nvio_file_from_fd). */
 NVIO_API const char *nvio_file_path(const nvio_file_t *f);
+/*
+ * An ATOMIC file not yet committed: the name of its temporary where other
+ * processes can open it by that name to write parts of it (a spare, or a
+ * hidden temporary where the file system has no O_TMPFILE); NULL for an
+ * unnamed O_TMPFILE, after the commit, and for other files. The name is
+ * valid until the file is committed or closed.
+ */
+NVIO_API const char *nvio_file_temp_path(const nvio_file_t *f);
 
 /*
  * Synchronous (or, with NVIO_ASYNC, nvio_wait-reported) range I/O on an

@@ -916,3 +916,8 @@ const char *nvio_file_path(const nvio_file_t *f)
 {
 	return f ? f->path : "";
 }
+
+const char *nvio_file_temp_path(const nvio_file_t *f)
+{
+	return f && f->tmp_path && !f->committed ? f->tmp_path : NULL;
+}

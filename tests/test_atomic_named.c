@@ -5,7 +5,8 @@
  * removes. O_TMPFILE is refused through the system-call table. Checks:
  * the target keeps its old bytes until commit, the new bytes after, its
  * mode bits are kept, and no temporary is left in the directory either
- * way; a symbolic link planted at a temporary-like name is never
+ * way; nvio_file_temp_path names the temporary until the commit; a
+ * symbolic link planted at a temporary-like name is never
  * followed. On every engine, direct on and off.
  */
 #include <dirent.h>
@@ -73,12 +74,25 @@ static void one(int engine, int direct, unsigned char *old, unsigned char *nu,
 		if (!T_TRUE(f != NULL))
 			continue;
 		T_EQ_INT(entries(dir), before + 1);	/* a named temporary */
+		{
+			const char *tp = nvio_file_temp_path(f);
+			nvio_file_info_t info = { .struct_size = sizeof(info) };
+			struct stat a, b;
+
+			/* its name leads to the file being written */
+			if (T_TRUE(tp != NULL) && T_OK(nvio_file_info(f, &info)) &&
+			    T_OK(lstat(tp, &a) < 0 ? -errno : 0) &&
+			    T_OK(fstat(info.fd, &b) < 0 ? -errno : 0))
+				T_EQ_U64(a.st_ino, b.st_ino);
+		}
 		T_OK(nvio_file_pwrite(f, nu, N, 0, 0));
 		memset(back, 0, N);
 		T_OK(t_pread_file(path, back, N, 0));
 		T_MEM_EQ(back, old, N);			/* untouched so far */
-		if (commit)
+		if (commit) {
 			T_OK(nvio_file_commit(f));
+			T_TRUE(nvio_file_temp_path(f) == NULL);
+		}
 		T_OK(nvio_file_close(f));
 		T_EQ_INT(entries(dir), before);
 		memset(back, 0, N);

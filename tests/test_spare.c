@@ -7,7 +7,8 @@
  * spare), shrinking and growing with exact sizes and bytes; abandon
  * leaves the target's bytes and inode alone and keeps the spare, free
  * for the next save even while its I/O descriptor is still held; NOSYNC
- * commits too. A spare that is hard-linked, a symbolic link, or locked by
+ * commits too; a second writer opening the spare by its name
+ * (nvio_file_temp_path) writes part of the same save. A spare that is hard-linked, a symbolic link, or locked by
  * another writer is never written (the save falls back to an ordinary
  * temporary); RENAME_EXCHANGE refused falls back to a plain rename; a
  * fault injected at flock, ftruncate, fsync or renameat2 either falls
@@ -215,6 +216,56 @@ static void cycle(nvio_handle_t *h)
 	chmod(target, 0644);
 }
 
+/*
+ * Two writers of one save (ranks of a data-parallel save): the spare is
+ * named (nvio_file_temp_path), a second file opened by that name writes
+ * the second half, the commit puts both halves in place. An unnamed
+ * temporary (a new target, no spare) has no name to give.
+ */
+static void shared(nvio_handle_t *h)
+{
+	nvio_file_t *f, *g;
+	size_t half = MAXN / 2 / 4096 * 4096;
+	ino_t s = ino_of(spare);
+	const char *tp;
+	int err;
+
+	t_ctx("%s two writers", t_combo());
+	f = nvio_file_open(h, target, NVIO_FILE_ATOMIC | NVIO_FILE_SPARE, &err);
+	if (!T_TRUE(f != NULL))
+		return;
+	tp = nvio_file_temp_path(f);
+	if (T_TRUE(tp != NULL))
+		T_EQ_INT(strcmp(tp, spare), 0);
+	t_fill_random(buf, MAXN, 30);
+	T_OK(nvio_file_pwrite(f, buf, half, 0, 0));
+	g = tp ? nvio_file_open(h, tp, NVIO_FILE_WRITE, &err) : NULL;
+	if (T_TRUE(g != NULL)) {
+		T_OK(nvio_file_pwrite(g, buf + half, MAXN - half, (int64_t)half, 0));
+		T_OK(nvio_file_sync(g));
+		T_OK(nvio_file_close(g));
+	}
+	T_OK(nvio_file_pwrite(f, buf + MAXN - 10, 10, MAXN - 10, 0));	/* the end, as rank 0 */
+	T_OK(nvio_file_commit(f));
+	T_TRUE(nvio_file_temp_path(f) == NULL);
+	T_OK(nvio_file_close(f));
+	check_file(target, MAXN, 30);
+	T_EQ_U64(ino_of(target), s);
+
+	t_ctx("%s no name without a spare", t_combo());
+	unlink(target);
+	unlink(spare);
+	f = nvio_file_open(h, target, NVIO_FILE_ATOMIC | NVIO_FILE_SPARE, &err);
+	if (T_TRUE(f != NULL)) {
+		T_TRUE(nvio_file_temp_path(f) == NULL);		/* O_TMPFILE */
+		T_OK(nvio_file_close(f));
+	}
+	T_TRUE(nvio_file_temp_path(NULL) == NULL);
+	T_OK(save(h, NVIO_FILE_SPARE, MAXN, 31, 1));		/* as cycle() left them */
+	T_OK(save(h, NVIO_FILE_SPARE, MAXN, 32, 1));
+	T_EQ_INT(entries(), 2);
+}
+
 /* Spares that must not be written: the save falls back, leaves them. */
 static void refused(nvio_handle_t *h)
 {
@@ -419,6 +470,7 @@ static void one(int engine, int direct)
 	if (t_handle(&h, engine, direct, 2, 0))
 		return;
 	cycle(h);
+	shared(h);
 	refused(h);
 	faults(h);
 	misc(h);

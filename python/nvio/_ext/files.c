@@ -1023,6 +1023,19 @@ INFO_GETTER(f_get_size, PyLong_FromUnsignedLongLong(fi.size))
 INFO_GETTER(f_get_direct, PyBool_FromLong(fi.direct))
 INFO_GETTER(f_get_committed, PyBool_FromLong(fi.committed))
 
+static PyObject *f_get_temp_path(PyObject *s, void *c)
+{
+	ext_file *self = (ext_file *)s;
+	const char *tp;
+
+	if (file_check_open(self) < 0)
+		return NULL;
+	tp = nvio_file_temp_path(self->f);
+	if (!tp)
+		Py_RETURN_NONE;
+	return PyUnicode_DecodeFSDefault(tp);
+}
+
 static PyObject *f_get_path(PyObject *s, void *c)
 {
 	ext_file *self = (ext_file *)s;
@@ -1864,6 +1877,10 @@ static PyGetSetDef file_getset[] = {
 	{ "size", f_get_size, NULL, "Size as nvio knows it: at open, plus nvio's writes.", NULL },
 	{ "direct", f_get_direct, NULL, "True when the body of ops goes through O_DIRECT.", NULL },
 	{ "committed", f_get_committed, NULL, "ATOMIC: True once committed.", NULL },
+	{ "temp_path", f_get_temp_path, NULL,
+	  "ATOMIC, not yet committed: the name of its temporary where other processes\n"
+	  "can open it to write parts of it (a spare; a hidden temporary where the\n"
+	  "file system has no O_TMPFILE), else None.", NULL },
 	{ "closed", f_get_closed, NULL, "True once closed (or its handle closed).", NULL },
 	{ "flags", f_get_flags, NULL, "The FILE_* flags it was opened with.", NULL },
 	{ "handle", f_get_handle, NULL, "The Handle it belongs to.", NULL },
