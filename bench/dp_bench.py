@@ -10,6 +10,9 @@ the same state: bench/vec_sizes.py's Llama-like model (201 tensors, bf16,
 
   save-single   rank 0: nvio.save(sd, p)            (the others wait)
   save-dp       every rank: nvio.save(sd, p, group=WORLD)
+  save-single-spare, save-dp-spare   the same with spare=True, each into a
+                file of its own whose spare the warm-up saves made (so every
+                timed save overwrites the blocks of the version before)
   load-single   rank 0: nvio.load(p)
   load-dp       every rank: nvio.load(p, group=WORLD)     (share="auto": on one
                 host the same as load-dp-all)
@@ -76,6 +79,10 @@ def run(name, p, sd, rank):
         return nvio.save(sd, p) if rank == 0 else None
     if name == "save-dp":
         return nvio.save(sd, p, group=w)
+    if name == "save-single-spare":
+        return nvio.save(sd, p + ".single", spare=True) if rank == 0 else None
+    if name == "save-dp-spare":
+        return nvio.save(sd, p + ".dp", group=w, spare=True)
     if name == "load-single":
         return nvio.load(p) if rank == 0 else None
     if name == "load-dp":
@@ -135,7 +142,7 @@ def main():
     sd = make_sd()
     if a.tensors:
         sd = dict(list(sd.items())[:a.tensors])
-    saves = ["save-single", "save-dp"]
+    saves = ["save-single", "save-dp", "save-single-spare", "save-dp-spare"]
     loads = ["load-single", "load-dp", "load-dp-share", "load-dp-all", "load-dp-cached"]
     res, t_start, guest = {}, time.time(), {"note": "-"}
     gm = hp = None
@@ -151,6 +158,9 @@ def main():
             hp = hugepages.reserved(8 * MiB * 128 * a.world + 64 * MiB, log)
             fio.huge_path = hp.__enter__()
         run("save-single", p, sd, a.rank)
+        for n in ("save-single-spare", "save-dp-spare"):   # the second save makes the spare
+            for _ in range(2):
+                run(n, p, sd, a.rank)
         dist.barrier()
         fsize = os.path.getsize(p)
         fbytes = fsize // (16 * MiB) * (16 * MiB)
@@ -178,7 +188,8 @@ def main():
             res[phase] = per
     finally:
         if a.rank == 0:
-            for x in (p, pf):
+            spares = [os.path.join(a.dir, ".nvio-dp.pt.%s.nvio-spare" % s) for s in ("single", "dp")]
+            for x in [p, pf, p + ".single", p + ".dp"] + spares:
                 try:
                     os.unlink(x)
                 except OSError:

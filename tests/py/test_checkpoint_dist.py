@@ -60,6 +60,31 @@ try:
                 and torch.equal(got["view"], ref["view"]) and got["step"] == 12
                 and all(torch.equal(a, b) for a, b in zip(got["odd"], ref["odd"]))
                 and got["view"].untyped_storage().data_ptr() == got["base"].untyped_storage().data_ptr())
+    elif mode == "spare":               # three saves: fresh, the spare made, the spare reused
+        spare = os.path.join(d, ".ck.pt.nvio-spare")
+        ino = lambda q: os.stat(q).st_ino if os.path.exists(q) else None
+        out["inodes"] = []
+        for seed in (1, 2, 3):
+            st = state(seed)
+            nvio.save(st, path, group=dist.group.WORLD, spare=True, timeout=30)
+            got = nvio.load(path)
+            out["inodes"].append([ino(path), ino(spare)])
+            out.setdefault("equal", []).append(bool(
+                torch.equal(got["emb"], st["emb"]) and torch.equal(got["base"], st["base"])
+                and all(torch.equal(a, b) for a, b in zip(got["odd"], st["odd"]))))
+            dist.barrier()      # every rank checked before the next save overwrites the spare
+        if rank == world - 1:   # a failed share: the old file and the spare stay
+            from nvio.checkpoint import _save
+            h = _save.default_handle()
+            def bad_open(self, p, flags=nvio.FILE_READ):
+                raise OSError(errno.ENOSPC, "No space left on device (injected)", p)
+            type(h).open = bad_open
+        try:
+            nvio.save(state(4), path, group=dist.group.WORLD, spare=True, timeout=30)
+            out["failed"] = None
+        except Exception as e:
+            out["failed"] = "%s: %s" % (type(e).__name__, e)
+        out["inodes"].append([ino(path), ino(spare)])
     elif mode == "writers1":
         nvio.save(state(1), path, group=dist.group.WORLD, writers_per_node=1)
     elif mode == "mismatch":            # a different layout: one more row on rank 1
@@ -98,9 +123,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_ranks(world, d, mode, timeout=150):
+def run_ranks(world, d, mode, timeout=150, engine=None):
     port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    if engine:
+        env["NVIO_ENGINE"] = engine
     procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(r), str(world),
                                str(port), str(d), mode], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env)
@@ -161,6 +188,32 @@ def test_data_parallel_save_is_one_file_torch_loads(tmp_path, world):
     with zipfile.ZipFile(tmp_path / "ck.pt") as z:
         assert z.testzip() is None
     assert os.listdir(tmp_path) == ["ck.pt"]
+
+
+def test_data_parallel_spare_saves_reuse_the_old_blocks(tmp_path, engine):
+    """spare=True with group: the second save makes the spare, the third
+    writes its blocks (its inode becomes the checkpoint's), each file
+    torch.loads to its state; a save failing on one rank leaves both the
+    checkpoint and the spare as they were."""
+    res, outs = run_ranks(2, tmp_path, "spare", engine=engine)
+    assert len(res) == 2, outs
+    for r in res.values():
+        assert r["ok"] and r["equal"] == [True, True, True], r
+        assert "CheckpointError" in r["failed"] and "rank 1" in r["failed"], r
+        assert "No space left" in r["failed"], r
+    (t1, s1), (t2, s2), (t3, s3), (t4, s4) = res[0]["inodes"]
+    assert s1 is None                   # a new checkpoint: no spare yet
+    assert s2 == t1                     # the first version became the spare
+    assert t3 == s2 and s3 == t2        # its blocks hold the third; the second is spare
+    assert (t4, s4) == (t3, s3)         # the failed save changed neither
+    got = torch.load(tmp_path / "ck.pt", weights_only=True)
+    g = torch.Generator().manual_seed(3)
+    base = torch.randn(1000, 37, generator=g)
+    assert torch.equal(got["base"], base) and got["step"] == 12
+    import zipfile
+    with zipfile.ZipFile(tmp_path / "ck.pt") as z:
+        assert z.testzip() is None
+    assert sorted(os.listdir(tmp_path)) == [".ck.pt.nvio-spare", "ck.pt"]
 
 
 def test_writers_per_node(tmp_path):

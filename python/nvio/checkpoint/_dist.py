@@ -15,6 +15,13 @@ save on every rank, the temporary is removed and ``path`` keeps its old
 checkpoint. The file is an ordinary nvio checkpoint: plain ``torch.load``
 reads it on one process.
 
+With ``spare=True`` rank 0 opens ``path`` with libnvio's FILE_SPARE: the
+temporary is the spare, the previous version's file kept beside ``path``,
+whose blocks every rank overwrites (it opens the spare by its name), and
+the commit cuts it to size, fsyncs it and swaps it with ``path``, as a
+single writer's spare save does. Where there is no spare to take yet (a
+new ``path``) the save makes a named temporary as above.
+
 ``nvio.load(path, group=pg)``: every rank unpickles the (small) pickle and
 allocates the same storages; each rank reads one share of the tensor bytes
 from the file and broadcasts it to the others (``share=True``), or every
@@ -161,7 +168,7 @@ def _err_text(e):
 
 
 def save_group(obj, path, group, *, durable=True, handle=None, align=DEFAULT_ALIGN,
-               pickle_protocol=2, writers_per_node=None, timeout=None):
+               pickle_protocol=2, writers_per_node=None, timeout=None, spare=False):
     """nvio.save with ``group``: see the module's docstring."""
     path = os.fsdecode(path)
     if timeout is not None and not isinstance(timeout, datetime.timedelta):
@@ -189,25 +196,49 @@ def save_group(obj, path, group, *, durable=True, handle=None, align=DEFAULT_ALI
         handle = default_handle()
 
     # rank 0 makes the file; the others learn its name
-    tmp = err = None
+    tmp = err = af = None
     if g.rank == 0:
         try:
-            tmp = _atomic.create_temp(path, plan.size)
+            if spare:
+                af = _open_spare(handle, path, plan.size, durable)
+            tmp = af.temp_path if af is not None else _atomic.create_temp(path, plan.size)
         except Exception as e:  # noqa: BLE001
             err = _err_text(e)
-    made = g.gather("creating the file", (err, tmp))
-    if made[0][0]:
-        raise CheckpointError("nvio.save: %s: rank 0 could not create the file: %s"
-                              % (path, made[0][0]), path)
-    tmp = made[0][1]
     try:
-        return _write_share(g, plan, tmp, path, handle, writers, durable)
+        made = g.gather("creating the file", (err, tmp))
+        if made[0][0]:
+            raise CheckpointError("nvio.save: %s: rank 0 could not create the file: %s"
+                                  % (path, made[0][0]), path)
+        tmp = made[0][1]
+        return _write_share(g, plan, tmp, path, handle, writers, durable, af)
     finally:
-        if g.rank == 0 and os.path.lexists(tmp):
+        if af is not None:
+            af.close()          # committed: nothing to do; else abandoned, the spare kept
+        elif g.rank == 0 and tmp is not None and os.path.lexists(tmp):
             os.unlink(tmp)
 
 
-def _write_share(g, plan, tmp, path, handle, writers, durable):
+def _open_spare(handle, path, size, durable):
+    """spare=True on rank 0: an atomic nvio File writing into path's spare
+    (libnvio's FILE_SPARE: the blocks of the version before, swapped with
+    path at commit), which the other ranks open by its name; None where
+    there is no spare to take and libnvio's temporary has no name (a new
+    path without a spare, a spare in use): the save then makes a named
+    temporary of fresh blocks."""
+    from ._save import atomic_flags, reserve_space
+    f = handle.open(path, atomic_flags(durable, spare=True))
+    try:
+        if f.temp_path is None:
+            f.close()
+            return None
+        reserve_space(f, size)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def _write_share(g, plan, tmp, path, handle, writers, durable, af=None):
     sizes = [r.size for r, _ in plan.data]
     shares = split_shares(sizes, len(writers), plan.align)
     mine = shares[writers.index(g.rank)] if g.rank in writers else []
@@ -254,11 +285,17 @@ def _write_share(g, plan, tmp, path, handle, writers, durable):
                 for off, n, c in sorted(parts.get(i, [])):
                     crc = crc32_combine(crc, c, n)
                 r.crc = crc
-            with handle.open(tmp, _nvio.FILE_WRITE) as f:
-                f.pwritev([(b, off) for off, b in plan.meta_pieces()], _nvio.OFFSET_PER_IOV)
-                if durable:
-                    f.sync()
-            _atomic.commit(tmp, path, durable)
+            meta = [(b, off) for off, b in plan.meta_pieces()]
+            if af is not None:      # the spare: cut to size, synced, swapped with path
+                af.pwritev(meta, _nvio.OFFSET_PER_IOV)
+                af.truncate(plan.size)      # the size the ranks wrote, not af's own
+                af.commit()
+            else:
+                with handle.open(tmp, _nvio.FILE_WRITE) as f:
+                    f.pwritev(meta, _nvio.OFFSET_PER_IOV)
+                    if durable:
+                        f.sync()
+                _atomic.commit(tmp, path, durable)
         except Exception as e:  # noqa: BLE001
             err = _err_text(e)
     done = g.gather("committing", err)

@@ -317,21 +317,18 @@ def save(obj, f, *, durable=True, handle=None, align=DEFAULT_ALIGN,
     spares whose checkpoint is gone), and a reader still holding the old
     version open (a ``torch.load(mmap=True)`` of it) sees it overwritten by
     the save after next. The first save of a new ``f`` writes fresh blocks,
-    the second makes the spare, later ones reuse it. Not with ``group``
-    (ValueError): a data-parallel save writes one shared temporary.
+    the second makes the spare, later ones reuse it. With ``group`` the
+    ranks write their shares into the spare, which they open by its name.
     """
     if not isinstance(f, (str, bytes, os.PathLike)):
         return torch.save(obj, f, pickle_protocol=pickle_protocol)
     durable = _nvio.check_flag(durable, "durable")
     spare = _nvio.check_flag(spare, "spare")
-    if group is not None and spare:
-        raise ValueError("nvio.save: spare=True is not supported with group= "
-                         "(a data-parallel save writes one shared temporary)")
     if group is not None:
         from ._dist import save_group
         return save_group(obj, f, group, durable=durable, handle=handle, align=align,
                           pickle_protocol=pickle_protocol,
-                          writers_per_node=writers_per_node, timeout=timeout)
+                          writers_per_node=writers_per_node, timeout=timeout, spare=spare)
     plan = Plan(obj, f, align, pickle_protocol)
     h = handle if handle is not None else default_handle()
     flags = atomic_flags(durable, spare)
