@@ -434,17 +434,7 @@ def med(xs):
 
 
 def table(per, base, fio, title):
-    out = ["**%s**" % title, "",
-           "| contender | GB/s median | min–max | CPU s/GB | × %s | × fio-best | per-round GB/s |"
-           % base, "|---|---:|---:|---:|---:|---:|---|"]
-    for n, v in per.items():
-        g = [x["gbps"] for x in v]
-        out.append("| %s | %.2f | %.2f–%.2f | %.3f | %.2f | %.2f | %s |" % (
-            n, med(g), min(g), max(g), med([x["cpu"] for x in v]),
-            med([x["gbps"] / y["gbps"] for x, y in zip(v, per[base])]),
-            med([x["gbps"] / y["gbps"] for x, y in zip(v, per[fio])]),
-            " ".join("%.2f" % x for x in g)))
-    return out + [""]
+    return core_bench.ratio_table("**%s**" % title, per, base, fio)
 
 
 def main():

@@ -857,6 +857,25 @@ def machine_info(bench, dirs):
     return info
 
 
+def ratio_table(heading, per, base, fio="fio-best", cpu="CPU s/GB"):
+    """A report's table of contenders {name: [{"gbps", "cpu"} per round]}
+    under the line ``heading``: medians, spread, and the median of per-round
+    ratios to ``base`` and to ``fio`` (../shared/BENCHMARKING.md). Markdown
+    lines, a blank one last."""
+    med = statistics.median
+    out = [heading, "",
+           "| contender | GB/s median | min–max | %s | × %s | × fio-best | per-round GB/s |"
+           % (cpu, base), "|---|---:|---:|---:|---:|---:|---|"]
+    for n, v in per.items():
+        g = [x["gbps"] for x in v]
+        out.append("| %s | %.2f | %.2f–%.2f | %.3f | %.2f | %.2f | %s |" % (
+            n, med(g), min(g), max(g), med([x["cpu"] for x in v]),
+            med([x["gbps"] / y["gbps"] for x, y in zip(v, per[base])]),
+            med([x["gbps"] / y["gbps"] for x, y in zip(v, per[fio])]),
+            " ".join("%.2f" % x for x in g)))
+    return out + [""]
+
+
 def emit(lines, path):
     """Prints a report's markdown lines and, with a path, writes them there
     (every bench script's last step)."""

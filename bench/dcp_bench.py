@@ -323,17 +323,8 @@ def report(a, res, state_bytes, sizes, guest, t_start, tcs):
         per = res[phase]
         base = "dcp" if phase == "load" else max(
             ("dcp-t%d" % n for n in tcs), key=lambda n: med([x["gbps"] for x in per[n]]))
-        out += ["**%s** (DCP's best: %s)" % (phase, base), "",
-                "| contender | GB/s median | min–max | CPU s/GB (all ranks) | × %s | × fio-best |"
-                " per-round GB/s |" % base, "|---|---:|---:|---:|---:|---:|---|"]
-        for n, v in per.items():
-            g = [x["gbps"] for x in v]
-            out.append("| %s | %.2f | %.2f–%.2f | %.3f | %.2f | %.2f | %s |" % (
-                n, med(g), min(g), max(g), med([x["cpu"] for x in v]),
-                med([x["gbps"] / y["gbps"] for x, y in zip(v, per[base])]),
-                med([x["gbps"] / y["gbps"] for x, y in zip(v, per["fio-best"])]),
-                " ".join("%.2f" % x for x in g)))
-        out.append("")
+        out += core_bench.ratio_table("**%s** (DCP's best: %s)" % (phase, base), per, base,
+                                      cpu="CPU s/GB (all ranks)")
     core_bench.emit(out, a.out)
 
 

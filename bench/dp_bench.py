@@ -36,7 +36,6 @@ import os
 import platform
 import shlex
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -202,7 +201,6 @@ def main():
         return
     for k in kids:
         k.wait(timeout=120)
-    med = statistics.median
     out = ["# data-parallel nvio.save / nvio.load, %d ranks — %s" % (a.world, datetime.date.today()),
            "",
            "- date: %s UTC; wall %.0f min" % (datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M"),
@@ -220,18 +218,8 @@ def main():
            "- %d rounds, interleaved and rotated; page cache dropped before every run; saves "
            "durable; ratios = median of per-round ratios" % a.rounds, ""]
     for phase, base in (("save", "save-single"), ("load", "load-single")):
-        per = res[phase]
-        out += ["**%s**" % phase, "",
-                "| contender | GB/s median | min–max | CPU s/GB (all ranks) | × %s | × fio-best |"
-                " per-round GB/s |" % base, "|---|---:|---:|---:|---:|---:|---|"]
-        for n, v in per.items():
-            g = [x["gbps"] for x in v]
-            out.append("| %s | %.2f | %.2f–%.2f | %.3f | %.2f | %.2f | %s |" % (
-                n, med(g), min(g), max(g), med([x["cpu"] for x in v]),
-                med([x["gbps"] / y["gbps"] for x, y in zip(v, per[base])]),
-                med([x["gbps"] / y["gbps"] for x, y in zip(v, per["fio-best"])]),
-                " ".join("%.2f" % x for x in g)))
-        out.append("")
+        out += core_bench.ratio_table("**%s**" % phase, res[phase], base,
+                                      cpu="CPU s/GB (all ranks)")
     core_bench.emit(out, a.out)
 
 

@@ -49,7 +49,6 @@ import os
 import platform
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -361,7 +360,6 @@ def main():
         shutil.rmtree(work, ignore_errors=True)
         ram.close()
 
-    med = statistics.median
     disk = "ram" if a.ram else "real"
     out = ["# nvio.safetensors against safetensors, transformers, torch.load, fio-best "
            "(%s disk) — %s" % (disk, datetime.date.today()), "",
@@ -386,18 +384,7 @@ def main():
            "bytes, %d); ratios = median of per-round ratios" % (a.rounds, fbytes), ""]
     out += ["- validation (untimed): " + "; ".join(checks), ""]
     for phase, base in (("load", "st-mmap"), ("save", "st-save")):
-        per = res[phase]
-        out += ["**%s**" % phase, "",
-                "| contender | GB/s median | min–max | CPU s/GB | × %s | × fio-best | per-round GB/s |"
-                % base, "|---|---:|---:|---:|---:|---:|---|"]
-        for n, v in per.items():
-            g = [x["gbps"] for x in v]
-            out.append("| %s | %.2f | %.2f–%.2f | %.3f | %.2f | %.2f | %s |" % (
-                n, med(g), min(g), max(g), med([x["cpu"] for x in v]),
-                med([x["gbps"] / y["gbps"] for x, y in zip(v, per[base])]),
-                med([x["gbps"] / y["gbps"] for x, y in zip(v, per["fio-best"])]),
-                " ".join("%.2f" % x for x in g)))
-        out.append("")
+        out += core_bench.ratio_table("**%s**" % phase, res[phase], base)
     core_bench.emit(out, a.out)
 
 

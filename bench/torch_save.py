@@ -30,7 +30,6 @@ import datetime
 import os
 import platform
 import shlex
-import statistics
 import subprocess
 import sys
 import time
@@ -177,7 +176,6 @@ def main():
             except OSError:
                 pass
 
-    med = statistics.median
     out = ["# torch.save / torch.load through nvio.open — %s" % datetime.date.today(), "",
            "- date: %s UTC; wall %.0f min" % (datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M"),
                                              (time.time() - t_start) / 60),
@@ -195,18 +193,7 @@ def main():
            "ratios = median of per-round ratios" % a.rounds, ""]
     out += ["- validation: " + "; ".join(checks), ""]
     for phase, base in (("save", "save-path"), ("load", "load-path")):
-        per = res[phase]
-        out += ["**%s**" % phase, "",
-                "| contender | GB/s median | min–max | CPU s/GB | × %s | × fio-best | per-round GB/s |"
-                % base, "|---|---:|---:|---:|---:|---:|---|"]
-        for n, v in per.items():
-            g = [x["gbps"] for x in v]
-            out.append("| %s | %.2f | %.2f–%.2f | %.3f | %.2f | %.2f | %s |" % (
-                n, med(g), min(g), max(g), med([x["cpu"] for x in v]),
-                med([x["gbps"] / y["gbps"] for x, y in zip(v, per[base])]),
-                med([x["gbps"] / y["gbps"] for x, y in zip(v, per["fio-best"])]),
-                " ".join("%.2f" % x for x in g)))
-        out.append("")
+        out += core_bench.ratio_table("**%s**" % phase, res[phase], base)
     core_bench.emit(out, a.out)
 
 
