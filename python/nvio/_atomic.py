@@ -22,6 +22,7 @@ from . import _nvio
 #: caller's path (hold_replaced).
 RECLAIM_LATER_MIN = 64 << 20
 _releasing = []                 # threads closing held files (release_replaced)
+_held = set()                   # fds of hold_replaced not closed yet
 _releasing_lock = threading.Lock()
 
 
@@ -93,9 +94,11 @@ def hold_replaced(path):
         st = os.stat(path, follow_symlinks=False)
         if not stat.S_ISREG(st.st_mode) or st.st_size < RECLAIM_LATER_MIN:
             return None
-        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
+    _held.add(fd)
+    return fd
 
 
 def release_replaced(fd):
@@ -112,7 +115,27 @@ def release_replaced(fd):
 
 
 def _close(fd):
+    _held.discard(fd)           # first: a fork from here on must not close it again
     os.close(fd)
+
+
+def _forget_releases_after_fork():
+    """In a child: the parent's release threads are not here, but its held
+    fds are, and would keep the replaced files (their blocks) for as long
+    as the child lives: close them."""
+    global _releasing, _releasing_lock
+    for fd in list(_held):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _held.clear()
+    _releasing = []
+    _releasing_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_releases_after_fork)
 
 
 def settle_released():

@@ -81,6 +81,29 @@ def test_remove_unlinks_at_once_and_frees_later(tmp_path, slow_close):
         _atomic.remove(p)
 
 
+def test_a_child_forked_meanwhile_does_not_keep_the_old_file(tmp_path, slow_close):
+    go, entered = slow_close
+    p = str(tmp_path / "ck.pt")
+    _big_file(p, b"old")
+    _atomic.remove(p)
+    assert entered.wait(10) and len(_held(p)) == 1
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                            # the child: the held fd is closed
+        os.close(r)
+        os.write(w, b"%d" % len(_held(p)))
+        os._exit(0)
+    os.close(w)
+    got = os.read(r, 16)
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert got == b"0"
+    assert len(_held(p)) == 1               # the parent's is still closed by its thread
+    go.set()
+    _atomic.settle_released()
+    assert _held(p) == []
+
+
 def test_small_and_odd_files_are_not_held(tmp_path):
     small = str(tmp_path / "small")
     with open(small, "wb") as f:
