@@ -91,3 +91,25 @@ def preload(tmp_path_factory):
     if r.returncode:
         pytest.fail("building the fault shim failed:\n" + r.stderr)
     return str(out)
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Mounts small tmpfs file systems (root only); unmounts afterwards."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("mounting a tmpfs needs root")
+    mounted = []
+
+    def make(name, opts, fstype="tmpfs"):
+        d = tmp_path / name
+        d.mkdir()
+        r = subprocess.run(["mount", "-t", fstype, "-o", opts, fstype,
+                            str(d)], capture_output=True)
+        if r.returncode:
+            pytest.skip("mount -t tmpfs failed: %s" % r.stderr.decode())
+        mounted.append(d)
+        return d
+
+    yield make
+    for d in mounted:
+        subprocess.run(["umount", str(d)])

@@ -312,57 +312,39 @@ def test_missing_directory_names_path(tmp_path):
         nvio.load(p)
 
 
-def test_enospc_leaves_old_checkpoint(tmp_path):
+def test_enospc_leaves_old_checkpoint(tmpfs):
     """A full file system (a small tmpfs) fails the save with ENOSPC."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
-                      capture_output=True).returncode:
-        pytest.skip("cannot mount tmpfs here")
-    try:
-        p = mnt / "ck.pt"
-        nvio.save({"old": torch.ones(1000)}, p)
-        before = p.read_bytes()
-        with pytest.raises(OSError) as ei:
-            nvio.save({"new": torch.ones(1 << 20)}, p)     # 4 MiB > 2 MiB
-        assert ei.value.errno == errno.ENOSPC
-        assert p.read_bytes() == before
-        assert os.listdir(mnt) == ["ck.pt"]
-        st = os.statvfs(mnt)
-        assert st.f_bfree * st.f_frsize > (1 << 20)          # the space came back
-        fut = nvio.async_save({"new": torch.ones(1 << 20)}, p)
-        with pytest.raises(OSError) as ei:
-            fut.result(60)
-        assert ei.value.errno == errno.ENOSPC
-        assert p.read_bytes() == before
-        assert os.listdir(mnt) == ["ck.pt"]
-    finally:
-        subprocess.run(["umount", str(mnt)])
+    mnt = tmpfs("small", "size=2m")
+    p = mnt / "ck.pt"
+    nvio.save({"old": torch.ones(1000)}, p)
+    before = p.read_bytes()
+    with pytest.raises(OSError) as ei:
+        nvio.save({"new": torch.ones(1 << 20)}, p)     # 4 MiB > 2 MiB
+    assert ei.value.errno == errno.ENOSPC
+    assert p.read_bytes() == before
+    assert os.listdir(mnt) == ["ck.pt"]
+    st = os.statvfs(mnt)
+    assert st.f_bfree * st.f_frsize > (1 << 20)          # the space came back
+    fut = nvio.async_save({"new": torch.ones(1 << 20)}, p)
+    with pytest.raises(OSError) as ei:
+        fut.result(60)
+    assert ei.value.errno == errno.ENOSPC
+    assert p.read_bytes() == before
+    assert os.listdir(mnt) == ["ck.pt"]
 
 
-def test_read_only_file_system(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                      capture_output=True).returncode:
-        pytest.skip("cannot mount tmpfs here")
-    try:
-        p = mnt / "ck.pt"
-        nvio.save({"old": torch.ones(10)}, p)
-        before = p.read_bytes()
-        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
-        with pytest.raises(OSError) as ei:
-            nvio.save({"new": torch.zeros(10)}, p)
-        assert ei.value.errno == errno.EROFS
-        assert str(p) in str(ei.value)
-        assert p.read_bytes() == before
-        same({"old": torch.ones(10)}, nvio.load(p))
-    finally:
-        subprocess.run(["umount", str(mnt)])
+def test_read_only_file_system(tmpfs):
+    mnt = tmpfs("ro", "size=1m")
+    p = mnt / "ck.pt"
+    nvio.save({"old": torch.ones(10)}, p)
+    before = p.read_bytes()
+    subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+    with pytest.raises(OSError) as ei:
+        nvio.save({"new": torch.zeros(10)}, p)
+    assert ei.value.errno == errno.EROFS
+    assert str(p) in str(ei.value)
+    assert p.read_bytes() == before
+    same({"old": torch.ones(10)}, nvio.load(p))
 
 
 def corrupt_cases(good):
