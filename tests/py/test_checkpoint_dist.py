@@ -85,6 +85,14 @@ try:
         except Exception as e:
             out["failed"] = "%s: %s" % (type(e).__name__, e)
         out["inodes"].append([ino(path), ino(spare)])
+    elif mode == "via":                 # shares through a carrier device (NCCL's route)
+        nvio.save(state(1), path, group=dist.group.WORLD)
+        _dist._carrier = lambda backend: torch.device("cpu")
+        got = nvio.load(path, group=dist.group.WORLD, share=True)
+        ref = state(1)
+        out["equal"] = bool(torch.equal(got["emb"], ref["emb"]) and torch.equal(got["base"], ref["base"])
+                            and all(torch.equal(a, b) for a, b in zip(got["odd"], ref["odd"]))
+                            and torch.equal(got["bf16"], ref["bf16"]))
     elif mode == "writers1":
         nvio.save(state(1), path, group=dist.group.WORLD, writers_per_node=1)
     elif mode == "mismatch":            # a different layout: one more row on rank 1
@@ -240,6 +248,24 @@ def test_failures_fail_every_rank_and_keep_the_old_file(tmp_path, mode, word):
         assert re.search(r"\b[Rr]anks? 1\b", res[0]["error"]), res[0]   # named
     assert p.read_bytes() == before
     assert os.listdir(tmp_path) == ["ck.pt"]
+
+
+def test_shares_through_a_carrier_device(tmp_path):
+    """The route NCCL groups take (copy to the carrier, broadcast, copy
+    back), run here with the CPU as the carrier."""
+    res, outs = run_ranks(2, tmp_path, "via")
+    assert len(res) == 2, outs
+    for r in res.values():
+        assert r["ok"] and r["equal"], r
+
+
+def test_which_backends_carry_cpu_tensors():
+    from nvio.checkpoint._dist import _carrier
+    assert _carrier("gloo") is None and _carrier("mpi") is None
+    assert _carrier("nccl") == "cuda"
+    assert _carrier("cpu:gloo,cuda:nccl") is None       # init_process_group() with no backend
+    assert _carrier("cuda:nccl") == "cuda"
+    assert _carrier("something-new") is None            # tried as CPU tensors; errors named
 
 
 def test_split_shares_cover_every_byte_once():

@@ -27,7 +27,10 @@ allocates the same storages; each rank reads one share of the tensor bytes
 from the file and broadcasts it to the others (``share=True``), or every
 rank reads the whole file (``share=False``); ``share="auto"``, the default,
 is False when every rank of the group runs on one host (a broadcast there
-costs more than reading the shared device again) and True otherwise.
+costs more than reading the shared device again) and True otherwise. With
+an NCCL group the shares travel through the current CUDA device (NCCL
+broadcasts CUDA tensors only); gloo, MPI and "cpu:gloo,cuda:nccl" groups
+broadcast them from host memory.
 
 Only torch.distributed is used for coordination: collectives on ``pg``
 (gloo for CPU tensors), ``monitored_barrier`` where the backend has it, so
@@ -328,6 +331,9 @@ def load_group(path, group, *, share="auto", **kwargs):
         sizes = [e.size for _, e in reads]
         _agree(g, "load: reading the pickle", None, (len(sizes), sum(sizes)))
         shares = split_shares(sizes, n)
+        via = _carrier(dist.get_backend(group))
+        if via == "cuda":
+            via = torch.device("cuda", torch.cuda.current_device())
         flats, err = [], None
         for j, pieces in enumerate(shares):
             flats.append((torch.empty(sum(k for _, _, k in pieces), dtype=torch.uint8), pieces))
@@ -344,7 +350,14 @@ def load_group(path, group, *, share="auto", **kwargs):
         for j, (flat, pieces) in enumerate(flats):
             if flat.numel():
                 try:
-                    dist.broadcast(flat, src=j, group=group)
+                    if via is None:
+                        dist.broadcast(flat, src=j, group=group)
+                    else:               # NCCL carries CUDA tensors only
+                        buf = flat.to(via) if j == g.rank else \
+                            torch.empty(flat.shape, dtype=flat.dtype, device=via)
+                        dist.broadcast(buf, src=j, group=group)
+                        flat.copy_(buf)
+                        del buf
                 except RuntimeError as e:
                     raise g.fail("broadcasting rank %d's share" % j, e) from None
             pos = 0
@@ -358,6 +371,21 @@ def load_group(path, group, *, share="auto", **kwargs):
         if not entered:                 # the others wait in read_all: tell them
             _agree(g, "load: reading the pickle", _err_text(e), None)
         raise
+
+
+def _carrier(backend):
+    """How a load's shares travel through a group whose backend is
+    ``backend`` (what dist.get_backend says): None as CPU tensors (gloo,
+    MPI, or a backend with a "cpu:" entry such as "cpu:gloo,cuda:nccl"),
+    "cuda" through the GPU (NCCL takes CUDA tensors only: each share is
+    copied to the current device, broadcast, and copied back)."""
+    b = str(backend).lower()
+    per_device = dict(p.split(":", 1) for p in b.split(",") if ":" in p)
+    if per_device:
+        if "cpu" in per_device:
+            return None
+        b = per_device.get("cuda", b)
+    return "cuda" if b == "nccl" else None
 
 
 def _agree(g, what, err, same):
