@@ -29,6 +29,11 @@ rank 0's wall time from a barrier before the run to a barrier after it;
 CPU s/GB sums every rank's user+system time.
 
     python3 bench/dp_bench.py --dir /root/nvio-bench --rounds 5 --out bench/results/x.md
+    python3 bench/dp_bench.py --disk ram --tensors 120 --rounds 5   # the RAM disk
+
+On the RAM disk the files (checkpoint, two with their spares, fio's) and
+both ranks' states share the machine's memory: --tensors keeps them inside
+it (24 GiB here: 120 of the 201 tensors).
 """
 import argparse
 import datetime
@@ -46,6 +51,7 @@ sys.path.insert(0, HERE)
 import core_bench  # noqa: E402
 import guestmem  # noqa: E402
 import hugepages  # noqa: E402
+import ramdisk  # noqa: E402
 from torch_save import make_sd, log  # noqa: E402
 
 import datetime as _dt  # noqa: E402
@@ -126,7 +132,19 @@ def main():
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--tensors", type=int, default=0, help="only the first N tensors (smoke runs)")
+    ap.add_argument("--disk", choices=("real", "ram"), default="real",
+                    help="ram: --dir is the RAM disk (bench/ramdisk.py), mounted for the run")
+    ap.add_argument("--ram-size", default="12G")
     a = ap.parse_args()
+    if a.rank == 0 and a.disk == "ram":
+        with ramdisk.mounted(a.ram_size, log) as mnt:
+            a.dir = mnt
+            sys.argv += ["--dir", mnt]          # the other ranks'
+            return bench(a)
+    return bench(a)
+
+
+def bench(a):
     torch.set_num_threads(1)
     if a.rank == 0:
         a.port = free_port()
@@ -210,10 +228,11 @@ def main():
                platform.python_version(), nvio.__version__),
            "- nvio commit: %s" % subprocess.run(["git", "-C", REPO, "log", "-1", "--format=%h %s"],
                                                  capture_output=True, text=True).stdout.strip(),
-           "- dir: %s" % core_bench.disk_info("real", a.dir),
+           "- dir: %s" % core_bench.disk_info(a.disk, a.dir),
            "- command: `%s`" % " ".join(shlex.quote(x) for x in ["python3"] + sys.argv),
-           "- state: bench/vec_sizes.py's model, 201 bf16 tensors; checkpoint file %d bytes; "
-           "every rank holds it; gloo on 127.0.0.1; torch.set_num_threads(1) per rank" % fsize,
+           "- state: bench/vec_sizes.py's model, %d bf16 tensors%s; checkpoint file %d bytes; "
+           "every rank holds it; gloo on 127.0.0.1; torch.set_num_threads(1) per rank"
+           % (len(sd), " (the first of its 201: --tensors)" if a.tensors else "", fsize),
            "- %s (bench/guestmem.py)" % guest["note"],
            "- %d rounds, interleaved and rotated; page cache dropped before every run; saves "
            "durable; ratios = median of per-round ratios" % a.rounds, ""]
