@@ -8,14 +8,11 @@ error paths leave the old file as it was and no temporary behind.
 """
 import errno
 import io
-import json
 import os
-import socket
-import subprocess
-import sys
-import time
 
 import pytest
+
+import nvio_testutil
 
 import nvio
 from nvio.compat import (FastFileWriter, FastFileWriterConfig,
@@ -308,35 +305,14 @@ os._exit(0)
 """
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_parallel_writers_one_file(tmp_path):
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     world = 2
-    port = free_port()
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, OMP_NUM_THREADS="1", ENG="psync")
-    procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(r), str(world), str(port),
-                               str(tmp_path), here], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env)
-             for r in range(world)]
-    deadline = time.monotonic() + 150
-    res = {}
-    try:
-        for pr in procs:
-            o, e = pr.communicate(timeout=max(1, deadline - time.monotonic()))
-            lines = [x for x in o.splitlines() if x.startswith("{")]
-            assert lines, e[-3000:]
-            r = json.loads(lines[-1])
-            res[r["rank"]] = r
-    finally:
-        for pr in procs:
-            pr.kill()
+    res, outs = nvio_testutil.run_ranks(RANK_SCRIPT, world, [tmp_path, here], 150, env)
+    assert len(res) == world, outs
     for i in range(2):
         want = torch_bytes(state(i))
         assert bytes.fromhex(res[0]["file_%d" % i]) == want

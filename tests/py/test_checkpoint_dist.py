@@ -5,15 +5,12 @@ TCP store on 127.0.0.1 with a process-group timeout, run one scenario and
 print one JSON line; the test kills them if they overrun and checks what
 they printed and the file they left, in this process, with plain torch.load.
 """
-import json
 import os
 import re
-import socket
-import subprocess
-import sys
-import time
 
 import pytest
+
+import nvio_testutil
 
 import nvio
 
@@ -125,39 +122,11 @@ os._exit(0)      # no teardown collective with a rank that may be gone
 """
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(world, d, mode, timeout=150, engine=None):
-    port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if engine:
         env["NVIO_ENGINE"] = engine
-    procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(r), str(world),
-                               str(port), str(d), mode], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env)
-             for r in range(world)]
-    deadline = time.monotonic() + timeout
-    outs = []
-    try:
-        for p in procs:
-            left = max(1, deadline - time.monotonic())
-            o, e = p.communicate(timeout=left)
-            outs.append((p.returncode, o, e))
-    finally:
-        for p in procs:
-            p.kill()
-    res = {}
-    for rc, o, e in outs:
-        lines = [x for x in o.splitlines() if x.startswith("{")]
-        if lines:
-            r = json.loads(lines[-1])
-            r["rc"] = rc
-            res[r["rank"]] = r
-    return res, outs
+    return nvio_testutil.run_ranks(RANK_SCRIPT, world, [d, mode], timeout, env)
 
 
 def expected_state():

@@ -9,16 +9,13 @@ ranks 0-1 load that (4 -> 2), then an injected ENOSPC on rank 1, then rank 1
 dies mid-save. Each rank prints one JSON line of results; the tests check
 those and, in this process, the files left.
 """
-import json
 import os
 import re
-import socket
-import subprocess
-import sys
-import time
 import warnings
 
 import pytest
+
+import nvio_testutil
 
 torch = pytest.importorskip("torch")
 if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
@@ -189,43 +186,13 @@ os._exit(0)     # no teardown collective with a rank that may be gone
 """
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(world, d, preload=None, timeout=240):
-    port = free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = []
-    for r in range(world):
-        e = dict(env)
+    def env(r):
+        e = dict(os.environ, OMP_NUM_THREADS="1")
         if preload and r == 1:
             e["LD_PRELOAD"] = preload
-        procs.append(subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(r), str(world),
-                                       str(port), str(d)], stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, env=e))
-    deadline = time.monotonic() + timeout
-    outs = []
-    try:
-        for p in procs:
-            o, e = p.communicate(timeout=max(1, deadline - time.monotonic()))
-            outs.append((p.returncode, o, e[-6000:]))
-    finally:
-        for p in procs:
-            p.kill()
-    res = {}
-    for rc, o, e in outs:
-        lines = [x for x in o.splitlines() if x.startswith("{")]
-        if lines:
-            r = json.loads(lines[-1])
-            r["rc"] = rc
-            r["stderr"] = e
-            res[r["rank"]] = r
-    return res, outs
-
-
+        return e
+    return nvio_testutil.run_ranks(RANK_SCRIPT, world, [d], timeout, env)
 
 
 @pytest.fixture(scope="module")
