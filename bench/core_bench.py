@@ -857,6 +857,22 @@ def machine_info(bench, dirs):
     return info
 
 
+@contextlib.contextmanager
+def fio_rig(huge_bytes, log):
+    """For a benchmark that compares with fio from its own driver (run_fio,
+    prepare_file): a Bench to call them on, with the VM's free page
+    reporting paused and huge_bytes of huge pages reserved for fio's
+    buffers (huge_path None where none could be had: fio then runs with
+    4 KiB pages). Yields (bench, the guest's notes)."""
+    fio = Bench.__new__(Bench)
+    fio.args = argparse.Namespace(quick=False)
+    fio.log = log
+    with guestmem.page_reporting_paused(True) as guest, \
+            hugepages.reserved(huge_bytes, log) as huge:
+        fio.huge_path = huge
+        yield fio, guest
+
+
 def ratio_table(heading, per, base, fio="fio-best", cpu="CPU s/GB"):
     """A report's table of contenders {name: [{"gbps", "cpu"} per round]}
     under the line ``heading``: medians, spread, and the median of per-round

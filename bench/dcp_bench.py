@@ -39,6 +39,7 @@ against per-tensor checksums.
     python3 bench/dcp_bench.py --world 2 --dir /root/nvio-bench --rounds 5 --out bench/results/x.md
 """
 import argparse
+import contextlib
 import datetime
 import os
 import platform
@@ -55,8 +56,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import core_bench  # noqa: E402
-import guestmem  # noqa: E402
-import hugepages  # noqa: E402
 import vec_sizes  # noqa: E402
 from torch_save import log  # noqa: E402
 
@@ -184,20 +183,14 @@ def main():
         return sum(cs)
 
     res, t_start, guest = {}, time.time(), {"note": "-"}
-    gm = hp = None
+    rig = contextlib.ExitStack()
     sizes = {}
     try:
         if a.rank == 0:
-            fio = core_bench.Bench.__new__(core_bench.Bench)
-            fio.args = argparse.Namespace(quick=False)
-            fio.log = log
             qd = 128 if W <= 2 else 32         # fio's buffers: <= 2 GiB of huge pages
             cfgs = [dict(engine="libaio", block=MiB, qd=32, jobs=1, huge=1),
                     dict(engine="libaio", block=8 * MiB, qd=qd, jobs=W, huge=1)]
-            gm = guestmem.page_reporting_paused(True)
-            guest = gm.__enter__()
-            hp = hugepages.reserved(8 * MiB * qd * W + 64 * MiB, log)
-            fio.huge_path = hp.__enter__()
+            fio, guest = rig.enter_context(core_bench.fio_rig(8 * MiB * qd * W + 64 * MiB, log))
             guest["huge"] = ("fio-best's buffers in 2 MiB huge pages" if fio.huge_path else
                              "huge pages could not be reserved (other jobs held them): "
                              "fio-best ran with 4 KiB-page buffers, like fio-4k")
@@ -253,10 +246,7 @@ def main():
                 os.unlink(pf)
             except OSError:
                 pass
-            if hp is not None:
-                hp.__exit__(None, None, None)
-            if gm is not None:
-                gm.__exit__(None, None, None)
+        rig.close()
     if a.rank != 0:
         return
     for k in kids:

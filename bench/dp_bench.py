@@ -36,6 +36,7 @@ both ranks' states share the machine's memory: --tensors keeps them inside
 it (24 GiB here: 120 of the 201 tensors).
 """
 import argparse
+import contextlib
 import datetime
 import os
 import platform
@@ -49,8 +50,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import core_bench  # noqa: E402
-import guestmem  # noqa: E402
-import hugepages  # noqa: E402
 import ramdisk  # noqa: E402
 from torch_save import make_sd, log  # noqa: E402
 
@@ -162,18 +161,13 @@ def bench(a):
     saves = ["save-single", "save-dp", "save-single-spare", "save-dp-spare"]
     loads = ["load-single", "load-dp", "load-dp-share", "load-dp-all", "load-dp-cached"]
     res, t_start, guest = {}, time.time(), {"note": "-"}
-    gm = hp = None
+    rig = contextlib.ExitStack()
     try:
         if a.rank == 0:
-            fio = core_bench.Bench.__new__(core_bench.Bench)
-            fio.args = argparse.Namespace(quick=False)
-            fio.log = log
             cfgs = [dict(engine="libaio", block=MiB, qd=32, jobs=1, huge=1),
                     dict(engine="libaio", block=8 * MiB, qd=128, jobs=a.world, huge=1)]
-            gm = guestmem.page_reporting_paused(True)
-            guest = gm.__enter__()
-            hp = hugepages.reserved(8 * MiB * 128 * a.world + 64 * MiB, log)
-            fio.huge_path = hp.__enter__()
+            fio, guest = rig.enter_context(
+                core_bench.fio_rig(8 * MiB * 128 * a.world + 64 * MiB, log))
         run("save-single", p, sd, a.rank)
         for n in ("save-single-spare", "save-dp-spare"):   # the second save makes the spare
             for _ in range(2):
@@ -211,10 +205,7 @@ def bench(a):
                     os.unlink(x)
                 except OSError:
                     pass
-            if hp is not None:
-                hp.__exit__(None, None, None)
-            if gm is not None:
-                gm.__exit__(None, None, None)
+        rig.close()
     if a.rank != 0:
         return
     for k in kids:
