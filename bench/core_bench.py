@@ -857,6 +857,20 @@ def machine_info(bench, dirs):
     return info
 
 
+def cpu():
+    """CPU seconds (user + system) of this process so far."""
+    r = os.times()
+    return r.user + r.system
+
+
+def free_port():
+    """A TCP port free on 127.0.0.1 now (a process group's store)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @contextlib.contextmanager
 def fio_rig(huge_bytes, log):
     """For a benchmark that compares with fio from its own driver (run_fio,

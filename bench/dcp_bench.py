@@ -45,7 +45,6 @@ import os
 import platform
 import shlex
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -70,17 +69,6 @@ import nvio.dcp as nd  # noqa: E402
 
 MiB = 1 << 20
 warnings.simplefilter("ignore")
-
-
-def cpu():
-    r = os.times()
-    return r.user + r.system
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_sd(mesh, rank, world, layers):
@@ -121,7 +109,7 @@ def main():
     torch.set_num_threads(1)
     W = a.world
     if a.rank == 0:
-        a.port = free_port()
+        a.port = core_bench.free_port()
         kids = [subprocess.Popen([sys.executable] + sys.argv + ["--rank", str(r), "--port",
                                                                 str(a.port)])
                 for r in range(1, W)]
@@ -156,10 +144,10 @@ def main():
                 shutil.rmtree(d, ignore_errors=True)
             core_bench.drop_caches()
         dist.barrier()
-        c0, t0 = cpu(), time.perf_counter()
+        c0, t0 = core_bench.cpu(), time.perf_counter()
         dcp.save(sd, storage_writer=writer(name, d))
         dist.barrier()
-        return time.perf_counter() - t0, cpu() - c0
+        return time.perf_counter() - t0, core_bench.cpu() - c0
 
     def timed_load(name, d):
         for v in sd.values():
@@ -168,10 +156,10 @@ def main():
         if a.rank == 0:
             core_bench.drop_caches()
         dist.barrier()
-        c0, t0 = cpu(), time.perf_counter()
+        c0, t0 = core_bench.cpu(), time.perf_counter()
         dcp.load(sd, storage_reader=reader(name, d))
         dist.barrier()
-        secs, c = time.perf_counter() - t0, cpu() - c0
+        secs, c = time.perf_counter() - t0, core_bench.cpu() - c0
         bad = [k for k, v in sd.items() if checksum(v.to_local()) != sums[k]]
         if bad:
             raise RuntimeError("%s on rank %d loaded wrong data: %s" % (name, a.rank, bad[:3]))

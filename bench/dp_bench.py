@@ -41,7 +41,6 @@ import datetime
 import os
 import platform
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -60,17 +59,6 @@ import torch.distributed as dist  # noqa: E402
 import nvio  # noqa: E402
 
 MiB = 1 << 20
-
-
-def cpu():
-    r = os.times()
-    return r.user + r.system
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 _buffered = None
@@ -109,10 +97,10 @@ def timed(name, p, sd, rank):
     if rank == 0:
         core_bench.drop_caches()
     dist.barrier()
-    c0, t0 = cpu(), time.perf_counter()
+    c0, t0 = core_bench.cpu(), time.perf_counter()
     out = run(name, p, sd, rank)
     dist.barrier()
-    secs, c = time.perf_counter() - t0, cpu() - c0
+    secs, c = time.perf_counter() - t0, core_bench.cpu() - c0
     cs = [None] * dist.get_world_size()
     dist.all_gather_object(cs, c)
     if out is not None and name.startswith("load"):
@@ -146,7 +134,7 @@ def main():
 def bench(a):
     torch.set_num_threads(1)
     if a.rank == 0:
-        a.port = free_port()
+        a.port = core_bench.free_port()
         kids = [subprocess.Popen([sys.executable] + sys.argv + ["--rank", str(r), "--port",
                                                                 str(a.port)])
                 for r in range(1, a.world)]

@@ -110,11 +110,6 @@ def touch(tensors):
     return s
 
 
-def cpu():
-    r = os.times()
-    return r.user + r.system
-
-
 def shards_of(d):
     return sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".safetensors"))
 
@@ -330,12 +325,12 @@ def main():
 
             def timed(fn, size, load):
                 core_bench.drop_caches()
-                c0, t0 = cpu(), time.perf_counter()
+                c0, t0 = core_bench.cpu(), time.perf_counter()
                 out = fn()
                 if load:
                     touch(out.values())
                 secs = time.perf_counter() - t0
-                c = cpu() - c0
+                c = core_bench.cpu() - c0
                 del out
                 gc.collect()
                 return dict(gbps=size / secs / 1e9, cpu=c / (size / 1e9), secs=secs)
