@@ -382,6 +382,96 @@ def test_truncated_and_corrupt_files_give_clear_errors(tmp_path):
     assert "good/data/0" in str(ei.value) and "CRC" in str(ei.value)
 
 
+def pickle_span(path):
+    """(offset, length) of the data.pkl record's bytes in the file."""
+    with zipfile.ZipFile(path) as z:
+        zi = [i for i in z.infolist() if i.filename.endswith("/data.pkl")][0]
+    data = open(path, "rb").read()
+    nl, xl = int.from_bytes(data[zi.header_offset + 26:zi.header_offset + 28], "little"), \
+        int.from_bytes(data[zi.header_offset + 28:zi.header_offset + 30], "little")
+    return zi.header_offset + 30 + nl + xl, zi.file_size
+
+
+@pytest.mark.parametrize("weights_only", [True, False])
+def test_tensor_past_its_storage_is_refused(tmp_path, handle, weights_only):
+    """A pickle (one corrupt byte) giving a tensor more elements than its
+    storage record holds: refused, naming the file and record, as torch.load
+    refuses it; never bytes from past the record or uninitialized memory.
+    Small and large records (read by the span, and not)."""
+    for rows in (30, 3000):
+        p = tmp_path / ("ck%d.pt" % rows)
+        nvio.save({"a": torch.ones(rows, 100), "b": torch.arange(10)}, p, handle=handle)
+        data = bytearray(p.read_bytes())
+        off, n = pickle_span(p)
+        pk = bytes(data[off:off + n])
+        # (rows, 100) as BININT1/BININT2 then BININT1: rows grown 4x
+        i = pk.index(b"K\x1eKd") if rows == 30 else pk.index(b"M\xb8\x0bKd")
+        if rows == 30:
+            data[off + i + 1] = 120
+        else:
+            data[off + i + 1:off + i + 3] = (12000).to_bytes(2, "little")
+        p.write_bytes(data)
+        with pytest.raises(Exception):
+            torch.load(p, weights_only=weights_only)
+        with pytest.raises(nvio.CheckpointError) as ei:
+            nvio.load(p, weights_only=weights_only, handle=handle)
+        msg = str(ei.value)
+        assert str(p) in msg and ("reaches past its storage" in msg or "resize" in msg), msg
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")      # torch's, on odd pickle protocols
+def test_corrupt_pickle_and_names_give_one_clear_error(tmp_path):
+    """Bytes of data.pkl changed one at a time: every failure is a
+    CheckpointError (or torch's UnpicklingError for weights_only) naming
+    the file, never a bare KeyError, EOFError, AttributeError... A record
+    name in the directory that is not UTF-8: the same."""
+    p = tmp_path / "good.pt"
+    nvio.save({"a": torch.randn(50), "b": [torch.ones(3), {"c": 1.5}]}, p)
+    good = p.read_bytes()
+    off, n = pickle_span(p)
+    q = tmp_path / "bad.pt"
+    bare = []
+    for i in range(0, n, 3):
+        for v in (0x00, 0x80, 0xFF):
+            data = bytearray(good)
+            data[off + i] = v
+            q.write_bytes(data)
+            try:
+                nvio.load(q)
+            except nvio.CheckpointError as e:
+                assert str(q) in str(e)
+            except pickle.UnpicklingError as e:
+                assert str(q) in str(e)
+            except Exception as e:     # noqa: BLE001 - what the test is about
+                bare.append((i, v, type(e).__name__, str(e)[:80]))
+    assert not bare, bare[:5]
+    # a directory entry's name made invalid UTF-8
+    data = bytearray(good)
+    j = good.rindex(b"good/data.pkl")
+    data[j] = 0xFF
+    q.write_bytes(data)
+    with pytest.raises(nvio.CheckpointError) as ei:
+        nvio.load(q)
+    assert str(q) in str(ei.value) and "UTF-8" in str(ei.value)
+    r = subprocess.run([sys.executable, "-m", "nvio.checkpoint", "verify", str(q)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "UTF-8" in r.stdout + r.stderr
+
+
+def test_file_name_not_utf8(tmp_path):
+    """A file name of bytes that are not UTF-8 (torch.save takes it): the
+    records are named "archive/..." and the file loads with both."""
+    p = os.path.join(os.fsencode(tmp_path), b"ck\xe9.pt")
+    sd = {"a": torch.arange(5.0)}
+    nvio.save(sd, p)
+    same(sd, torch.load(os.fsdecode(p)))      # torch takes str paths only
+    same(sd, nvio.load(p))
+    with zipfile.ZipFile(os.fsdecode(p)) as z:
+        assert "archive/data.pkl" in z.namelist()
+    nvio.async_save(sd, os.fsdecode(p)).result()
+    same(sd, nvio.load(p))
+
+
 def test_newer_nvio_format_is_refused(tmp_path):
     p = tmp_path / "new.pt"
     nvio.save({"a": torch.ones(3)}, p)

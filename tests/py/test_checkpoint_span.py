@@ -100,3 +100,68 @@ def test_span_with_map_location_callable(tmp_path):
     got = nvio.load(p, map_location=loc)
     check_equal(got, torch.load(p, map_location=loc))
     assert seen and set(seen) == {"cpu"}
+
+
+def test_span_read_failure_is_raised(tmp_path, handle, monkeypatch):
+    """The one read failing (EIO at its completion, injected into its
+    future after the real read) fails the load with that error: never
+    tensors of whatever the region held."""
+    import errno
+    sd = state()
+    p = tmp_path / "ck.pt"
+    nvio.save(sd, p, handle=handle)
+    real_init = _load._Span.__init__
+
+    def failing(self, f, ix, pin):
+        real_init(self, f, ix, pin)
+        fut = self.fut
+
+        def eio():
+            fut.result()
+            raise nvio.NvioError(errno.EIO, "injected EIO reading %s" % p)
+        self.fut = _Later(eio)
+        torch.frombuffer(self.mv, dtype=torch.uint8).zero_()
+    monkeypatch.setattr(_load._Span, "__init__", failing)
+    with pytest.raises(nvio.NvioError) as ei:
+        nvio.load(p, handle=handle)
+    assert ei.value.errno == errno.EIO and str(p) in str(ei.value)
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_rebuilds_that_read_tensor_data_see_it(tmp_path, handle, monkeypatch, big):
+    """A nested tensor is rebuilt from its size and stride tensors while
+    the pickle is parsed: their storages must hold the file's bytes by then
+    (the span's read ended, the others read). The span's bytes arrive only
+    when it is waited for, so a rebuild before that sees zeros."""
+    import warnings
+    warnings.simplefilter("ignore")
+    nt = torch.nested.nested_tensor([torch.randn(2, 5), torch.randn(3, 5)])
+    sd = {"n": nt}
+    if big:
+        sd["w"] = torch.randn(1 << 20)
+    real_init = _load._Span.__init__
+
+    def lazy_init(self, f, ix, pin):
+        real_init(self, f, ix, pin)
+        self.fut.result()
+        torch.frombuffer(self.mv, dtype=torch.uint8).zero_()     # as if not read yet
+        self.fut = _Later(lambda: f.pread(self.mv, self.base))   # read when waited for
+    monkeypatch.setattr(_load._Span, "__init__", lazy_init)
+    for writer in (torch.save, nvio.save):
+        p = tmp_path / "n.pt"
+        writer(sd, p)
+        got = nvio.load(p, handle=handle)["n"]
+        assert [t.shape for t in got.unbind()] == [t.shape for t in nt.unbind()]
+        assert all(torch.equal(a, b) for a, b in zip(got.unbind(), nt.unbind()))
+        if big:
+            assert torch.equal(nvio.load(p, handle=handle)["w"], sd["w"])
+
+
+class _Later:
+    """A future whose work runs when its result is asked for."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def result(self):
+        return self.fn()

@@ -294,6 +294,12 @@ def _target(map_location, location):
     return "cpu", lambda s, loc: torch.serialization.default_restore_location(s, dev)
 
 
+#: What unpickling a corrupt data.pkl raises (beyond UnpicklingError), made
+#: into one CheckpointError that names the file.
+_UNPICKLE_ERRORS = (KeyError, EOFError, IndexError, UnicodeDecodeError, TypeError,
+                    ValueError, AttributeError, RuntimeError)
+
+
 class _Reader:
     """persistent_load for the unpickler: allocates storages, queues reads."""
 
@@ -364,6 +370,29 @@ class _Reader:
         ts = torch.storage.TypedStorage(wrap_storage=s, dtype=dtype, _internal=True)
         self.storages[key] = ts
         return ts
+
+    def settle(self):
+        """From here on every storage holds its bytes when the unpickler
+        gets it (for rebuild functions that read tensor data, such as a
+        nested tensor's sizes): the span's read ended, the storages handed
+        out so far read, later ones read at once."""
+        if self.span is not None:
+            self.span.wait()
+        if not self.eager:
+            reads = sorted(self.reads, key=lambda r: r[1].data_offset)
+            _read_pieces(self.ix.f, [(u8(s), e.data_offset) for s, e in reads if e.size])
+            self.eager = True
+
+    def check_sizes(self):
+        """Every storage is still its record's size: a tensor in the pickle
+        that reaches past its storage makes torch grow a resizable one
+        (torch.load's storages refuse), which would hand out bytes the
+        file does not hold."""
+        for s, e in self.reads + self.spanned:
+            if s.nbytes() != e.size:
+                raise _err(self.ix.path, "a tensor of data.pkl reaches past its storage "
+                           "(record %s: %d bytes, grown to %d): the file is corrupt"
+                           % (e.name, e.size, s.nbytes()))
 
 
 class _Allowed:
@@ -462,6 +491,8 @@ def _load_weights_only(data, reader):
             raise
         except Exception:           # noqa: BLE001 - torch's unpickler decides
             pass
+    # its globals may rebuild from tensor data (a nested tensor's sizes)
+    reader.settle()
     up = _unpickler(data, True)
     up.persistent_load = reader
     return up.load()
@@ -579,6 +610,7 @@ def _load_plain(path, map_location, weights_only, handle, pin, verify, _read_all
         tls = getattr(torch.serialization, "_serialization_tls", None)
         if tls is not None:
             tls.map_location = map_location
+        unpickled = False
         try:
             if weights_only:
                 result = _load_weights_only(pkl, reader)
@@ -586,6 +618,9 @@ def _load_plain(path, map_location, weights_only, handle, pin, verify, _read_all
                 up = _unpickler(pkl, weights_only)
                 up.persistent_load = reader
                 result = up.load()
+            unpickled = True
+        except CheckpointError:
+            raise
         except pickle.UnpicklingError as e:
             if weights_only:
                 raise pickle.UnpicklingError(
@@ -593,15 +628,19 @@ def _load_plain(path, map_location, weights_only, handle, pin, verify, _read_all
                     "with weights_only=False only if you trust where it came from."
                     % (path, e)) from None
             raise
+        except _UNPICKLE_ERRORS as e:
+            raise _err(path, "cannot unpickle data.pkl (%s: %s): the file may be corrupt"
+                       % (type(e).__name__, e)) from e
         finally:
             if tls is not None:
                 tls.map_location = None
             if span is not None:
                 try:
-                    span.wait()
+                    span.wait()         # also on an error: the region is busy until then
                 except Exception:           # noqa: BLE001
-                    if sys.exc_info()[0] is None:
+                    if unpickled:       # else the unpickling error goes on
                         raise
+        reader.check_sizes()
         if span is not None:
             check_predicted(ix, span)   # before any storage is handed out
         if not reader.eager:

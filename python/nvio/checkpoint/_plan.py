@@ -60,9 +60,15 @@ class CheckpointError(ValueError):
 def archive_name(path):
     """The records' directory inside the zip, as torch names it: the file's
     name up to its last dot (``state.v1.pt`` -> ``state.v1``). Where that
-    leaves nothing (``.hidden``), which torch.save refuses, "archive"."""
+    leaves nothing (``.hidden``), which torch.save refuses, or a name that
+    is not UTF-8 (a file name of other bytes), "archive"."""
     base = os.path.basename(os.fsdecode(path)).rpartition(".")
-    return (base[0] if base[1] else base[2]) or "archive"
+    name = (base[0] if base[1] else base[2]) or "archive"
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:      # a file name of bytes that are not UTF-8
+        return "archive"
+    return name
 
 
 def u8(storage):

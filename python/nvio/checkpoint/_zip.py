@@ -230,7 +230,12 @@ def parse_directory(cd, count):
         p += CENTRAL_SIZE + nlen + xlen + clen
         if usize == 0xFFFFFFFF or csize == 0xFFFFFFFF or off == 0xFFFFFFFF:
             usize, csize, off = _zip64_fields(extra, usize, csize, off)
-        name = name_b.decode("utf-8" if flags & FLAG_UTF8 else "cp437")
+        try:
+            name = bytes(name_b).decode("utf-8" if flags & FLAG_UTF8 else "cp437")
+        except UnicodeDecodeError:
+            raise ZipFormatError("the name of directory entry %d (at byte %d) is not valid "
+                                 "UTF-8" % (len(out), p - CENTRAL_SIZE - nlen - xlen - clen)) \
+                from None
         out.append(Entry(name, usize, csize, method, crc, off))
     return out
 
