@@ -540,6 +540,131 @@ def test_async_pool_is_reused_and_bounded(tmp_path):
         c.save(state, tmp_path / "closed.pt")
 
 
+def test_async_save_lets_the_callers_tensors_go(tmp_path):
+    """Once async_save returns, the snapshot is all the write needs: the
+    caller's tensors are freed when the caller drops them, not when the
+    next save comes."""
+    import weakref
+    c = nvio.AsyncCheckpointer()
+    t = torch.randn(1 << 20)
+    ref = weakref.ref(t.untyped_storage())
+    s = t.untyped_storage()
+    fut = c.save({"t": t}, tmp_path / "a.pt")
+    del t, s
+    fut.result(60)
+    assert ref() is None
+    c.close()
+
+
+def test_async_done_callback_may_queue_the_next_save(tmp_path):
+    """A done-callback (run on the writer thread) that queues the next save
+    on a pool of one snapshot gets the buffer its save just released; one
+    that calls wait() is told it cannot, instead of hanging the writer."""
+    import threading
+    c = nvio.AsyncCheckpointer(pool_bytes=4 << 20)
+    state = {"w": torch.randn(512 << 10)}       # 2 MiB: one snapshot at a time
+    second, told = [], []
+    done = threading.Event()
+
+    def chain(f):
+        second.append(c.save(state, tmp_path / "b.pt"))
+        try:
+            c.wait()
+        except RuntimeError as e:
+            told.append(str(e))
+        done.set()
+    c.save(state, tmp_path / "a.pt").add_done_callback(chain)
+    assert done.wait(30)
+    assert second[0].result(30) > 0 and told and "callback" in told[0]
+    assert c.wait(30)
+    assert torch.equal(nvio.load(tmp_path / "b.pt")["w"], state["w"])
+    c.close()
+
+
+def test_async_save_path_is_resolved_at_the_call(tmp_path, monkeypatch):
+    """A relative path names the file in the directory current at the
+    call, whatever the directory is when the write starts."""
+    import threading
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    c = nvio.AsyncCheckpointer()
+    gate = threading.Event()
+    real = c._write
+    monkeypatch.setattr(c, "_write", lambda *a: gate.wait(30) and real(*a))
+    monkeypatch.chdir(tmp_path / "a")
+    fut = c.save({"x": torch.ones(3)}, "ck.pt")
+    monkeypatch.chdir(tmp_path / "b")
+    gate.set()
+    fut.result(30)
+    assert (tmp_path / "a" / "ck.pt").exists() and not (tmp_path / "b" / "ck.pt").exists()
+    c.close()
+
+
+def test_async_saves_from_two_threads_share_a_bounded_pool(tmp_path, monkeypatch):
+    """A second thread's save while the first still copies its snapshot
+    waits for pool memory instead of being told it could never fit."""
+    import threading
+    from nvio.checkpoint import _async
+    c = nvio.AsyncCheckpointer(pool_bytes=4 << 20)
+    copying, go = threading.Event(), threading.Event()
+    real = _async._snapshot
+
+    def slow(dst, data):
+        if dst is not None and dst.numel() > 1 << 20:
+            copying.set()
+            go.wait(30)
+        return real(dst, data)
+    monkeypatch.setattr(_async, "_snapshot", slow)
+    out = {}
+    big = {"w": torch.randn(768 << 10)}         # 3 MiB: the pool has no room for another
+    a = threading.Thread(target=lambda: out.setdefault("a", c.save(big, tmp_path / "a.pt")))
+    a.start()
+    assert copying.wait(30)
+    threading.Timer(0.3, go.set).start()
+    out["b"] = c.save({"s": torch.ones(4)}, tmp_path / "b.pt")   # waits for a's buffer
+    a.join(30)
+    assert out["a"].result(30) > 0 and out["b"].result(30) > 0
+    assert torch.equal(nvio.load(tmp_path / "a.pt")["w"], big["w"])
+    c.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_async_save_being_written_at_fork_fails_in_the_child(tmp_path, monkeypatch):
+    """A child forked while a save is being written gets that save's future
+    failed with ECHILD (the parent writes it), as queued ones: none hangs."""
+    import threading
+    c = nvio.AsyncCheckpointer()
+    gate, writing = threading.Event(), threading.Event()
+    real = c._write
+
+    def held(*a):
+        writing.set()
+        gate.wait(30)
+        return real(*a)
+    monkeypatch.setattr(c, "_write", held)
+    first = c.save({"x": torch.ones(3)}, tmp_path / "a.pt")
+    queued = c.save({"x": torch.ones(4)}, tmp_path / "b.pt")
+    assert writing.wait(30)
+    pid = os.fork()
+    if pid == 0:                              # the child: report through the exit code
+        code = 0
+        for k, fut in enumerate((first, queued)):
+            try:
+                fut.result(10)
+                code |= 1 << k
+            except OSError as e:
+                if e.errno != errno.ECHILD:
+                    code |= 4 << k
+            except BaseException:           # noqa: BLE001 - a timeout
+                code |= 16 << k
+        os._exit(code)
+    gate.set()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert first.result(30) > 0 and queued.result(30) > 0
+    c.close()
+
+
 def test_async_error_goes_to_the_future(tmp_path):
     fut = nvio.async_save({"a": torch.ones(2)}, tmp_path / "missing" / "x.pt")
     with pytest.raises(FileNotFoundError):

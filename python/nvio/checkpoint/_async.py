@@ -151,6 +151,7 @@ class AsyncCheckpointer:
         self._held = 0              # bytes of all pool buffers
         self._queue = collections.deque()
         self._busy = 0              # jobs queued or being written
+        self._current = None        # the future of the job being written
         self._thread = None
         self._abandon = False
         self._closed = False
@@ -165,7 +166,8 @@ class AsyncCheckpointer:
         ``spare``: as :func:`nvio.save`'s."""
         durable = _nvio.check_flag(durable, "durable")
         spare = _nvio.check_flag(spare, "spare")
-        path = os.fspath(path)
+        # resolved now: the write may start after a chdir
+        path = os.path.abspath(os.fspath(path))
         plan = Plan(obj, path, align, pickle_protocol)
         buf = self._acquire(plan.size)
         try:
@@ -176,6 +178,9 @@ class AsyncCheckpointer:
         except BaseException:
             self._release(buf)
             raise
+        # the write needs the records only: the caller's tensors may go now
+        plan.data = [(r, None) for r, _ in plan.data]
+        plan.storages = {}
         fut = NvioFuture(path)
         with self._lock:
             closed = self._closed
@@ -199,7 +204,10 @@ class AsyncCheckpointer:
             return self._busy
 
     def wait(self, timeout=None):
-        """Wait until every queued save has ended; False on timeout."""
+        """Wait until every queued save has ended; False on timeout. Not
+        from a save's done-callback (it runs on the writer, which would
+        wait for itself): that raises RuntimeError."""
+        self._not_on_writer("wait()")
         with self._lock:
             return self._cond.wait_for(lambda: self._busy == 0, timeout)
 
@@ -225,6 +233,11 @@ class AsyncCheckpointer:
         self.close()
         return False
 
+    def _not_on_writer(self, what):
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("nvio.async_save: %s in a save's done-callback would wait "
+                               "for the writer thread it runs on" % what)
+
     # -- the pool -------------------------------------------------------------
 
     def _acquire(self, n):
@@ -242,11 +255,14 @@ class AsyncCheckpointer:
                 if self._free:          # too small to use: make room
                     self._held -= len(self._free.pop())
                     continue
-                if need > cap or self._busy == 0:
+                # nothing in use (after freeing the idle ones) will ever
+                # come back: waiting cannot help
+                if need > cap or self._held == 0:
                     raise ValueError(
                         "nvio.async_save: the snapshot needs %d bytes but the pool is "
                         "limited to %d (pool_bytes); raise pool_bytes or save synchronously "
                         "with nvio.save" % (need, cap))
+                self._not_on_writer("a save that waits for pool memory")
                 self._cond.wait()        # for an earlier save to release its buffer
             self._held += need
         try:
@@ -275,7 +291,10 @@ class AsyncCheckpointer:
                     self._thread = None
                     return
                 job = self._queue.popleft()
+                self._current = job[4]
             plan, buf, path, (durable, spare), fut = job
+            del job
+            err = size = None
             try:
                 size = self._write(plan, buf, path, durable, spare)
             except BaseException as e:  # noqa: BLE001 - it goes to the future
@@ -284,14 +303,20 @@ class AsyncCheckpointer:
                     err = _nvio.NvioError(errno.ECANCELED,
                                           "nvio.async_save: abandoned at exit before it "
                                           "was written; %s is unchanged" % path, path)
-                fut.set_exception(err)
-            else:
-                fut.set_result(size)
+            # the buffer first: a done-callback may queue the next save
+            self._release(buf)
+            del plan, buf
+            try:
+                if err is None:
+                    fut.set_result(size)
+                else:
+                    fut.set_exception(err)
             finally:
-                self._release(buf)
                 with self._lock:
                     self._busy -= 1
+                    self._current = None
                     self._cond.notify_all()
+            del fut, err
 
     def _check(self):
         if self._abandon:
@@ -368,17 +393,20 @@ def _after_fork_in_child():
     for c in list(_all):
         c._lock = threading.Lock()
         c._cond = threading.Condition(c._lock)
-        left = list(c._queue)
+        left = [job[4] for job in c._queue]
+        if c._current is not None:     # the one being written when it forked
+            left.append(c._current)
+        c._current = None
         c._queue.clear()
         c._busy = 0
         c._thread = None
         c._free = []
         c._held = 0
-        for job in left:
+        for fut in left:
             try:
-                job[4].set_exception(_nvio.NvioError(
+                fut.set_exception(_nvio.NvioError(
                     errno.ECHILD, "nvio.async_save: queued in the parent process "
-                    "before fork; the parent writes it", job[2]))
+                    "before fork; the parent writes it", fut.user_data))
             except Exception:   # noqa: BLE001 - its lock was held at fork
                 pass
 
