@@ -11,6 +11,7 @@ temporaries of the target go first, as libnvio's atomic open does.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import stat
@@ -26,11 +27,29 @@ _held = set()                   # fds of hold_replaced not closed yet
 _releasing_lock = threading.Lock()
 
 
+def follow_links(path):
+    """The name a write through path reaches, as open(2) follows it (and
+    libnvio's atomic open): the symbolic links of its last component
+    followed, a relative target beside its link; a dangling link gives the
+    name it points to. A save through a link replaces the file it points
+    to and keeps the link."""
+    cur = os.fspath(path)
+    for _ in range(40):         # open's limit on links in a name
+        try:
+            if not stat.S_ISLNK(os.lstat(cur).st_mode):
+                return cur
+            link = os.readlink(cur)
+        except FileNotFoundError:
+            return cur
+        cur = os.path.join(os.path.dirname(cur), link)
+    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), os.fspath(path))
+
+
 def create_temp(path, size=0):
-    """Create a temporary for path exclusively and return its name; with
-    ``size``, lay it out (``posix_fallocate``, or a sparse ``ftruncate``
-    where the file system has no fallocate)."""
-    d, base = os.path.split(os.path.abspath(path))
+    """Create a temporary for path (where its links lead) exclusively and
+    return its name; with ``size``, lay it out (``posix_fallocate``, or a
+    sparse ``ftruncate`` where the file system has no fallocate)."""
+    d, base = os.path.split(os.path.abspath(follow_links(path)))
     try:
         _nvio.clean_temporaries(d, base)
     except OSError:
@@ -47,12 +66,7 @@ def create_temp(path, size=0):
         raise FileExistsError(errno.EEXIST, "no free temporary name beside", path)
     try:
         if size:
-            try:
-                os.posix_fallocate(fd, 0, size)
-            except OSError as e:
-                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                    raise
-                os.ftruncate(fd, size)
+            _allocate(fd, size)
     except BaseException:
         os.close(fd)
         os.unlink(tmp)
@@ -61,9 +75,25 @@ def create_temp(path, size=0):
     return tmp
 
 
+def _allocate(fd, size):
+    """fallocate(2) the first size bytes of fd, or (a file system without
+    it) a sparse ftruncate. Not posix_fallocate, which glibc emulates there
+    by writing a byte into every block."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    if libc.fallocate(fd, 0, 0, size) == 0:
+        return
+    e = ctypes.get_errno()
+    if e not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+        raise OSError(e, os.strerror(e))
+    os.ftruncate(fd, size)
+
+
 def commit(tmp, path, durable):
-    """Give tmp the mode path has (or a new file's), rename it over path,
-    fsync the directory (``durable``; the data's fsync is the caller's)."""
+    """Give tmp the mode path has (or a new file's), rename it over path
+    (where its links lead), fsync the directory (``durable``; the data's
+    fsync is the caller's)."""
+    path = follow_links(path)
     try:
         mode = stat.S_IMODE(os.stat(path).st_mode)
     except FileNotFoundError:
@@ -77,11 +107,16 @@ def commit(tmp, path, durable):
     finally:
         release_replaced(old)
     if durable:
-        dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def fsync_dir(d):
+    """Make the entries of directory d durable."""
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def hold_replaced(path):

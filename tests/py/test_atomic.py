@@ -114,3 +114,27 @@ def test_small_and_odd_files_are_not_held(tmp_path):
     assert _atomic.hold_replaced(str(tmp_path / "link")) is None
     assert _atomic.hold_replaced(str(tmp_path)) is None     # a directory
     _atomic.release_replaced(None)                          # nothing to do
+
+
+def test_commit_through_a_symlink_keeps_the_link(tmp_path):
+    """A write through a link replaces the file it leads to (relative
+    links, chains of links, a dangling one), as open(2) and libnvio's
+    atomic open do; the links stay links."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "ck.pt").write_bytes(b"old")
+    os.symlink("real/ck.pt", tmp_path / "mid")            # relative to its directory
+    os.symlink(str(tmp_path / "mid"), tmp_path / "latest")
+    os.symlink("nowhere.pt", real / "dangling")
+    for link, target in ((tmp_path / "latest", real / "ck.pt"),
+                         (real / "dangling", real / "nowhere.pt")):
+        tmp = _atomic.create_temp(link)
+        assert os.path.dirname(tmp) == str(real)
+        with open(tmp, "wb") as f:
+            f.write(b"new")
+        _atomic.commit(tmp, link, durable=True)
+        assert os.path.islink(link) and target.read_bytes() == b"new"
+    assert os.path.islink(tmp_path / "mid")
+    os.symlink("loop", tmp_path / "loop")
+    with pytest.raises(OSError):
+        _atomic.follow_links(tmp_path / "loop")
