@@ -90,6 +90,29 @@ try:
         out["equal"] = bool(torch.equal(got["emb"], ref["emb"]) and torch.equal(got["base"], ref["base"])
                             and all(torch.equal(a, b) for a, b in zip(got["odd"], ref["odd"]))
                             and torch.equal(got["bf16"], ref["bf16"]))
+    elif mode == "subgroup":            # a group of global ranks 1 and 2 (a DP group in TP x DP)
+        sub = dist.new_group([1, 2])
+        if rank in (1, 2):
+            nvio.save(state(1), path, group=sub, timeout=30)
+            got = nvio.load(path, group=sub, share=True)
+            ref = state(1)
+            out["equal"] = bool(torch.equal(got["emb"], ref["emb"])
+                                and all(torch.equal(a, b) for a, b in zip(got["odd"], ref["odd"])))
+        dist.barrier()
+    elif mode == "ranky":               # the same tensors; non-tensor values of each rank's own
+        st = state(1)
+        st["who"] = "rank %d" % rank                  # same length, other bytes
+        st["tags"] = {"alpha", "beta", "gamma", "delta"}   # a set: order by hash seed
+        nvio.save(st, path, group=dist.group.WORLD, timeout=30)
+    elif mode == "dtype":               # the same sizes, another dtype on rank 1
+        st = state(1)
+        if rank == 1:
+            st["emb"] = st["emb"].view(torch.int32)
+        nvio.save(st, path, group=dist.group.WORLD)
+    elif mode == "versions":            # each rank given another version of the file
+        mine = os.path.join(d, "v%d.pt" % rank)
+        nvio.save(state(1 + rank), mine)
+        nvio.load(mine, group=dist.group.WORLD, share=True)
     elif mode == "writers1":
         nvio.save(state(1), path, group=dist.group.WORLD, writers_per_node=1)
     elif mode == "mismatch":            # a different layout: one more row on rank 1
@@ -217,6 +240,40 @@ def test_failures_fail_every_rank_and_keep_the_old_file(tmp_path, mode, word):
         assert re.search(r"\b[Rr]anks? 1\b", res[0]["error"]), res[0]   # named
     assert p.read_bytes() == before
     assert os.listdir(tmp_path) == ["ck.pt"]
+
+
+def test_load_over_a_subgroup(tmp_path):
+    """Save and load with share=True over a group of global ranks 1 and 2:
+    each share is broadcast from the global rank holding it."""
+    res, outs = run_ranks(3, tmp_path, "subgroup")
+    assert len(res) == 3 and all(r["ok"] for r in res.values()), outs
+    assert res[1]["equal"] and res[2]["equal"], res
+    same(expected_state(), torch.load(tmp_path / "ck.pt", weights_only=True))
+
+
+def test_non_tensor_values_may_differ_between_ranks(tmp_path):
+    """Ranks whose pickles differ where their tensors do not (a per-rank
+    string, a set ordered by each process's hash seed) save one file: rank
+    0's values, every rank's tensors."""
+    env = lambda r: dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED=str(r + 1))
+    res, outs = nvio_testutil.run_ranks(RANK_SCRIPT, 2, [tmp_path, "ranky"], 150, env)
+    assert len(res) == 2 and all(r["ok"] for r in res.values()), outs
+    got = torch.load(tmp_path / "ck.pt", weights_only=False)
+    assert got.pop("who") == "rank 0" and got.pop("tags") == {"alpha", "beta", "gamma", "delta"}
+    same(expected_state(), got)
+
+
+@pytest.mark.parametrize("mode,word", [("dtype", "differs"), ("versions", "different checkpoint")])
+def test_ranks_disagreeing_are_refused(tmp_path, mode, word):
+    """Storages of the same sizes but another dtype on one rank (a save),
+    or another version of the file on one rank (a load): refused on every
+    rank, naming the file."""
+    res, outs = run_ranks(2, tmp_path, mode)
+    assert len(res) == 2, outs
+    for r in res.values():
+        assert not r["ok"] and "CheckpointError" in r["error"] and word in r["error"], r
+    if mode == "dtype":
+        assert os.listdir(tmp_path) == []
 
 
 def test_shares_through_a_carrier_device(tmp_path):

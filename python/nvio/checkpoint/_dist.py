@@ -111,10 +111,22 @@ class _Group:
         self.timeout = timeout
         self.gloo = dist.get_backend(group) == "gloo"
 
+    #: set on rank 0 once the new file replaced the old one
+    committed = False
+
+    def outcome(self):
+        """What a failure leaves at the path."""
+        if self.committed:
+            return "the new checkpoint was committed before this"
+        if self.stage == "committing" and self.rank != 0:
+            return "rank 0 may have committed the new checkpoint before this"
+        return "the previous checkpoint (if any) is unchanged"
+
+    stage = None
+
     def fail(self, what, e):
-        return CheckpointError("nvio.save: %s: %s failed on rank %d: %s; the previous "
-                               "checkpoint (if any) is unchanged" % (self.path, what, self.rank, e),
-                               self.path)
+        return CheckpointError("nvio.save: %s: %s failed on rank %d: %s; %s"
+                               % (self.path, what, self.rank, e, self.outcome()), self.path)
 
     def gather(self, what, obj):
         """Every rank's obj, in rank order."""
@@ -157,13 +169,16 @@ def _writers(g, writers_per_node):
 
 
 def _digest(plan):
+    """What every rank's state must share with rank 0's for the ranks to
+    write shares of one file: its storages, in the order pickling met them,
+    with their sizes and dtypes. Not the pickle's bytes: rank 0's pickle is
+    the one written, and the ranks' may differ where the state does not
+    (each rank's "cuda:N" location tag, a set's order under hash
+    randomisation); the data offsets come from rank 0's layout."""
     h = hashlib.sha256()
-    for r in plan.layout.records:
-        if not r.name.endswith("/.data/serialization_id"):
-            h.update(r.name.encode() + b"\0%d\0%d\0" % (r.data_offset, r.size))
-    pkl = [b for n, b in plan.meta.items() if n.endswith("/data.pkl")][0]
-    h.update(pkl)
-    return h.hexdigest()
+    for (r, _), dtype in zip(plan.data, plan.dtypes):
+        h.update(b"%d %s\0" % (r.size, str(dtype).encode()))
+    return "%d:%s" % (len(plan.data), h.hexdigest())
 
 
 def _err_text(e):
@@ -180,19 +195,25 @@ def save_group(obj, path, group, *, durable=True, handle=None, align=DEFAULT_ALI
     plan = err = None
     try:
         plan = Plan(obj, path, align, pickle_protocol)
-        digest = (_digest(plan), plan.size)
+        digest = _digest(plan)
+        # rank 0's offsets and size are the file's: only its are sent
+        layout = ([r.data_offset for r, _ in plan.data], plan.size) if g.rank == 0 else None
     except Exception as e:  # noqa: BLE001 - every rank must hear of it
-        err, digest = _err_text(e), None
-    got = g.gather("laying out the checkpoint", (err, digest))
-    for r, (e, _) in enumerate(got):
+        err, digest, layout = _err_text(e), None, None
+    got = g.gather("laying out the checkpoint", (err, digest, layout))
+    for r, (e, _, _) in enumerate(got):
         if e:
             raise CheckpointError("nvio.save: %s: rank %d could not lay out the state: %s"
                                   % (path, r, e), path)
-    for r, (_, d) in enumerate(got):
+    for r, (_, d, _) in enumerate(got):
         if d != got[0][1]:
             raise CheckpointError("nvio.save: %s: the state on rank %d differs from rank 0's "
-                                  "(tensor sizes, dtypes or structure); a data-parallel save "
-                                  "needs the same state on every rank" % (path, r), path)
+                                  "(its tensors' storages, their sizes or dtypes); a "
+                                  "data-parallel save needs the same state on every rank"
+                                  % (path, r), path)
+    offsets, plan.size = got[0][2]
+    for (r, _), off in zip(plan.data, offsets):
+        r.data_offset = off
     writers = _writers(g, writers_per_node)
     if handle is None:
         from ._save import default_handle
@@ -299,12 +320,18 @@ def _write_share(g, plan, tmp, path, handle, writers, durable, af=None):
                     if durable:
                         f.sync()
                 _atomic.commit(tmp, path, durable)
+            g.committed = True
         except Exception as e:  # noqa: BLE001
+            # renamed, and then the directory's fsync failed: the new file is there
+            g.committed = af.committed if af is not None else not os.path.lexists(tmp)
             err = _err_text(e)
-    done = g.gather("committing", err)
-    if done[0]:
-        raise CheckpointError("nvio.save: %s: rank 0 could not commit the file: %s; the "
-                              "previous checkpoint (if any) is unchanged" % (path, done[0]), path)
+    g.stage = "committing"
+    done = g.gather("committing", (err, g.committed))
+    if done[0][0]:
+        raise CheckpointError("nvio.save: %s: rank 0 could not commit the file: %s; %s"
+                              % (path, done[0][0], "the new file replaced the old one but "
+                                 "may not be durable" if done[0][1] else
+                                 "the previous checkpoint (if any) is unchanged"), path)
     return None
 
 
@@ -329,33 +356,40 @@ def load_group(path, group, *, share="auto", **kwargs):
         file order, the same on every rank)."""
         entered.append(True)
         sizes = [e.size for _, e in reads]
-        _agree(g, "load: reading the pickle", None, (len(sizes), sum(sizes)))
+        # the same file on every rank: a save that replaced it between two
+        # ranks' opens would give each rank shares of another version
+        crcs = hashlib.sha256(b"".join(b"%d %d\0" % (e.size, e.crc) for _, e in reads))
+        _agree(g, "load: reading the pickle", None, (len(sizes), sum(sizes), crcs.hexdigest()))
         shares = split_shares(sizes, n)
+        lens = [sum(k for _, _, k in pieces) for pieces in shares]
         via = _carrier(dist.get_backend(group))
         if via == "cuda":
             via = torch.device("cuda", torch.cuda.current_device())
-        flats, err = [], None
-        for j, pieces in enumerate(shares):
-            flats.append((torch.empty(sum(k for _, _, k in pieces), dtype=torch.uint8), pieces))
+        err = own = other = None
         try:
-            flat, pieces = flats[g.rank]
+            # my share, and one buffer for each other rank's in turn
+            own = torch.empty(lens[g.rank], dtype=torch.uint8)
+            other = torch.empty(max([k for j, k in enumerate(lens) if j != g.rank] or [0]),
+                                dtype=torch.uint8)
             pos, vec = 0, []
-            for i, off, k in pieces:
-                vec.append((flat[pos:pos + k], reads[i][1].data_offset + off))
+            for i, off, k in shares[g.rank]:
+                vec.append((own[pos:pos + k], reads[i][1].data_offset + off))
                 pos += k
             _read_pieces(nf, vec)
         except Exception as e:  # noqa: BLE001 - every rank must hear of it
             err = _err_text(e)
         _agree(g, "load: reading the shares", err, None)
-        for j, (flat, pieces) in enumerate(flats):
+        for j, pieces in enumerate(shares):
+            flat = own if j == g.rank else other[:lens[j]]
+            src = dist.get_global_rank(group, j) if group is not None else j
             if flat.numel():
                 try:
                     if via is None:
-                        dist.broadcast(flat, src=j, group=group)
+                        dist.broadcast(flat, src=src, group=group)
                     else:               # NCCL carries CUDA tensors only
                         buf = flat.to(via) if j == g.rank else \
                             torch.empty(flat.shape, dtype=flat.dtype, device=via)
-                        dist.broadcast(buf, src=j, group=group)
+                        dist.broadcast(buf, src=src, group=group)
                         flat.copy_(buf)
                         del buf
                 except RuntimeError as e:

@@ -183,6 +183,7 @@ class _StorageIds:
         self.location = location       # every storage's location tag, if given
         self.keys = {}                 # storage._cdata -> key
         self.dtypes = {}               # data_ptr -> dtype
+        self.types = {}                # key -> the storage's dtype as first pickled
 
     def __call__(self, obj):
         cls = type(obj)
@@ -218,6 +219,7 @@ class _StorageIds:
         if key is None:
             key = self.keys[storage._cdata] = str(len(self.keys))
             self.storages[key] = storage
+            self.types[key] = dtype
         location = (str(fake) if fake is not None else self.location or
                     _device.location(storage))
         return ("storage", stype, key, location, numel)
@@ -257,7 +259,11 @@ class Plan:
         buf = io.BytesIO()
         try:
             with gc_paused():
-                _Pickler(buf, protocol, self.storages, location).dump(obj)
+                pickler = _Pickler(buf, protocol, self.storages, location)
+                pickler.dump(obj)
+                #: each storage's dtype (as its persistent id says), in key order
+                self.dtypes = list(pickler._ids.types.values())
+                del pickler
         except (pickle.PicklingError, TypeError, AttributeError, RuntimeError) as e:
             raise CheckpointError("nvio.save: %s: cannot pickle the object: %s"
                                   % (self.path, e), self.path) from e
