@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as _cf
+import copy as _copy
 import datetime
 import io
 import logging
@@ -290,9 +291,15 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
             alt = "%s%d.%s%s" % (prefix, n, _SPARE_TAG, _SUFFIX)
             if self.spare and not os.path.lexists(os.path.join(self.path, alt)):
                 return alt
-            if self._tag is None:
-                self._tag = secrets.token_hex(4)
-            name = "%s%d.%s%s" % (prefix, n, self._tag, _SUFFIX)
+            # a tag of this writer's may name a file of the live checkpoint
+            # (a reused writer: DCP resets it only with a checkpoint_id)
+            while True:
+                if self._tag is None:
+                    self._tag = secrets.token_hex(4)
+                name = "%s%d.%s%s" % (prefix, n, self._tag, _SUFFIX)
+                if not os.path.lexists(os.path.join(self.path, name)):
+                    break
+                self._tag = None
         return name
 
     def write_data(self, plan, planner):
@@ -394,6 +401,10 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
             if blob:
                 f.pwrite(blob, 0)
             f.commit()                  # the checkpoint exists from here on
+        if self.sync_files:
+            # the checkpoint's directory may be new (DCP made it): its entry
+            # must be as durable as its files
+            _atomic.fsync_dir(os.path.dirname(os.path.abspath(os.fspath(self.path))))
         # the directory is this checkpoint's: data files it does not use are
         # the replaced checkpoint's, or a failed save's
         keep = {s.relative_path for s in storage_md.values()}
@@ -422,6 +433,30 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
     def close(self):
         self._pool.clear()
 
+    def __getstate__(self):
+        # async_save with a process executor sends the writer to another
+        # process: the staging pool (a lock, locked memory) and the handle
+        # stay here; it makes its own
+        d = self.__dict__.copy()
+        d["_pool"] = None
+        d["handle"] = None
+        return d
+
+    def __setstate__(self, d):
+        self.__dict__.update(d)
+        self._pool = _StagingPool()
+
+
+_IMMUTABLE = frozenset((str, bytes, int, float, complex, bool, type(None), torch.dtype,
+                        torch.device, torch.Size))
+_warned_unlocked = []
+
+
+def _warn_unlocked(e):
+    if not _warned_unlocked:
+        _warned_unlocked.append(True)
+        _log.warning("nvio.dcp: async_save stages into memory that is not page-locked: %s", e)
+
 
 class _StagingPool:
     """Page-locked snapshot buffers: one per save between stage() and the
@@ -442,7 +477,13 @@ class _StagingPool:
                 b = None
         if b is None:
             from .handles import _locked_buffer
-            b = _locked_buffer(max(n, 4096), False)
+            try:
+                b = _locked_buffer(max(n, 4096), False)
+            except OSError as e:
+                # O_DIRECT needs aligned memory, not locked memory: past
+                # RLIMIT_MEMLOCK, page-aligned memory that is not locked
+                _warn_unlocked(e)
+                b = _locked_buffer(max(n, 4096), True)
         with self.lock:
             self.busy.append(b)
         return b
@@ -511,12 +552,19 @@ class _StagingPool:
             if isinstance(x, torch.Tensor):
                 return copy(x)
             if isinstance(x, dict):
-                return type(x)((k, walk(v)) for k, v in x.items())
+                out = _copy.copy(x)      # its type and attributes (a defaultdict's factory)
+                for k, v in x.items():
+                    out[k] = walk(v)
+                return out
             if isinstance(x, list):
                 return [walk(v) for v in x]
             if isinstance(x, tuple):
                 return tuple(walk(v) for v in x)
-            return x
+            if type(x) in _IMMUTABLE:
+                return x
+            # written after async_save returned: a snapshot, as DCP's stager
+            # takes (a numpy array, a bytearray, an RNG state)
+            return _copy.deepcopy(x)
         try:
             return walk(state_dict)
         except BaseException:
@@ -878,6 +926,15 @@ def _named(writer, e):
     return f if f is not None and f is not e else e
 
 
+def _group_of(process_group, kwargs):
+    """The group DCP saves over (the default one when none is given), for
+    the writer's checks that name a rank that died."""
+    if process_group is None and dist.is_available() and dist.is_initialized() \
+            and not kwargs.get("no_dist"):
+        return dist.group.WORLD
+    return process_group
+
+
 def save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
          process_group=None, **kwargs):
     """``dcp.save`` with nvio's :class:`FileSystemWriter` (on
@@ -887,7 +944,7 @@ def save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
     :class:`~nvio.checkpoint.CheckpointError` naming that rank (chained to
     the transport's error that ``dcp.save`` raises)."""
     w = storage_writer if storage_writer is not None else \
-        FileSystemWriter(checkpoint_id, process_group=process_group)
+        FileSystemWriter(checkpoint_id, process_group=_group_of(process_group, kwargs))
     if isinstance(w, FileSystemWriter):
         w.failure = None        # not a previous save's
     try:
@@ -905,7 +962,7 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=N
     """``dcp.async_save`` with nvio's writer, as :func:`save`: the returned
     future's exception names a rank that died (when DCP returns a future)."""
     w = storage_writer if storage_writer is not None else \
-        FileSystemWriter(checkpoint_id, process_group=process_group)
+        FileSystemWriter(checkpoint_id, process_group=_group_of(process_group, kwargs))
     if isinstance(w, FileSystemWriter):
         w.failure = None        # not a previous save's
     try:

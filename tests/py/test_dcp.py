@@ -436,6 +436,61 @@ def test_failed_save_leaves_the_old_checkpoint(tmp_path, monkeypatch):
     assert torch.equal(got["w"], old["w"]) and got["step"] == 1
 
 
+def test_reused_writer_never_writes_over_the_live_checkpoint(tmp_path, monkeypatch):
+    """One writer object reused without a checkpoint_id (DCP resets it
+    only with one): two saves that fail at the metadata after their data
+    files went in. The last good checkpoint still loads its own data."""
+    w = nd.FileSystemWriter(tmp_path)
+    for k in (1, 2):
+        save1({"w": torch.full((5000,), float(k))}, w)
+    real = nd.FileSystemWriter.finish
+
+    def no_metadata(self, metadata, results):
+        raise OSError(28, "No space left on device (injected)")
+    monkeypatch.setattr(nd.FileSystemWriter, "finish", no_metadata)
+    for k in (3, 4):
+        with pytest.raises(DCP_ERRORS, match="No space left"):
+            save1({"w": torch.full((5000,), float(k))}, w)
+    monkeypatch.setattr(nd.FileSystemWriter, "finish", real)
+    got = load1({"w": torch.zeros(5000)}, nd.FileSystemReader(tmp_path))
+    assert torch.equal(got["w"], torch.full((5000,), 2.0))
+
+
+def test_staging_snapshots_non_tensor_values_too(tmp_path):
+    """async_save's staging (stage()) copies what is written after it
+    returns: tensors, and mutable non-tensor values (a numpy array, a
+    bytearray), as DCP's own stager does; dict subclasses keep their type."""
+    import collections
+    np = pytest.importorskip("numpy")
+    w = nd.FileSystemWriter(tmp_path)
+    dd = collections.defaultdict(list, {"a": torch.ones(3)})
+    sd = {"t": torch.arange(6.0), "perm": np.arange(8), "log": bytearray(b"epoch 3"), "dd": dd,
+          "od": collections.OrderedDict(x=torch.zeros(2)), "n": 5}
+    staged = w.stage(sd)
+    sd["t"].fill_(-1)
+    sd["perm"][:] = -1
+    sd["log"][:] = b"epoch 4"
+    dd["a"].fill_(-1)
+    assert torch.equal(staged["t"], torch.arange(6.0)) and list(staged["perm"]) == list(range(8))
+    assert staged["log"] == b"epoch 3" and torch.equal(staged["dd"]["a"], torch.ones(3))
+    assert type(staged["dd"]) is collections.defaultdict and staged["dd"].default_factory is list
+    assert type(staged["od"]) is collections.OrderedDict and staged["n"] == 5
+    w.close()
+
+
+def test_writer_can_be_sent_to_another_process(tmp_path):
+    """async_save with a process executor pickles the writer: its staging
+    pool and handle stay behind, the copy makes its own and saves."""
+    import pickle
+    w = nd.FileSystemWriter(tmp_path, handle=nvio.AioHandle())
+    w.stage({"x": torch.ones(2)})
+    w2 = pickle.loads(pickle.dumps(w))
+    assert w2.handle is None and w2.path == w.path
+    sd = {"w": torch.randn(100)}
+    save1(sd, w2)
+    assert torch.equal(load1({"w": torch.zeros(100)}, nd.FileSystemReader(tmp_path))["w"], sd["w"])
+
+
 def test_non_contiguous_destination_goes_through_a_buffer(tmp_path):
     sd = {"w": torch.randn(64, 48)}
     save1(sd, nd.FileSystemWriter(tmp_path))
