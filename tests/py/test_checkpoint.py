@@ -198,6 +198,9 @@ def test_map_location_forms(tmp_path):
                lambda s, loc: s, lambda s, loc: None):
         same(obj, nvio.load(p, map_location=ml))
     same(obj, nvio.load(p, mmap=True))
+    for kw in ({"pin_memory": True}, {"verify": True}):     # nothing they could do
+        with pytest.raises(ValueError, match="mmap"):
+            nvio.load(p, mmap=True, **kw)
 
 
 def test_nvio_file_equals_torch_save_record_by_record(tmp_path):

@@ -530,9 +530,26 @@ def load(f, map_location=None, weights_only=True, mmap=False, *, handle=None,
     names (a device, a string, a dict of locations, or a callable as for
     torch.load). ``weights_only=True`` (the default) runs no arbitrary
     pickle code; ``weights_only=False`` trusts the file and reads each storage
-    as the unpickler asks for it. ``mmap=True`` is ``torch.load(mmap=True)``.
+    as the unpickler asks for it. ``mmap=True`` is ``torch.load(mmap=True)``
+    (``pin_memory`` and ``verify`` cannot go with it: ValueError).
     ``verify=True`` checks every record's CRC-32 too. ``f`` that is a file
     object is passed to ``torch.load``.
+
+    Two differences from ``torch.load`` to know:
+
+    - With ``weights_only=True``, the host tensors of a checkpoint whose
+      records lie densely in the file (nvio's and torch.save's) are read
+      with one read into ONE allocation, of which every storage is a slice:
+      that allocation is freed when the last tensor from it is. Keeping a
+      few tensors of a checkpoint (the model of a training checkpoint, say)
+      keeps the whole allocation: copy (``.clone()``) what you keep, or
+      load the parts from separate files.
+    - ``weights_only=True`` admits the same globals as torch's weights-only
+      unpickler (most checkpoints go through a faster unpickler admitting
+      only what torch.save writes for dense tensors and state dicts, the
+      rest through torch's) but not always the same pickle opcodes: a file
+      saved with ``pickle_protocol`` 3 or 4, which torch's refuses, loads.
+      No code runs either way.
 
     ``group`` (a torch.distributed process group; every rank calls load):
     with ``share=True`` each rank reads an equal share of the tensor bytes
@@ -566,6 +583,9 @@ def load_plain(f, map_location=None, weights_only=True, mmap=False, handle=None,
     verify = _nvio.check_flag(verify, "verify")
     path = os.fsdecode(f)
     if _nvio.check_flag(mmap, "mmap"):
+        if pin or verify:
+            raise ValueError("nvio.load: %s: mmap=True maps the file as it is: pin_memory "
+                             "and verify cannot go with it" % path)
         return _torch_load(path, map_location, weights_only, True)
     if handle is None:
         from ._save import default_handle
