@@ -324,11 +324,22 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
         return fut
 
     def _write_files(self, prefix, buckets, planner):
+        """Write and commit the data files, FILES_AT_ONCE open at a time (a
+        file per item can mean thousands: the descriptor limit). Files
+        committed before a failure are referenced by no metadata; the next
+        save's finish removes them."""
+        results = []
+        for first in range(0, len(buckets), FILES_AT_ONCE):
+            results += self._write_some(prefix, first, buckets[first:first + FILES_AT_ONCE],
+                                        planner)
+        return results
+
+    def _write_some(self, prefix, first, some, planner):
         h = _handle(self.handle)
         flags = atomic_flags(self.sync_files, self.spare)
         files, results = [], []
         try:
-            for n, items in enumerate(buckets):
+            for n, items in enumerate(some, first):
                 name = self._file_name(prefix, n)
                 path = os.path.join(self.path, name)
                 images, size = _layout_file(items, planner.resolve_data, path, self.align,
@@ -369,7 +380,10 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
         if dist.get_backend(g) != "gloo":
             return
         t = self.timeout
-        if t is not None and not isinstance(t, datetime.timedelta):
+        if t is None:
+            from .checkpoint._dist import group_timeout
+            t = group_timeout(g)
+        elif not isinstance(t, datetime.timedelta):
             t = datetime.timedelta(seconds=t)
         try:
             dist.monitored_barrier(g, timeout=t, wait_all_ranks=True)
@@ -427,7 +441,13 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
         copies are released in order by this writer's write_data calls (DCP
         runs async saves one after another): do not use the same writer
         object for a plain dcp.save while an async save it staged is
-        pending."""
+        pending. A state holding tensors of other kinds (a ShardedTensor of
+        FSDP1's sharded state dicts, a tensor subclass) is staged by DCP's
+        own stager."""
+        if _foreign_tensors(state_dict):
+            snap = BlockingAsyncStager.stage(self, state_dict)
+            self._pool.hold(None)       # write_data releases one staged save
+            return snap
         return self._pool.stage(state_dict)
 
     def close(self):
@@ -446,6 +466,9 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
         self.__dict__.update(d)
         self._pool = _StagingPool()
 
+
+#: Data files a writer or reader holds open at a time.
+FILES_AT_ONCE = 64
 
 _IMMUTABLE = frozenset((str, bytes, int, float, complex, bool, type(None), torch.dtype,
                         torch.device, torch.Size))
@@ -484,14 +507,21 @@ class _StagingPool:
                 # RLIMIT_MEMLOCK, page-aligned memory that is not locked
                 _warn_unlocked(e)
                 b = _locked_buffer(max(n, 4096), True)
-        with self.lock:
-            self.busy.append(b)
+        self.hold(b)
         return b
+
+    def hold(self, buf):
+        """buf (None: a save staged elsewhere) is in use until the
+        release_oldest of its write_data."""
+        with self.lock:
+            self.busy.append(buf)
 
     def release_oldest(self):
         with self.lock:
             if self.busy:
-                self.free.append(self.busy.popleft())
+                b = self.busy.popleft()
+                if b is not None:
+                    self.free.append(b)
 
     def clear(self):
         with self.lock:
@@ -586,6 +616,18 @@ def _local(t):
     return t._local_tensor if _is_dtensor(t) else t
 
 
+def _foreign_tensors(x):
+    """Whether a state holds tensors the staging pool does not copy: other
+    than plain tensors, parameters and DTensors."""
+    if isinstance(x, torch.Tensor):
+        return type(x) not in (torch.Tensor, torch.nn.Parameter) and not _is_dtensor(x)
+    if isinstance(x, dict):
+        return any(_foreign_tensors(v) for v in x.values())
+    if isinstance(x, (list, tuple)):
+        return any(_foreign_tensors(v) for v in x)
+    return False
+
+
 # --- reading ---------------------------------------------------------------
 
 
@@ -662,14 +704,17 @@ class FileSystemReader(_fs.FileSystemReader):
                                 "e.g. %r): the checkpoint is incomplete"
                                 % (name, len(reqs), fqns[0]))
         h = _handle(self.handle)
-        files = {}
-        try:
-            for name in per_file:
-                files[name] = h.open(os.path.join(self.path, name), _nvio.FILE_READ)
-            self._read(files, per_file, planner)
-        finally:
-            for f in files.values():
-                f.close()
+        names = list(per_file)
+        for first in range(0, len(names), FILES_AT_ONCE):   # the descriptor limit
+            some = {name: per_file[name] for name in names[first:first + FILES_AT_ONCE]}
+            files = {}
+            try:
+                for name in some:
+                    files[name] = h.open(os.path.join(self.path, name), _nvio.FILE_READ)
+                self._read(files, some, planner)
+            finally:
+                for f in files.values():
+                    f.close()
         fut = Future()
         fut.set_result(None)
         return fut

@@ -113,6 +113,11 @@ try:
         mine = os.path.join(d, "v%d.pt" % rank)
         nvio.save(state(1 + rank), mine)
         nvio.load(mine, group=dist.group.WORLD, share=True)
+    elif mode == "timeouts":            # the waits that name ranks use the group's timeout
+        sub = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=7))
+        out["world"] = _dist._Group(dist.group.WORLD, path, None).timeout.total_seconds()
+        out["sub"] = _dist._Group(sub, path, None).timeout.total_seconds()
+        out["given"] = _dist._Group(sub, path, datetime.timedelta(seconds=3)).timeout.total_seconds()
     elif mode == "writers1":
         nvio.save(state(1), path, group=dist.group.WORLD, writers_per_node=1)
     elif mode == "mismatch":            # a different layout: one more row on rank 1
@@ -274,6 +279,15 @@ def test_ranks_disagreeing_are_refused(tmp_path, mode, word):
         assert not r["ok"] and "CheckpointError" in r["error"] and word in r["error"], r
     if mode == "dtype":
         assert os.listdir(tmp_path) == []
+
+
+def test_waits_use_the_groups_timeout(tmp_path):
+    """A rank that never comes is named after the group's own timeout (60 s
+    for the world here, 7 s for a subgroup), not torch's 30-minute default
+    of monitored_barrier; a timeout given to the call wins."""
+    res, outs = run_ranks(1, tmp_path, "timeouts")
+    assert res[0]["ok"], outs
+    assert (res[0]["world"], res[0]["sub"], res[0]["given"]) == (60, 7, 3), res
 
 
 def test_shares_through_a_carrier_device(tmp_path):

@@ -491,6 +491,59 @@ def test_writer_can_be_sent_to_another_process(tmp_path):
     assert torch.equal(load1({"w": torch.zeros(100)}, nd.FileSystemReader(tmp_path))["w"], sd["w"])
 
 
+def test_a_file_per_item_beyond_the_descriptor_limit(tmp_path):
+    """single_file_per_rank=False with more items than the process may
+    open files at once: written and read in groups, both ways equal."""
+    import resource
+    sd = {"t%d" % i: torch.full((7,), float(i)) for i in range(300)}
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = len(os.listdir("/proc/self/fd")) + 150
+    resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+    try:
+        save1(sd, nd.FileSystemWriter(tmp_path, single_file_per_rank=False))
+        got = load1({k: torch.zeros(7) for k in sd}, nd.FileSystemReader(tmp_path))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert sum(n.endswith(".distcp") for n in os.listdir(tmp_path)) == 300
+    assert all(torch.equal(got[k], sd[k]) for k in sd)
+
+
+SHARDED_SCRIPT = r"""
+import datetime, json, sys, warnings
+warnings.simplefilter("ignore")
+import torch, torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed._shard.sharded_tensor import Shard, ShardMetadata, init_from_local_shards
+import nvio.dcp as nd
+rank, world, port, d = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % port, rank=0, world_size=1,
+                        timeout=datetime.timedelta(seconds=60))
+local = torch.arange(12.0).reshape(4, 3)
+st = init_from_local_shards([Shard(local, ShardMetadata([0, 0], [4, 3], "rank:0/cpu"))], [4, 3])
+w = nd.FileSystemWriter(d)
+staged = w.stage({"st": st, "x": torch.ones(2)})
+local.fill_(-1)
+out = {"rank": 0, "snapshot": staged["st"].local_shards()[0].tensor.tolist()}
+local.copy_(torch.arange(12.0).reshape(4, 3))
+nd.async_save({"st": st}, checkpoint_id=d + "/a").result(60)
+dst = torch.zeros(4, 3)
+got = init_from_local_shards([Shard(dst, ShardMetadata([0, 0], [4, 3], "rank:0/cpu"))], [4, 3])
+dcp.load({"st": got}, checkpoint_id=d + "/a")
+out["loaded"] = dst.tolist()
+print(json.dumps(out), flush=True)
+"""
+
+
+def test_sharded_tensors_are_staged_by_dcps_stager(tmp_path):
+    """FSDP1's sharded state dicts hold ShardedTensors (tensor subclasses
+    without storage): async_save stages them as DCP does, and the
+    snapshot keeps the values at the call."""
+    res, outs = nvio_testutil.run_ranks(SHARDED_SCRIPT, 1, [tmp_path], 120)
+    assert 0 in res, outs
+    want = torch.arange(12.0).reshape(4, 3).tolist()
+    assert res[0]["snapshot"] == want and res[0]["loaded"] == want, res
+
+
 def test_non_contiguous_destination_goes_through_a_buffer(tmp_path):
     sd = {"w": torch.randn(64, 48)}
     save1(sd, nd.FileSystemWriter(tmp_path))

@@ -99,6 +99,17 @@ def _bisect(starts, sizes, pos):
     return None
 
 
+def group_timeout(group):
+    """The timeout ``group`` was made with (a timedelta), for the waits
+    that name missing ranks (monitored_barrier's own default is torch's 30
+    minutes, whatever the group's); None where torch does not say."""
+    try:
+        g = group if group is not None else dist.group.WORLD
+        return g._get_backend(torch.device("cpu")).options._timeout
+    except Exception:   # noqa: BLE001 - a private detail of torch: best effort
+        return None
+
+
 class _Group:
     """Collectives on a process group, every failure a CheckpointError that
     names the file, the step and (where the backend can tell) the ranks."""
@@ -108,7 +119,7 @@ class _Group:
         self.path = path
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
-        self.timeout = timeout
+        self.timeout = timeout if timeout is not None else group_timeout(group)
         self.gloo = dist.get_backend(group) == "gloo"
 
     #: set on rank 0 once the new file replaced the old one
