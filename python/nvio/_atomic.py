@@ -47,8 +47,7 @@ def follow_links(path):
 
 def create_temp(path, size=0):
     """Create a temporary for path (where its links lead) exclusively and
-    return its name; with ``size``, lay it out (``posix_fallocate``, or a
-    sparse ``ftruncate`` where the file system has no fallocate)."""
+    return its name; with ``size``, lay it out (:func:`_allocate`)."""
     d, base = os.path.split(os.path.abspath(follow_links(path)))
     try:
         _nvio.clean_temporaries(d, base)
@@ -75,13 +74,16 @@ def create_temp(path, size=0):
     return tmp
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+_fallocate = _libc.fallocate
+_fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+
+
 def _allocate(fd, size):
     """fallocate(2) the first size bytes of fd, or (a file system without
     it) a sparse ftruncate. Not posix_fallocate, which glibc emulates there
     by writing a byte into every block."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    if libc.fallocate(fd, 0, 0, size) == 0:
+    if _fallocate(fd, 0, 0, size) == 0:
         return
     e = ctypes.get_errno()
     if e not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):

@@ -121,9 +121,8 @@ class _Group:
         self.size = dist.get_world_size(group)
         self.timeout = timeout if timeout is not None else group_timeout(group)
         self.gloo = dist.get_backend(group) == "gloo"
-
-    #: set on rank 0 once the new file replaced the old one
-    committed = False
+        self.committed = False      # rank 0: the new file replaced the old one
+        self.stage = None           # "committing": rank 0 may have committed
 
     def outcome(self):
         """What a failure leaves at the path."""
@@ -132,8 +131,6 @@ class _Group:
         if self.stage == "committing" and self.rank != 0:
             return "rank 0 may have committed the new checkpoint before this"
         return "the previous checkpoint (if any) is unchanged"
-
-    stage = None
 
     def fail(self, what, e):
         return CheckpointError("nvio.save: %s: %s failed on rank %d: %s; %s"
