@@ -1,0 +1,306 @@
+"""How nvio.data reads: one file per process, the direct-or-cached choice,
+and a batch as ONE vectored submission into one buffer.
+
+Deciding is separate from doing: :func:`plan_lanes` (pure) orders a batch's
+byte ranges into lanes of increasing, non-overlapping ranges, the form a
+vectored read with per-piece offsets takes (nvio_file_preadv with
+NVIO_OFFSET_PER_IOV); :class:`PendingBatch` hands every lane to libnvio in
+one ``submit`` (one op per lane, all in flight at once, the pieces at the
+handle's queue depth) and waits for their futures.
+"""
+import ctypes
+import errno as _errno
+import heapq
+import mmap
+import os
+
+import numpy as np
+
+import nvio
+from nvio import _nvio
+
+from ._errors import DataReadError
+
+#: Default requests in flight (the handle's queue_depth).
+QUEUE_DEPTH = 128
+#: Default request size: samples are small; staging is block_size * depth.
+BLOCK_SIZE = 128 << 10
+#: Page cache kept free beyond the dataset before it is read cached.
+MARGIN = 256 << 20
+
+
+# --- direct or cached --------------------------------------------------------
+
+
+def _meminfo_available():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("no MemAvailable in /proc/meminfo")
+
+
+def _read_int(path):
+    with open(path) as f:
+        v = f.read().strip()
+    return None if v == "max" else int(v)
+
+
+def _cgroup_room():
+    """(bytes this process's memory cgroup can still charge, where the limit
+    is), or (None, why) without a limit. Walks up to the tightest ancestor
+    with a limit; cgroup v2 (memory.max) and v1 (memory.limit_in_bytes, which
+    charges the page cache too)."""
+    best = (None, "no memory cgroup limit")
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        return None, "/proc/self/cgroup: %s" % e
+    for line in lines:
+        _, ctrl, rel = line.split(":", 2)
+        if ctrl == "":
+            root, lim, use = "/sys/fs/cgroup", "memory.max", "memory.current"
+        elif "memory" in ctrl.split(","):
+            root, lim, use = "/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes"
+        else:
+            continue
+        d = os.path.join(root, rel.lstrip("/"))
+        while d.startswith(root):
+            try:
+                limit = _read_int(os.path.join(d, lim))
+                usage = _read_int(os.path.join(d, use))
+            except (OSError, ValueError):
+                limit = None
+            if limit is not None and limit < (1 << 60):
+                room = max(0, limit - usage)
+                if best[0] is None or room < best[0]:
+                    best = (room, "%s/%s" % (d, lim))
+            if d == root:
+                break
+            d = os.path.dirname(d)
+    return best
+
+
+def cached_bytes(path):
+    """Bytes of path in the page cache now (mincore of a read-only mapping;
+    0 where that cannot be checked)."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                return 0
+            m = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
+    except (OSError, ValueError):
+        return 0
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+        page = mmap.PAGESIZE
+        vec = ctypes.create_string_buffer((size + page - 1) // page)
+        view = np.frombuffer(m, dtype=np.uint8)
+        try:
+            if libc.mincore(view.ctypes.data, size, vec) != 0:
+                return 0
+        finally:
+            del view
+        return int(np.count_nonzero(np.frombuffer(vec.raw, np.uint8) & 1)) * page
+    except (OSError, AttributeError, TypeError):
+        return 0
+    finally:
+        m.close()
+
+
+def choose_direct(direct, paths_sizes):
+    """(use O_DIRECT, why) for a dataset of [(path, bytes)].
+
+    direct=True/"on": O_DIRECT; False/"off": the page cache. "auto": the
+    page cache when the whole dataset, less what of it is cached already,
+    plus MARGIN fits in the memory this process can still use for page cache
+    (min of MemAvailable and its memory cgroup's room: limit - usage, whose
+    usage counts the cached part); else O_DIRECT, so that random samples do
+    not evict each other and the model's memory (a cgroup charges the page
+    cache) and no readahead reads bytes nobody asked for."""
+    if direct in (True, "on", 1):
+        return True, "direct=on"
+    if direct in (False, "off", 0):
+        return False, "direct=off"
+    if direct not in ("auto", None):
+        raise ValueError("nvio.data: direct must be True, False or 'auto', not %r" % (direct,))
+    total = sum(n for _, n in paths_sizes)
+    cached = sum(min(cached_bytes(p), n) for p, n in paths_sizes)
+    try:
+        avail = _meminfo_available()
+    except OSError as e:
+        return True, "O_DIRECT: the memory free for page cache is unknown (%s)" % e
+    room, where = _cgroup_room()
+    room = avail if room is None else min(avail, room + cached)
+    need = total - cached + MARGIN
+    gib = lambda v: "%.2f GiB" % (v / 2**30)
+    why = "%s: %s to read (%s of %s cached) + %s margin %s %s of room (MemAvailable %s, %s)" % (
+        "page cache" if need <= room else "O_DIRECT", gib(total - cached), gib(cached), gib(total),
+        gib(MARGIN), "fit in" if need <= room else "exceed", gib(room), gib(avail), where)
+    return need > room, why
+
+
+# --- one file per process ------------------------------------------------------
+
+
+class Source:
+    """A file nvio.data reads, opened on first use in each process: a forked
+    or spawned DataLoader worker opens its own handle (a parent's handle is
+    never used in a child: libnvio refuses it there)."""
+
+    def __init__(self, path, *, engine="auto", direct=False, queue_depth=QUEUE_DEPTH,
+                 block_size=BLOCK_SIZE, gds=False):
+        self.path = os.fspath(path)
+        self.size = os.path.getsize(self.path)
+        self.engine = engine
+        self.direct = bool(direct)
+        self.queue_depth = queue_depth
+        self.block_size = block_size
+        self.gds = gds
+        self._pid = None
+        self._handle = None
+        self._file = None
+
+    def __getstate__(self):
+        s = dict(self.__dict__)
+        s.update(_pid=None, _handle=None, _file=None)
+        return s
+
+    def file(self):
+        """This process's open file (an nvio File of its own handle)."""
+        if self._pid != os.getpid():
+            cls = nvio.GdsHandle if self.gds else nvio.AioHandle
+            h = cls(block_size=self.block_size, queue_depth=self.queue_depth,
+                    engine=self.engine, direct="on" if self.direct else "off")
+            f = h.open(self.path)
+            if f.size != self.size:
+                size, f_size = self.size, f.size
+                f.close()
+                h.close()
+                raise DataReadError("%s changed size since the dataset was opened: %d bytes, "
+                                    "was %d" % (self.path, f_size, size), self.path,
+                                    errno=_errno.ESTALE)
+            self._handle, self._file, self._pid = h, f, os.getpid()
+        return self._file
+
+    @property
+    def handle(self):
+        self.file()
+        return self._handle
+
+    def close(self):
+        if self._pid == os.getpid() and self._handle is not None:
+            self._file.close()
+            self._handle.close()
+        self._pid = self._handle = self._file = None
+
+
+# --- a batch ---------------------------------------------------------------------
+
+
+def plan_lanes(offsets, nbytes):
+    """Split ranges [offsets[i], offsets[i] + nbytes[i]) into lanes: lists
+    of positions i whose ranges rise and do not overlap (a vectored read
+    with per-piece offsets takes nothing else). Empty ranges are left out.
+    Disjoint ranges (random samples of a large corpus) make one lane;
+    overlapping ones (windows that share tokens) are read once per lane."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    nbytes = np.asarray(nbytes, dtype=np.int64)
+    keep = np.flatnonzero(nbytes > 0)
+    order = keep[np.argsort(offsets[keep], kind="stable")]
+    if order.size == 0:
+        return []
+    so = offsets[order]
+    se = so + nbytes[order]
+    if order.size == 1 or np.all(so[1:] >= np.maximum.accumulate(se)[:-1]):
+        return [order.tolist()]
+    lanes, ends = [], []            # ends: a heap of (end of lane, lane number)
+    for i, a, b in zip(order.tolist(), so.tolist(), se.tolist()):
+        if ends and ends[0][0] <= a:
+            _, k = heapq.heappop(ends)
+        else:
+            k = len(lanes)
+            lanes.append([])
+        lanes[k].append(i)
+        heapq.heappush(ends, (b, k))
+    return lanes
+
+
+def _piece_maker(buf):
+    """A function (start, n) -> a buffer nvio reads into: memoryview slices
+    of host memory, tensor slices of device memory."""
+    if hasattr(buf, "data_ptr"):
+        return lambda s, n: buf[s:s + n]
+    mv = memoryview(buf).cast("B")
+    return lambda s, n: mv[s:s + n]
+
+
+class PendingBatch:
+    """A batch in flight: every lane submitted at once (one nvio submit);
+    :meth:`wait` returns once all have landed or raises DataReadError
+    naming the file, the samples and their byte ranges."""
+
+    def __init__(self, source, samples, offsets, nbytes, slots, buf, finish):
+        self.source = source
+        self.samples = samples
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+        self.nbytes = np.asarray(nbytes, dtype=np.int64)
+        self.buf = buf
+        self._finish = finish
+        self._result = None
+        f = source.file()
+        piece = _piece_maker(buf)
+        self.lanes = plan_lanes(self.offsets, self.nbytes)
+        ops = []
+        for lane in self.lanes:
+            vec = [(piece(int(slots[i]), int(self.nbytes[i])), int(self.offsets[i])) for i in lane]
+            for j in range(0, len(vec), _nvio.MAX_IOV):
+                ops.append((_nvio.OP_READ, f, vec[j:j + _nvio.MAX_IOV], _nvio.OFFSET_PER_IOV,
+                            lane[j:j + _nvio.MAX_IOV]))
+        try:
+            self.futures = nvio.completions(source.handle).submit(ops) if ops else []
+        except nvio.NvioError as e:
+            self.futures = []
+            raise self._error(e, ops[0][4] if ops else []) from e
+
+    def done(self):
+        return all(f.done() for f in self.futures)
+
+    def wait(self):
+        """The batch (what the dataset makes of the filled buffer)."""
+        if self._result is None:
+            err = None
+            for fut in self.futures:
+                e = fut.exception()
+                if e is not None and err is None:
+                    err = self._error(e, fut.user_data)
+                    cause = e
+            if err is not None:
+                raise err from cause
+            self._result = self._finish(self.buf)
+            self.futures = []
+        return self._result
+
+    def _error(self, e, lane):
+        where = []
+        lo, hi = getattr(e, "offset", None), None
+        if lo is not None and getattr(e, "nbytes", None):
+            hi = lo + e.nbytes
+        hits = [i for i in lane if hi is None or
+                (self.offsets[i] < hi and self.offsets[i] + self.nbytes[i] > lo)] or list(lane)
+        for i in hits[:4]:
+            where.append("sample %s (bytes %d..%d)" % (self.samples[i], self.offsets[i],
+                                                        self.offsets[i] + self.nbytes[i]))
+        more = " and %d more" % (len(hits) - 4) if len(hits) > 4 else ""
+        first = hits[0] if hits else None
+        msg = "nvio.data: reading %s%s of %s failed: %s" % (
+            ", ".join(where) or "a batch", more, self.source.path,
+            getattr(e, "strerror", None) or e)
+        return DataReadError(msg, self.source.path,
+                             sample=None if first is None else self.samples[first],
+                             offset=None if first is None else int(self.offsets[first]),
+                             nbytes=None if first is None else int(self.nbytes[first]),
+                             errno=getattr(e, "errno", None))
