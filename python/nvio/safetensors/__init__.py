@@ -9,6 +9,12 @@
     nst.load_into(model, "llama/")                    # in place, no 2nd copy
     for name, t in nst.stream("llama/", window_bytes=1 << 30): ...
     model = nst.from_pretrained(AutoModelForCausalLM, "llama/")
+    nst.save_model(model, "m.safetensors")            # tied weights saved once
+    from nvio.safetensors import numpy as nst_np      # NumPy arrays, same files
+
+``nvio.safetensors.torch`` and ``nvio.safetensors.numpy`` hold the names of
+``safetensors.torch`` and ``safetensors.numpy``; safetensors' own test
+suite passes with them in its place (tests/peers/safetensors_suite.py).
 
 Same arguments, results and files as the safetensors library
 (``safetensors.torch``); nvio's additions are keyword-only. Malformed files
@@ -20,7 +26,8 @@ from ._format import DTYPES, MAX_HEADER, SafetensorsError
 from ._hf import from_pretrained
 from ._io import load, load_file, save, save_file
 from ._lazy import safe_open
+from ._model import load_model, save_model
 
-__all__ = ["load_file", "load", "save_file", "save", "safe_open", "load_model_dir",
-           "load_into", "stream", "from_pretrained", "SafetensorsError", "DTYPES",
-           "MAX_HEADER"]
+__all__ = ["load_file", "load", "save_file", "save", "safe_open", "load_model", "save_model",
+           "load_model_dir", "load_into", "stream", "from_pretrained", "SafetensorsError",
+           "DTYPES", "MAX_HEADER"]

@@ -11,14 +11,15 @@ from __future__ import annotations
 import collections
 import json
 import os
+import stat
 
 import torch
 
 from .. import _nvio
 from ..checkpoint._save import default_handle
 from ._format import SafetensorsError, _Dup, _no_dups
-from ._io import (_path, check_torch, pin_flag, read_header, read_runs, runs, submit_run,
-                  target_device, tensors_of_runs, view, wait_all)
+from ._io import (_kind, _open_error, _path, check_torch, open_file, pin_flag, read_header,
+                  read_runs, runs, submit_run, target_device, tensors_of_runs, view, wait_all)
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -30,15 +31,32 @@ def _err(path, msg):
     return SafetensorsError("nvio.safetensors: %s: %s" % (path, msg), path)
 
 
+def _read_index(index_path):
+    """The bytes of an index file: a regular file of at most MAX_INDEX
+    bytes. Opened without blocking and checked before reading, so that a
+    FIFO, a device or a directory in its place is an error, never a hang."""
+    try:
+        fd = os.open(index_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise _open_error(e, index_path) from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _err(index_path, "the index is not a regular file (%s)" % _kind(st.st_mode))
+        if st.st_size > MAX_INDEX:
+            raise _err(index_path, "index file of %d bytes is over the limit of %d"
+                       % (st.st_size, MAX_INDEX))
+        return f.read(MAX_INDEX + 1)
+
+
 def _index_shards(index_path, root):
     """[shard path] (sorted) and {tensor: shard path} from an index file."""
+    raw = _read_index(index_path)
+    if len(raw) > MAX_INDEX:
+        raise _err(index_path, "index file grew past the limit of %d bytes while read"
+                   % MAX_INDEX)
     try:
-        size = os.path.getsize(index_path)
-        if size > MAX_INDEX:
-            raise _err(index_path, "index file of %d bytes is over the limit of %d"
-                       % (size, MAX_INDEX))
-        with open(index_path, "rb") as f:
-            obj = json.loads(f.read().decode("utf-8"), object_pairs_hook=_no_dups)
+        obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_dups)
     except _Dup as e:
         raise _err(index_path, "names %r twice" % (e.args[0],)) from None
     except (ValueError, RecursionError) as e:
@@ -101,7 +119,7 @@ class _Shards:
     def __enter__(self):
         try:
             for p in self.paths:
-                self.files[p] = f = self.h.open(p, _nvio.FILE_READ)
+                self.files[p] = f = open_file(self.h, p, _nvio.FILE_READ)
                 self.headers[p] = read_header(f, p)
                 check_torch(self.headers[p], p)
             _check_index(self.where, self.headers)

@@ -16,6 +16,7 @@ file as it was.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 
 import torch
@@ -26,6 +27,7 @@ from ..checkpoint._plan import u8
 from ..checkpoint._save import atomic_flags, default_handle, reserve_space, write_device
 from ._format import (BY_TORCH, PACKED, PREFIX, SafetensorsError, header_length, layout,
                       parse_header)
+from ._shared import shared_groups
 
 #: Bytes of a file read with the length prefix in one go (most headers fit).
 FIRST_READ = 64 << 10
@@ -42,6 +44,74 @@ def _path(filename):
         raise TypeError("nvio.safetensors: filename must be a path (str, bytes or "
                         "os.PathLike), not %s" % type(filename).__name__)
     return os.fsdecode(filename)
+
+
+#: safetensors' ``backend`` values. nvio never maps a file: both read
+#: through libnvio; what each means for nvio is in :func:`check_backend`.
+BACKENDS = ("mmap", "pread")
+
+
+def check_backend(backend):
+    """The ``backend`` argument as safetensors 0.8 takes it: "mmap" (its
+    default) or "pread"; anything else is refused as safetensors refuses it
+    (TypeError for a non-str, SafetensorsError, a SafetensorError, for an
+    unknown name). Neither changes how nvio reads the file (libnvio reads
+    it, never mapping it); in load_file "pread" gives each tensor memory of
+    its own (as ``copy=True``), "mmap" makes them views into buffers shared
+    by runs of tensors."""
+    if not isinstance(backend, str):
+        raise TypeError("nvio.safetensors: backend must be a str (%s), not %s"
+                        % (" or ".join(map(repr, BACKENDS)), type(backend).__name__))
+    if backend not in BACKENDS:
+        raise SafetensorsError("nvio.safetensors: backend %r is not one of %s"
+                               % (backend, ", ".join(map(repr, BACKENDS))))
+    return backend
+
+
+_OPEN_ERRORS = {}
+
+
+def _open_error(e, path):
+    """An OSError of e's own class (FileNotFoundError, PermissionError, and
+    nvio's NvioError subclasses of them) whose message is what went wrong
+    and the path, as safetensors words it ("No such file or directory:
+    PATH"), with errno and filename set. libnvio's own message for a failed
+    open describes it as an I/O op of 0 bytes at offset 0."""
+    what = os.strerror(e.errno)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = stat.S_IFREG
+    if not stat.S_ISREG(mode):
+        what += " (%s, not a regular file)" % _kind(mode)
+    cls = type(e)
+    sub = _OPEN_ERRORS.get(cls)
+    if sub is None:
+        sub = type(cls.__name__, (cls,), {
+            "__str__": lambda self: "%s: %s" % (self.strerror, self.filename),
+            "__module__": cls.__module__})
+        _OPEN_ERRORS[cls] = sub
+    return sub(e.errno, what, path)
+
+
+def _kind(mode):
+    """What a file of this st_mode is, in words."""
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "file type %o" % stat.S_IFMT(mode)
+
+
+def open_file(h, path, flags):
+    """h.open(path, flags); a failure to open raises :func:`_open_error`."""
+    try:
+        return h.open(path, flags)
+    except OSError as e:
+        if not e.errno:
+            raise
+        raise _open_error(e, path) from None
 
 
 def target_device(device, path=None):
@@ -216,7 +286,8 @@ def pin_flag(pin_memory):
     return None if pin_memory is None else _nvio.check_flag(pin_memory, "pin_memory")
 
 
-def load_file(filename, device="cpu", *, copy=False, pin_memory=None, handle=None):
+def load_file(filename, device="cpu", *, backend="mmap", copy=False, pin_memory=None,
+              handle=None):
     """Load a safetensors file like ``safetensors.torch.load_file``: a dict
     of tensors in file order.
 
@@ -229,18 +300,22 @@ def load_file(filename, device="cpu", *, copy=False, pin_memory=None, handle=Non
     huge-page memory, page-locked where RLIMIT_MEMLOCK allows (None, the
     default), memory that must be locked (True, else an error naming the
     limit), or private swappable memory (False).
+    ``backend``: safetensors' argument, "mmap" (the default: runs of tensors
+    share buffers, as above) or "pread" (each tensor in memory of its own,
+    as ``copy=True``); libnvio reads the file either way and never maps it.
     ``handle``: the :class:`nvio.AioHandle` to use (by default the one
     shared by nvio's checkpoint functions). Every malformed file raises
     :class:`SafetensorsError` naming the file and the tensor.
     """
     path = _path(filename)
+    pread = check_backend(backend) == "pread"
     h = handle if handle is not None else default_handle()
-    with h.open(path, _nvio.FILE_READ) as f:
+    with open_file(h, path, _nvio.FILE_READ) as f:
         header = read_header(f, path)
         check_torch(header, path)
         dev = target_device(device, path)
         pin = pin_flag(pin_memory)
-        if _nvio.check_flag(copy, "copy"):
+        if _nvio.check_flag(copy, "copy") or pread:
             return read_owned(f, header, dev, pin)
         futs = []
         try:
@@ -269,74 +344,46 @@ def load(data, *, device="cpu"):
 # --- saving -------------------------------------------------------------------
 
 
-def _storage_ptr(t):
-    try:
-        return t.untyped_storage().data_ptr()
-    except (NotImplementedError, RuntimeError):
-        return 0
-
-
-def _end(t):
-    return t.data_ptr() + t.numel() * t.element_size()
-
-
-def _shared_groups(tensors):
-    """Names of tensors whose bytes overlap (the safetensors library's rule:
-    same device and storage, and overlapping byte ranges)."""
-    by_storage = {}
-    for k, v in tensors.items():
-        if v.device.type == "meta":
-            continue
-        ptr = _storage_ptr(v)
-        n = v.untyped_storage().nbytes() if ptr else 0
-        if ptr and n:
-            by_storage.setdefault((v.device, ptr, n), []).append(k)
-    groups = []
-    for names in by_storage.values():
-        if len(names) < 2:
-            continue
-        areas = sorted((tensors[k].data_ptr(), _end(tensors[k]), k) for k in names)
-        cur = [areas[0][2]]
-        stop = areas[0][1]
-        for start, end, k in areas[1:]:
-            if start >= stop:
-                if len(cur) > 1:
-                    groups.append(sorted(cur))
-                cur = [k]
-            else:
-                cur.append(k)
-            stop = end
-        if len(cur) > 1:
-            groups.append(sorted(cur))
-    return groups
+# These three messages are worded as the safetensors library words them, on
+# purpose: its own test suite (run against nvio by tests/peers) and code
+# written for it compare them verbatim.
+COMPAT_NOT_DICT = "Expected a dict of [str, torch.Tensor] but received %s"
+COMPAT_NOT_TENSOR = "Key `%s` is invalid, expected torch.Tensor but received %s"
+COMPAT_SPARSE = ("You are trying to save a sparse tensors: `%s` which this library does not "
+                 "support. You can make it a dense tensor before saving with `.to_dense()` but "
+                 "be aware this might make a much larger file than needed.")
 
 
 def check_tensors(tensors):
     """Refuse what the safetensors library refuses, with the same exception
-    types: not a dict of tensors, sparse tensors (ValueError), tensors
-    sharing memory (RuntimeError), non-contiguous tensors (ValueError)."""
+    types (code written for it catches them): not a dict of tensors or a
+    sparse tensor (ValueError), a key not a str (TypeError), tensors
+    sharing memory (RuntimeError), a non-contiguous tensor (ValueError), a
+    meta tensor (NotImplementedError, a RuntimeError, as torch raises for
+    reading one)."""
     if not isinstance(tensors, dict):
-        raise ValueError("nvio.safetensors: expected a dict of str to torch.Tensor, got %s"
-                         % type(tensors).__name__)
+        raise ValueError(COMPAT_NOT_DICT % type(tensors))
     sparse = []
     for k, v in tensors.items():
         if not isinstance(k, str):
-            raise ValueError("nvio.safetensors: key %r is not a str" % (k,))
+            raise TypeError("nvio.safetensors: tensor names must be str; %r is %s"
+                            % (k, type(k).__name__))
         if not isinstance(v, torch.Tensor):
-            raise ValueError("nvio.safetensors: key %r: expected a torch.Tensor, got %s"
-                             % (k, type(v).__name__))
+            raise ValueError(COMPAT_NOT_TENSOR % (k, type(v)))
         if v.layout != torch.strided:
             sparse.append(k)
     if sparse:
-        raise ValueError("nvio.safetensors: sparse tensors cannot be saved in safetensors: %s "
-                         "(.to_dense() them first, at the cost of their full size)" % sparse)
-    shared = _shared_groups(tensors)
+        raise ValueError(COMPAT_SPARSE % sparse)
+    shared = shared_groups(tensors)
     if shared:
         raise RuntimeError("nvio.safetensors: these tensors share memory, which safetensors "
                            "cannot store (each would be written in full, and loading would "
                            "not share them again): %s. Save one name per storage (as "
-                           "safetensors.torch.save_model does) or clone them." % shared)
+                           "save_model does) or clone them." % shared)
     for k, v in tensors.items():
+        if v.device.type == "meta":
+            raise NotImplementedError("nvio.safetensors: tensor %r is on the meta device: "
+                                      "Cannot copy out of meta tensor (it has no data)" % k)
         if not v.is_contiguous():
             raise ValueError("nvio.safetensors: tensor %r is not contiguous, which safetensors "
                              "cannot store: call .contiguous() on it (or save the tensor it "
@@ -344,8 +391,6 @@ def check_tensors(tensors):
         if v.dtype not in BY_TORCH:
             raise ValueError("nvio.safetensors: tensor %r: dtype %s has no safetensors dtype"
                              % (k, v.dtype))
-        if v.device.type == "meta":
-            raise ValueError("nvio.safetensors: tensor %r is on the meta device (no data)" % k)
 
 
 def plan(tensors, metadata):
@@ -406,18 +451,31 @@ def save_file(tensors, filename, metadata=None, *, durable=True, handle=None, sp
     """
     path = _path(filename)
     head, data = plan(tensors, metadata)
-    size = len(head) + sum(t.numel() for _, _, t in data)
+    on_dev = [(t, off) for _, off, t in data if _device.is_device(t.untyped_storage())]
+    host = [(t, off) for _, off, t in data if not _device.is_device(t.untyped_storage())]
+    write_planned(path, head, host, on_dev, durable=durable, spare=spare, handle=handle)
+
+
+def _nbytes(b):
+    if isinstance(b, torch.Tensor):
+        return b.numel() * b.element_size()
+    return memoryview(b).nbytes
+
+
+def write_planned(path, head, host, on_dev=(), *, durable=True, spare=False, handle=None):
+    """Write a planned file atomically: the header bytes at 0, then host
+    pieces [(buffer, offset)] in vectored writes and CUDA pieces [(flat
+    uint8 tensor, offset)] through the handle's device path."""
+    size = max([len(head)] + [off + _nbytes(b) for b, off in list(host) + list(on_dev)])
     h = handle if handle is not None else default_handle()
     flags = atomic_flags(_nvio.check_flag(durable, "durable"), _nvio.check_flag(spare, "spare"))
-    with h.open(path, flags) as f:         # an exception abandons the temporary
+    with open_file(h, path, flags) as f:   # an exception abandons the temporary
         reserve_space(f, size)
-        on_dev = [(t, off) for _, off, t in data if _device.is_device(t.untyped_storage())]
-        pieces = [(head, 0)] + [(t, off) for _, off, t in data
-                                if not _device.is_device(t.untyped_storage())]
+        pieces = [(head, 0)] + list(host)
         if on_dev:
             _device.synchronize([t.untyped_storage() for t, _ in on_dev])
         step = _nvio.MAX_IOV
-        futs = write_device(f, on_dev) if on_dev else []
+        futs = write_device(f, list(on_dev)) if on_dev else []
         try:
             for i in range(0, len(pieces), step):
                 f.pwritev(pieces[i:i + step], _nvio.OFFSET_PER_IOV)

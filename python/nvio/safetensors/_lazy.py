@@ -6,13 +6,15 @@ index selects, straight into the result, as one vectored op.
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from .. import _device, _nvio
 from ..checkpoint._load import _read_pieces
 from ..checkpoint._save import default_handle
 from ._format import PACKED, SafetensorsError
-from ._io import _path, check_torch, read_header, target_device
+from ._io import _path, check_backend, check_torch, open_file, read_header, target_device
 
 #: A slice cut into more runs than this is read whole and indexed in memory.
 MAX_RUNS = 1 << 16
@@ -34,23 +36,44 @@ def _empty(shape, dtype, device):
     return torch.empty(0, dtype=dtype, device=s.device).set_(s, 0, tuple(shape))
 
 
-class safe_open:  # noqa: N801  (the safetensors library's name)
-    """``safetensors.safe_open(filename, framework="pt", device="cpu")``:
-    a context manager over one file whose header is read and validated on
-    open; ``keys()``, ``offset_keys()``, ``metadata()``, ``get_tensor(name)``,
-    ``get_slice(name)``, ``get_tensors()``."""
+#: framework names safe_open takes: torch tensors or NumPy arrays.
+FRAMEWORKS = {"pt": "pt", "torch": "pt", "pytorch": "pt", "np": "np", "numpy": "np"}
 
-    def __init__(self, filename, framework="pt", device="cpu", *, handle=None):
-        if framework not in ("pt", "torch", "pytorch"):
-            raise ValueError("nvio.safetensors.safe_open: framework %r: only 'pt' (torch) "
-                             "is supported" % (framework,))
+
+class safe_open:  # noqa: N801  (the safetensors library's name)
+    """``safetensors.safe_open(filename, framework="pt", device="cpu",
+    *, backend="mmap")``: a context manager over one file whose header is
+    read and validated on open; ``keys()``, ``offset_keys()``,
+    ``metadata()``, ``get_tensor(name)``, ``get_slice(name)``,
+    ``get_tensors()``; every one of them raises SafetensorsError (a
+    SafetensorError) once the file is closed.
+
+    ``framework``: "pt" (torch tensors) or "np" (NumPy arrays, on the CPU).
+    ``backend``: "mmap" or "pread", as safetensors takes them (anything
+    else is refused the same way); for nvio both mean the same: each
+    ``get_tensor`` and slice reads just its bytes through libnvio into
+    memory of its own, and the file is never mapped. A file that cannot be
+    opened raises the OSError of its errno (FileNotFoundError, ...) naming
+    the path."""
+
+    def __init__(self, filename, framework="pt", device="cpu", *, backend="mmap",
+                 handle=None):
+        fw = FRAMEWORKS.get(framework) if isinstance(framework, str) else None
+        if fw is None:
+            raise SafetensorsError("nvio.safetensors.safe_open: framework %r is not one of %s"
+                                   % (framework, ", ".join(map(repr, FRAMEWORKS))))
+        check_backend(backend)
         self.path = _path(filename)
+        self.framework = fw
         h = handle if handle is not None else default_handle()
-        self._f = h.open(self.path, _nvio.FILE_READ)
+        self._f = open_file(h, self.path, _nvio.FILE_READ)
         try:
             self._header = read_header(self._f, self.path)
-            check_torch(self._header, self.path)
-            self._device = target_device(device, self.path)
+            if fw == "pt":
+                check_torch(self._header, self.path)
+                self._device = target_device(device, self.path)
+            else:
+                self._device = _np_device(device, self.path)
         except BaseException:
             self._f.close()
             raise
@@ -65,11 +88,14 @@ class safe_open:  # noqa: N801  (the safetensors library's name)
     def close(self):
         self._f.close()
 
-    def _entry(self, name):
+    def _open_header(self):
         if self._f.closed:
             raise SafetensorsError("nvio.safetensors: %s: the file is closed" % self.path,
                                    self.path)
-        e = self._header.entries.get(name)
+        return self._header
+
+    def _entry(self, name):
+        e = self._open_header().entries.get(name)
         if e is None:
             raise SafetensorsError("nvio.safetensors: %s: no tensor named %r"
                                    % (self.path, name), self.path)
@@ -77,35 +103,81 @@ class safe_open:  # noqa: N801  (the safetensors library's name)
 
     def keys(self):
         """Tensor names, sorted (as safetensors gives them)."""
-        return sorted(self._header.entries)
+        return sorted(self._open_header().entries)
 
     def offset_keys(self):
         """Tensor names in file order."""
-        return [e.name for e in self._header.by_offset()]
+        return [e.name for e in self._open_header().by_offset()]
 
     def metadata(self):
         """The header's ``__metadata__`` dict, or None."""
-        md = self._header.metadata
+        md = self._open_header().metadata
         return dict(md) if md is not None else None
 
     def get_tensor(self, name):
         """One tensor, read alone into memory of its own."""
         e = self._entry(name)
-        t = _empty(e.torch_shape(), e.dtype.torch, self._device)
-        if e.nbytes:
-            self._f.pread(_bytes_of(t), self._header.data_start + e.begin)
-        return t
+        if self.framework == "np":
+            a = _np_empty(e, self.path)
+            if e.nbytes:
+                self._f.pread(_np_bytes(a), self._header.data_start + e.begin)
+            return a
+        return _whole(self, e)
 
     def get_tensors(self):
         """Every tensor (file order), each in memory of its own."""
+        header = self._open_header()
+        if self.framework == "np":
+            out = {e.name: _np_empty(e, self.path) for e in header.by_offset()}
+            _read_pieces(self._f, [(_np_bytes(out[e.name]), header.data_start + e.begin)
+                                   for e in header.by_offset() if e.nbytes])
+            return out
         from ._io import read_owned
-        return read_owned(self._f, self._header, self._device, None)
+        return read_owned(self._f, header, self._device, None)
 
     def get_slice(self, name):
         """A lazy view of one tensor: ``get_shape()``, ``get_dtype()``, and
-        indexing (ints, slices with positive steps, Ellipsis) that reads only
-        the bytes selected."""
+        indexing that reads only the bytes selected when the index is made
+        of ints, slices with positive steps and Ellipsis. With framework
+        "pt" any other index torch takes (None, lists, bools, tensors,
+        negative steps) works too, on the whole tensor read into memory.
+        With "np" the index is what safetensors takes for NumPy: ints and
+        slices (or a tuple of them), an empty list, out-of-range bounds
+        refused with SafetensorsError, as the safetensors library does."""
         return _Slice(self, self._entry(name))
+
+
+def _np_device(device, path):
+    if device not in ("cpu", None) and str(device) != "cpu":
+        raise SafetensorsError("nvio.safetensors: %s: framework 'np' loads to the CPU only, "
+                               "not %r" % (path, device), path)
+    return torch.device("cpu")
+
+
+def _np_dtype(e, path):
+    import numpy as np
+    name = NP_DTYPES.get(e.dtype.code)
+    if name is None:
+        raise SafetensorsError("nvio.safetensors: %s: tensor %r: dtype %s has no NumPy dtype "
+                               "(load it with framework='pt')" % (path, e.name, e.dtype.code),
+                               path)
+    return np.dtype(name)
+
+
+def _np_empty(e, path):
+    import numpy as np
+    return np.empty(tuple(e.shape), dtype=_np_dtype(e, path))
+
+
+def _np_bytes(a):
+    """A writable flat uint8 view of a contiguous NumPy array."""
+    return a.reshape(-1).view("u1")
+
+
+#: safetensors dtype -> NumPy dtype (the ones NumPy has; little-endian).
+NP_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "U64": "<u8",
+             "I32": "<i4", "U32": "<u4", "I16": "<i2", "U16": "<u2", "I8": "i1", "U8": "u1",
+             "BOOL": "?", "C64": "<c8"}
 
 
 def _norm(index, shape, name):
@@ -141,6 +213,91 @@ def _norm(index, shape, name):
     return out
 
 
+def _as_int(x):
+    """x as a Python int when it is an integer index other than a bool or a
+    tensor (those go to torch's own indexing), else None."""
+    if isinstance(x, (bool, torch.Tensor)):
+        return None
+    try:
+        return operator.index(x)
+    except TypeError:
+        return None
+
+
+def _plain(index):
+    """index as a tuple of ints, slices (int bounds, positive steps) and
+    Ellipsis, which _norm and _runs read piece by piece; None when it holds
+    anything else."""
+    items = index if isinstance(index, tuple) else (index,)
+    out = []
+    for i in items:
+        if i is Ellipsis:
+            out.append(i)
+        elif isinstance(i, slice):
+            parts = [None if v is None else _as_int(v) for v in (i.start, i.stop, i.step)]
+            if any(p is None and v is not None for p, v in zip(parts, (i.start, i.stop, i.step))):
+                return None
+            if parts[2] is not None and parts[2] <= 0:
+                return None
+            out.append(slice(*parts))
+        else:
+            n = _as_int(i)
+            if n is None:
+                return None
+            out.append(n)
+    return tuple(out)
+
+
+def _np_index(index, shape):
+    """The index safetensors takes for NumPy arrays as a tuple of ints and
+    slices, with its errors (SafetensorsError, worded as safetensors words
+    them, which callers of it may compare)."""
+    if isinstance(index, list):
+        if index:
+            raise SafetensorsError("Non empty lists are not implemented")
+        items = (slice(0, 0),)
+    else:
+        items = index if isinstance(index, tuple) else (index,)
+    if len(items) > len(shape):
+        raise SafetensorsError("more slicing indexes than dimensions in tensor: %d for shape %s"
+                               % (len(items), list(shape)))
+    sel, shown = [], []
+    for d, (i, n) in enumerate(zip(items, shape)):
+        if isinstance(i, slice):
+            lo, hi = (None if v is None else _as_int(v) for v in (i.start, i.stop))
+            if (lo is None) != (i.start is None) or (hi is None) != (i.stop is None):
+                raise TypeError("slice bounds must be integers, not %r" % (i,))
+            if (lo or 0) < 0 or (hi or 0) < 0:
+                raise SafetensorsError("negative slice bounds are not supported for NumPy "
+                                       "slices: %r in dimension %d" % (i, d))
+            sel.append(slice(lo, hi, i.step))
+            shown.append("%s:%s" % ("" if lo is None else lo, "" if hi is None else hi))
+        else:
+            j = _as_int(i)
+            if j is None:
+                raise TypeError("a NumPy slice index is ints and slices, not %r" % (i,))
+            if j < 0:
+                if j + n < 0:
+                    raise SafetensorsError("Invalid index %d for dimension %d of size %d"
+                                           % (j, d, n))
+                j += n
+            sel.append(j)
+            shown.append(str(j))
+    for d in range(len(sel) - 1, -1, -1):      # the last bad dimension is named
+        i, n = sel[d], shape[d]
+        if isinstance(i, slice):
+            lo = i.start or 0
+            hi = n if i.stop is None else i.stop
+            bad = lo if lo > n or (lo == n and hi > lo) else hi - 1 if hi > n else None
+        else:
+            bad = i if i >= n else None
+        if bad is not None:
+            raise SafetensorsError("Error during slicing [%s] with shape %s: index %d out of "
+                                   "bounds for tensor dimension #%d of size %d"
+                                   % (", ".join(shown), list(shape), bad, d, n))
+    return tuple(sel)
+
+
 class _Slice:
     def __init__(self, owner, entry):
         self._o = owner
@@ -157,8 +314,20 @@ class _Slice:
 
     def __getitem__(self, index):
         e, o = self._e, self._o
+        o._open_header()
+        if o.framework == "np":
+            _np_dtype(e, o.path)
+            return self._read(_np_index(index, e.shape)).numpy()
+        plain = _plain(index)
+        if plain is None:                 # torch's full indexing, on the whole tensor
+            return o.get_tensor(e.name)[index]
+        return self._read(plain)
+
+    def _read(self, index):
+        """The selection of a plain index, reading only its bytes."""
+        e, o = self._e, self._o
         shape = e.torch_shape()
-        if e.dtype.code in PACKED and index not in (Ellipsis, slice(None)):
+        if e.dtype.code in PACKED and index not in ((Ellipsis,), (slice(None),)):
             # packed values share bytes: read whole, index in memory
             return o.get_tensor(e.name)[index]
         sel = _norm(index, shape, e.name)
@@ -170,7 +339,7 @@ class _Slice:
         es = out.element_size()
         runs = _runs(sel, shape, es)
         if runs is None:
-            return o.get_tensor(e.name)[index]
+            return _whole(o, e)[index]
         dst = _bytes_of(out)
         base = o._header.data_start + e.begin
         pieces, pos = [], 0
@@ -179,6 +348,14 @@ class _Slice:
             pos += n
         _read_pieces(o._f, pieces)
         return out.reshape(keep)
+
+
+def _whole(o, e):
+    """The whole tensor as torch (also under framework "np")."""
+    t = _empty(e.torch_shape(), e.dtype.torch, o._device)
+    if e.nbytes:
+        o._f.pread(_bytes_of(t), o._header.data_start + e.begin)
+    return t
 
 
 def _runs(sel, shape, es):
