@@ -16,6 +16,7 @@ import zipfile
 import pytest
 
 import nvio
+import nvio_testutil
 from nvio.checkpoint import _zip
 
 torch = pytest.importorskip("torch")
@@ -26,32 +27,7 @@ torch = pytest.importorskip("torch")
 
 def same(a, b, path="obj"):
     """a equals b: same structure, same tensors (dtype, shape, strides, bytes)."""
-    assert type(a) is type(b) or (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)), path
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape, path
-        assert a.stride() == b.stride() and a.storage_offset() == b.storage_offset(), path
-        assert a.requires_grad == b.requires_grad, path
-        assert type(a) is type(b), path
-        if a.is_sparse:
-            return same(a._indices(), b._indices(), path) and same(a._values(), b._values(), path)
-        ua, ub = a.untyped_storage(), b.untyped_storage()
-        assert ua.nbytes() == ub.nbytes(), path
-        assert bytes(ua) == bytes(ub), path        # bitwise: NaNs and -0.0 too
-    elif isinstance(a, (torch.UntypedStorage, torch.storage.TypedStorage)):
-        ua = a if isinstance(a, torch.UntypedStorage) else a._untyped_storage
-        ub = b if isinstance(b, torch.UntypedStorage) else b._untyped_storage
-        assert bytes(ua) == bytes(ub), path
-    elif isinstance(a, dict):
-        assert list(a.keys()) == list(b.keys()), path
-        for k in a:
-            same(a[k], b[k], "%s[%r]" % (path, k))
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            same(x, y, "%s[%d]" % (path, i))
-    else:
-        assert a == b, path
-    return True
+    return nvio_testutil.same(a, b, path, layout=True)      # bitwise: NaNs and -0.0 too
 
 
 def sharing(obj):

@@ -17,6 +17,7 @@ import zipfile
 import pytest
 
 import nvio
+import nvio_testutil
 from nvio import _cli
 from nvio.checkpoint import _inspect, _zip
 from nvio.checkpoint.__main__ import main as ck_main
@@ -83,7 +84,8 @@ def check_info(d, obj, p, kind):
         assert e["record"] == "%s/data/%s" % (d["archive"], e["storage"]), k
         off = e["offset"]
         assert off == recs[e["record"]]["offset"], k
-        assert raw[off:off + e["storage_bytes"]] == bytes(t.untyped_storage()), k
+        assert raw[off:off + e["storage_bytes"]] == \
+            nvio_testutil.storage_bytes(t.untyped_storage()).numpy().tobytes(), k
         assert e["align"] == off & -off, k
         if kind == "nvio" and e["storage_bytes"]:
             assert e["align"] >= 4096, k

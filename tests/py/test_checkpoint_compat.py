@@ -40,19 +40,8 @@ def torch_bytes(obj, **kw):
 
 
 def equal(a, b):
-    assert type(a) is type(b)
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            equal(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            equal(x, y)
-    else:
-        assert a == b
+    """Bitwise, with the types of containers and tensors, and the layout."""
+    return nvio_testutil.same(a, b, layout=True)
 
 
 def config(handle, size, double, **kw):

@@ -12,6 +12,7 @@ import threading
 import pytest
 
 import nvio
+from nvio_testutil import same  # bitwise: NaNs and float8 too
 
 torch = pytest.importorskip("torch")
 from nvio.offload import ALIGN, SwapError, Swapper  # noqa: E402
@@ -38,12 +39,6 @@ def rand(n, dtype, g):
     if dtype.is_floating_point:
         return (torch.randn(n, generator=g) * 10).to(dtype)
     return torch.randint(-100 if dtype.is_signed else 0, 100, (n,), generator=g).to(dtype)
-
-
-def same(a, b):
-    """Bitwise equality (NaNs and float8 included)."""
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
-        a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))
 
 
 @pytest.fixture

@@ -13,6 +13,8 @@ import struct
 
 import pytest
 
+import nvio_testutil
+
 
 torch = pytest.importorskip("torch")
 st = pytest.importorskip("safetensors.torch")
@@ -48,11 +50,7 @@ def raw(t):
 
 
 def same(a, b, ordered=True):
-    assert list(a) == list(b) if ordered else sorted(a) == sorted(b)
-    for k in a:
-        assert a[k].dtype == b[k].dtype, k
-        assert tuple(a[k].shape) == tuple(b[k].shape), k
-        assert raw(a[k]) == raw(b[k]), k
+    return nvio_testutil.same(a, b, ordered=ordered)
 
 
 def mixed(seed=0):

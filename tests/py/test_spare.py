@@ -17,6 +17,7 @@ import pytest
 
 import nvio
 from nvio import _nvio
+from nvio_testutil import same
 
 torch = pytest.importorskip("torch")
 
@@ -26,15 +27,6 @@ def state(i, n):
     return {"i": i, "w": torch.randn(n, generator=g),
             "b": torch.arange(i + 3, dtype=torch.int64),
             "h": torch.randn(7, 5, generator=g).to(torch.bfloat16)}
-
-
-def same(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        if isinstance(a[k], torch.Tensor):
-            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
-        else:
-            assert a[k] == b[k], k
 
 
 def spare_of(p):

@@ -10,7 +10,7 @@ import os
 import pytest
 
 import nvio
-from nvio_testutil import pattern, read_file, write_file
+from nvio_testutil import pattern, read_file, same, write_file
 
 BUF = 65536
 SIZES = [0, 1, 4095, 4096, 4097, BUF - 1, BUF, BUF + 1, 3 * BUF + 4097]
@@ -150,13 +150,7 @@ def _state_dict(torch):
 
 
 def _equal(torch, a, b):
-    if isinstance(a, torch.Tensor):
-        return a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_equal(torch, a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_equal(torch, x, y) for x, y in zip(a, b))
-    return a == b
+    return same(a, b)
 
 
 def test_torch_save_load_through_nvio_open(handle, torch, tmp_path):
