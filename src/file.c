@@ -32,7 +32,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -43,13 +45,12 @@
 			  NVIO_FILE_NOSYNC | NVIO_FILE_SPARE)
 
 /*
- * The name a write through path would reach, as open(2) follows it: the
- * symbolic links of the last component followed (a link's relative
- * target is relative to the link's directory; a dangling link gives the
- * name it points to, which open would create). Directories in path are
- * followed by the kernel anyway. Sets *out to a malloc'd name.
+ * The name a dangling link leads to, followed in user space (a link's
+ * relative target is relative to the link's directory): the name open
+ * would create. Only called once the kernel has followed the same links
+ * as far as they go (follow_links), so its rules were applied to each.
  */
-static int follow_links(const char *path, char **out)
+static int follow_dangling(const char *path, char **out)
 {
 	char *cur = strdup(path), *link = malloc(PATH_MAX), *next;
 	struct stat st;
@@ -87,6 +88,68 @@ static int follow_links(const char *path, char **out)
 	free(cur);
 	free(link);
 	return err;
+}
+
+/*
+ * The name of the file fd has open (/proc/self/fd), malloc'd in *out, if
+ * that name still leads to it; -ESTALE if it does not (renamed or
+ * removed meanwhile).
+ */
+static int name_of_fd(int fd, char **out)
+{
+	char proc[64], *name = malloc(PATH_MAX);
+	struct stat a, b;
+	ssize_t n;
+
+	if (!name)
+		return -ENOMEM;
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+	n = readlink(proc, name, PATH_MAX);
+	if (n <= 0 || n == PATH_MAX || name[0] != '/') {
+		free(name);
+		return n < 0 ? -errno : -ENAMETOOLONG;
+	}
+	name[n] = 0;
+	if (nvio__sys.fstat(fd, &a) < 0 || stat(name, &b) < 0 ||
+	    a.st_ino != b.st_ino || a.st_dev != b.st_dev) {
+		free(name);
+		return -ESTALE;
+	}
+	*out = name;
+	return 0;
+}
+
+/*
+ * The name a write through path would reach, as open(2) follows it. The
+ * kernel follows the links (an O_PATH open: nothing is opened for I/O),
+ * so exactly open's rules apply: fs.protected_symlinks refuses (-EACCES)
+ * a link another user owns in a sticky world-writable directory, -ELOOP
+ * past its limit. Following them with readlink here would skip those
+ * checks and let another user aim root's save at root's files. The file
+ * reached is named through /proc/self/fd. A dangling link (ENOENT once
+ * the kernel allowed every link on the way) gives the name it points to,
+ * which open would create. Sets *out to a malloc'd name.
+ */
+static int follow_links(const char *path, char **out)
+{
+	struct stat st;
+	int fd, r = -ESTALE;
+
+	if (lstat(path, &st) < 0 || !S_ISLNK(st.st_mode)) {
+		*out = strdup(path);	/* errors are open's to report */
+		return *out ? 0 : -ENOMEM;
+	}
+	/* the target renamed between the open and its name: again */
+	for (int i = 0; i < 10 && r == -ESTALE; i++) {
+		fd = nvio__open(path, O_PATH, 0);
+		if (fd == -ENOENT)
+			return follow_dangling(path, out);
+		if (fd < 0)
+			return fd;
+		r = name_of_fd(fd, out);
+		nvio__sys.close(fd);
+	}
+	return r;
 }
 
 /* The directory part of path, malloc'd ("." when it has none). */
@@ -153,14 +216,17 @@ static int read_umask(void)
  * of 5,000 small tensors ran 0.6x as fast without this. Direct writes
  * then convert the extents back, as into a new, preallocated file; the
  * blocks below stay written ones. Best effort: a file system without it
- * just reads.
+ * just reads. Returns the spare's size (0 if it cannot be told).
  */
-static void zero_old_bytes(int fd)
+static uint64_t zero_old_bytes(int fd)
 {
 	struct stat st;
 
-	if (nvio__sys.fstat(fd, &st) == 0 && st.st_size > 0)
+	if (nvio__sys.fstat(fd, &st) < 0)
+		return 0;
+	if (st.st_size > 0)
 		(void)nvio__sys.fallocate(fd, FALLOC_FL_ZERO_RANGE, 0, st.st_size);
+	return (uint64_t)st.st_size;
 }
 
 /*
@@ -211,7 +277,7 @@ static int open_spare(struct nvio_file *f, const char *dir, int exists)
 		f->tmp_mode = 0666 & ~(unsigned)mask;
 		f->keep_mode = 1;
 	}
-	zero_old_bytes(fd);
+	f->spare_size = zero_old_bytes(fd);
 	f->tmp_path = name;
 	f->spare = 1;
 	f->exchange = exists;
@@ -237,6 +303,8 @@ static int open_temp(struct nvio_file *f, const char **what)
 
 	*what = "open";
 	r = follow_links(f->path, &f->target);
+	if (r == -EACCES)
+		*what = "follow symlink (kernel refused: protected_symlinks)";
 	if (r < 0)
 		return r;
 	if (stat(f->target, &st) == 0) {
@@ -297,11 +365,13 @@ static int open_flags(unsigned flags)
 /*
  * Opens by path, noting whether this open created the file, so that a
  * one-buffer call that fails can remove the file it made (and nothing
- * else: an existing file is opened without O_CREAT).
+ * else: an existing file is opened without O_CREAT). O_NONBLOCK: a FIFO
+ * must not block the open (kind_of refuses it); cleared once it is known
+ * to be something else.
  */
 static int open_path(struct nvio_file *f, const char *path, unsigned flags)
 {
-	int fl = open_flags(flags), fd = -ENOENT;
+	int fl = open_flags(flags) | O_NONBLOCK, fd = -ENOENT;
 
 	if (!(fl & O_CREAT) || (fl & O_EXCL)) {
 		fd = nvio__open(path, fl, 0666);
@@ -316,6 +386,91 @@ static int open_path(struct nvio_file *f, const char *path, unsigned flags)
 		}
 		if (fd == -EEXIST)	/* there: open it as it is */
 			fd = nvio__open(path, fl & ~O_CREAT, 0666);
+	}
+	return fd;
+}
+
+/*
+ * Whether a file of mode m may be opened by path with flags: regular
+ * files and block devices always; character devices only to be written
+ * (/dev/full, /dev/null as a sink: reading one has no size or end);
+ * never a FIFO or a socket, whose open or first read blocks until a peer
+ * comes (forever, for a checkpoint path someone replaced with a FIFO).
+ * 0, or -EINVAL with *what naming the kind.
+ */
+static int kind_of(mode_t m, unsigned flags, const char **what)
+{
+	if (S_ISREG(m) || S_ISBLK(m) || S_ISDIR(m))
+		return 0;	/* a directory: -EISDIR later */
+	if (S_ISCHR(m) && !(flags & NVIO_FILE_READ))
+		return 0;
+	*what = S_ISFIFO(m) ? "open (a FIFO, not a regular file)" :
+		S_ISSOCK(m) ? "open (a socket, not a regular file)" :
+		S_ISCHR(m) ? "open for reading (a char device: no size)" :
+		"open (not a regular file)";
+	return -EINVAL;
+}
+
+/*
+ * A reader's shared flock(2) on the file it opened, taken while its name
+ * still leads to it. A spare save takes a spare only if it can lock it
+ * exclusively (temps.c), so the file a reader holds is never overwritten
+ * in place once RENAME_EXCHANGE has made it the spare: the save takes a
+ * fresh temporary instead, and the reader reads a whole version. 0 locked
+ * (or locks unsupported here: best effort), -EWOULDBLOCK a writer has it
+ * (a spare being written, or a target whose writer has not closed yet),
+ * -ESTALE the name leads elsewhere now: the caller opens the name again.
+ */
+static int lock_shared(int fd, const char *path)
+{
+	struct stat a, b;
+
+	if (nvio__sys.flock(fd, LOCK_SH | LOCK_NB) < 0)
+		return errno == EWOULDBLOCK ? -EWOULDBLOCK : 0;
+	if (nvio__sys.fstat(fd, &a) < 0 || stat(path, &b) < 0 ||
+	    a.st_ino != b.st_ino || a.st_dev != b.st_dev)
+		return -ESTALE;
+	return 0;
+}
+
+/* How long a reader waits for a writer that holds the file it opened. */
+#define READ_LOCK_TRIES 2000	/* of 1 ms */
+
+/*
+ * An open by path of an existing file or a new one (not ATOMIC): only a
+ * kind of file nvio can use (kind_of), checked without blocking; a
+ * read-only open of a regular file holds a shared lock (lock_shared).
+ */
+static int open_plain(struct nvio_file *f, const char *path, const char **what)
+{
+	struct timespec ms = { 0, 1000000 };
+	struct stat st;
+	int fd = -EWOULDBLOCK, r, fl;
+
+	for (int i = 0; i < READ_LOCK_TRIES && (fd == -EWOULDBLOCK || fd == -ESTALE); i++) {
+		if (i > 0)
+			nanosleep(&ms, NULL);
+		fd = open_path(f, path, f->flags);
+		/* a FIFO opened write-only with no reader: ENXIO */
+		if (fd == -ENXIO && stat(path, &st) == 0 && kind_of(st.st_mode, f->flags, what))
+			return -EINVAL;
+		if (fd < 0)
+			return fd;
+		r = nvio__sys.fstat(fd, &st) < 0 ? -errno : kind_of(st.st_mode, f->flags, what);
+		fl = fcntl(fd, F_GETFL);
+		if (!r && (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0))
+			r = -errno;
+		if (!r && S_ISREG(st.st_mode) && !(f->flags & NVIO_FILE_WRITE))
+			r = lock_shared(fd, path);
+		if (r) {
+			nvio__sys.close(fd);
+			fd = r;
+		}
+	}
+	if (fd == -EWOULDBLOCK || fd == -ESTALE) {
+		*what = fd == -ESTALE ? "open (the file kept being replaced)" :
+			"open (locked by a writer for too long)";
+		return -EBUSY;
 	}
 	return fd;
 }
@@ -434,7 +589,7 @@ int nvio__file_make(struct nvio_handle *h, const char *path, int fd,
 		r = adopt_fd(f, fd, what);
 	} else if (!r) {
 		r = flags & NVIO_FILE_ATOMIC ? open_temp(f, what) :
-		    open_path(f, path, flags);
+		    open_plain(f, path, what);
 		f->fd = r;
 		f->own_fd = r >= 0;
 		r = r < 0 ? r : 0;
@@ -513,10 +668,25 @@ static void remove_created(struct nvio_file *f)
 }
 
 /* Frees a file; an uncommitted atomic file is abandoned. */
+/*
+ * An abandoned spare that writes grew (a full disk, a failed save) goes
+ * back to its size: its old blocks kept for the next save, the rest
+ * freed. Called before its descriptors close.
+ */
+static void spare_give_back(struct nvio_file *f)
+{
+	struct stat st;
+
+	if (f->spare && !f->committed && f->fd >= 0 &&
+	    nvio__sys.fstat(f->fd, &st) == 0 && (uint64_t)st.st_size > f->spare_size)
+		(void)nvio__sys.ftruncate(f->fd, (off_t)f->spare_size);
+}
+
 void nvio__file_free(struct nvio_file *f)
 {
 	if (!f)
 		return;
+	spare_give_back(f);
 	nvio__file_close_fds(f);
 	remove_created(f);
 	if (f->tmp_path && !f->committed && !f->spare)
@@ -618,16 +788,19 @@ int nvio__file_grow(struct nvio_file *f, uint64_t off, uint64_t len)
 /*
  * A write that grew the file from `from` to `to` failed: the file goes
  * back to its old size, freeing what was allocated, unless some other
- * write has taken it further meanwhile.
+ * write has taken it further meanwhile. A spare goes back to the size it
+ * had when it was taken, if larger.
  */
 void nvio__file_shrink_back(struct nvio_file *f, uint64_t to, uint64_t from)
 {
 	struct stat st;
+	/* a spare keeps the blocks it had: they are the next save's */
+	uint64_t keep = f->spare && f->spare_size > from ? f->spare_size : from;
 
 	if (!S_ISREG(f->st.st_mode) || nvio__sys.fstat(f->fd, &st) < 0 ||
-	    (uint64_t)st.st_size > to)
+	    (uint64_t)st.st_size > to || (uint64_t)st.st_size <= keep)
 		return;
-	if (nvio__sys.ftruncate(f->fd, (off_t)from) == 0) {
+	if (nvio__sys.ftruncate(f->fd, (off_t)keep) == 0) {
 		uint64_t cur = to;
 
 		atomic_compare_exchange_strong(&f->size, &cur, from);
@@ -739,6 +912,10 @@ static int commit(struct nvio_file *f, int durable, const char **what)
 	}
 	if (f->spare) {
 		r = swap_spare(f, &plain, what);
+		/* the file is the target now, whole: readers may lock it
+		 * (shared) while this writer still has it open */
+		if (r == 0 && !plain)
+			(void)nvio__sys.flock(f->lock_fd, LOCK_SH | LOCK_NB);
 		if (r < 0 || !plain)
 			goto renamed;
 	}
@@ -776,16 +953,22 @@ int nvio__file_commit(struct nvio_file *f, int durable, const char **what)
 /* ---- the public calls ---------------------------------------------- */
 
 /* A failure of a file call becomes the caller's nvio_last_error(). */
-static int file_error(struct nvio_file *f, struct nvio_handle *h, int err,
-		      const char *what, const char *path)
+static int file_error_at(struct nvio_file *f, struct nvio_handle *h, int err,
+			 const char *what, const char *path, uint64_t off, uint64_t len)
 {
 	nvio_error_t e;
 
 	if (!h)
 		return err;
-	nvio__error_fill(&e, err, NULL, what, 0, 0);
+	nvio__error_fill(&e, err, NULL, what, off, len);
 	snprintf(e.path, sizeof(e.path), "%s", f ? f->path : path ? path : "");
 	return nvio__error_publish(h, &e);
+}
+
+static int file_error(struct nvio_file *f, struct nvio_handle *h, int err,
+		      const char *what, const char *path)
+{
+	return file_error_at(f, h, err, what, path, 0, 0);
 }
 
 nvio_file_t *nvio_file_open(nvio_handle_t *h, const char *path, unsigned flags,
@@ -835,6 +1018,7 @@ int nvio_file_close(nvio_file_t *f)
 		return -ECHILD;
 	}
 	nvio__track_quiesce(f->h, f);
+	spare_give_back(f);
 	r = nvio__file_close_fds(f);
 	nvio__file_free(f);
 	return r;
@@ -888,8 +1072,15 @@ int nvio_file_allocate(nvio_file_t *f, int64_t offset, uint64_t nbytes)
 		return file_error(f, f->h, -EBADF, "allocate (not open for writing)", NULL);
 	if (nbytes == 0)
 		return 0;
-	if (nvio__sys.fallocate(f->fd, 0, (off_t)offset, (off_t)nbytes) < 0)
-		return file_error(f, f->h, -errno, "fallocate", NULL);
+	if (nvio__sys.fallocate(f->fd, 0, (off_t)offset, (off_t)nbytes) < 0) {
+		int err = -errno;
+
+		/* a full disk may have taken part of it: give that back */
+		if (err == -ENOSPC || err == -EDQUOT || err == -EFBIG)
+			nvio__file_shrink_back(f, (uint64_t)offset + nbytes,
+					       atomic_load(&f->size));
+		return file_error_at(f, f->h, err, "fallocate", NULL, (uint64_t)offset, nbytes);
+	}
 	nvio__file_note_end(f, (uint64_t)offset + nbytes);
 	return 0;
 }

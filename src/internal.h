@@ -156,6 +156,7 @@ struct nvio_file {
 	int spare;		/* tmp_path is the target's spare, flock'ed on lock_fd */
 	int lock_fd;		/* spare: holds its flock, never used for I/O, -1 */
 	int exchange;		/* spare: the target existed, commit swaps the two */
+	uint64_t spare_size;	/* spare: its size when taken (rolled back to) */
 	int private;		/* made for one by-path/fd op, closed with it */
 	int created;		/* its open created it */
 };
