@@ -59,8 +59,10 @@ import io
 import logging
 import os
 import pickle
+import pickletools
 import re
 import secrets
+import stat
 import threading
 from typing import Any
 
@@ -69,6 +71,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as _dcp
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint import filesystem as _fs
+from torch.distributed.checkpoint._extension import StreamTransformExtension as _StreamTransform
+from torch.distributed.checkpoint.filesystem import SerializationFormat
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
@@ -80,7 +84,8 @@ from .checkpoint import _zip
 from .checkpoint._plan import DEFAULT_ALIGN, CheckpointError, Plan, _executor, crc_submit
 from .checkpoint._save import _crc_device, atomic_flags, reserve_space, write_device
 
-__all__ = ["FileSystemWriter", "FileSystemReader", "save", "async_save", "load"]
+__all__ = ["FileSystemWriter", "FileSystemReader", "UnsafeCheckpointError", "save",
+           "async_save", "load", "METADATA_MAX_BYTES"]
 
 _log = logging.getLogger(__name__)
 
@@ -205,6 +210,105 @@ def _file_vector(images):
     return vec, dev
 
 
+#: Bytes of each of a streamed file's two page-aligned buffers.
+_SINK_CHUNK = 8 << 20
+
+
+class _AlignedSink(io.RawIOBase):
+    """A write-only stream onto an nvio File: bytes fill one of two page-
+    aligned buffers; a full one is written with one op at its offset while
+    the other fills (the op before it on that buffer waited for first).
+    ``flush`` writes nothing (DCP's transforms flush after every item: a
+    partial buffer would break the alignment); ``finish`` writes the rest."""
+
+    def __init__(self, f, bufs):
+        super().__init__()
+        self.f = f
+        self.bufs = [memoryview(b).cast("B") for b in bufs]
+        self.futs = [None] * len(bufs)
+        self.cur = 0
+        self.fill = 0
+        self.base = 0           # file offset of the current buffer's first byte
+        self.err = None
+
+    def writable(self):
+        return True
+
+    def seekable(self):
+        return False
+
+    def tell(self):
+        return self.base + self.fill
+
+    def write(self, b):
+        src = memoryview(b).cast("B")
+        n, i = len(src), 0
+        while i < n:
+            buf = self.bufs[self.cur]
+            k = min(n - i, len(buf) - self.fill)
+            buf[self.fill:self.fill + k] = src[i:i + k]
+            self.fill += k
+            i += k
+            if self.fill == len(buf):
+                self._submit()
+        return n
+
+    def _wait(self, j):
+        fut, self.futs[j] = self.futs[j], None
+        if fut is not None:
+            try:
+                fut.result()
+            except BaseException as e:  # noqa: BLE001 - kept; raised by _submit/finish
+                self.err = self.err or e
+
+    def _submit(self):
+        if self.fill:
+            self.futs[self.cur] = self.f.pwrite_async(self.bufs[self.cur][:self.fill], self.base)
+            self.base += self.fill
+            self.fill = 0
+        self.cur = (self.cur + 1) % len(self.bufs)
+        self._wait(self.cur)        # its previous op ended: it can be filled
+        if self.err is not None:
+            raise self.err
+
+    def finish(self, write=True):
+        """Write what is buffered (unless not ``write``: a failed file) and
+        wait for every op."""
+        try:
+            if write and self.fill and self.err is None:
+                self.futs[self.cur] = self.f.pwrite_async(self.bufs[self.cur][:self.fill],
+                                                          self.base)
+                self.base += self.fill
+                self.fill = 0
+        finally:
+            for j in range(len(self.bufs)):
+                self._wait(j)
+        if self.err is not None:
+            raise self.err
+
+
+def _host_exact(t):
+    """A tensor item as DCP's writer saves it: detached, in host memory, its
+    storage holding exactly its bytes (cloned when it is a view)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.untyped_storage().nbytes() != t.nbytes:
+        t = t.clone()
+    return t
+
+
+def _safetensors_blob(tensors, offsets):
+    """The safetensors image DCP's writer appends to a rank file in the
+    safetensors layout (same library, same metadata keys)."""
+    import json
+    from safetensors.torch import save as st_save
+    from torch.distributed.checkpoint import _hf_utils as hf
+    return st_save(tensors, metadata={hf.CUSTOM_METADATA_KEY: json.dumps(offsets),
+                                      hf.DCP_VERSION_KEY: str(hf.HF_DCP_VERSION),
+                                      hf.FORMAT_KEY: hf.FORMAT_VALUE})
+
+
 def _keep_as_spare(path):
     """Gives a data file nobody uses any more its hidden spare name, where
     the next save of that name finds its blocks (True), unless that name is
@@ -252,13 +356,28 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
 
     def __init__(self, path, single_file_per_rank=True, sync_files=True, thread_count=1,
                  per_thread_copy_ahead=10_000_000, cache_staged_state_dict=False,
-                 overwrite=True, *, handle=None, align=DEFAULT_ALIGN, crc32=False,
-                 process_group=None, timeout=None, spare=False):
+                 overwrite=True, _extensions=None,
+                 serialization_format=SerializationFormat.TORCH_SAVE, *, handle=None,
+                 align=DEFAULT_ALIGN, crc32=False, process_group=None, timeout=None,
+                 spare=False):
+        try:
+            fmt = SerializationFormat(serialization_format)
+        except ValueError:
+            raise ValueError("nvio.dcp: serialization_format must be one of %s, not %r"
+                             % ([f.value for f in SerializationFormat],
+                                serialization_format)) from None
+        if _extensions is not None:
+            _extensions = list(_extensions)
+            for ex in _extensions:
+                if not isinstance(ex, _StreamTransform):
+                    raise TypeError("nvio.dcp: _extensions takes StreamTransformExtension "
+                                    "objects, not %r" % (ex,))
         _fs._FileSystemWriter.__init__(self, path=path, single_file_per_rank=single_file_per_rank,
                                        sync_files=_nvio.check_flag(sync_files, "sync_files"),
                                        thread_count=thread_count,
                                        per_thread_copy_ahead=per_thread_copy_ahead,
-                                       overwrite=overwrite)
+                                       overwrite=overwrite, _extensions=_extensions,
+                                       serialization_format=fmt)
         BlockingAsyncStager.__init__(self, cache_staged_state_dict=cache_staged_state_dict)
         if thread_count < 1:
             raise ValueError("nvio.dcp: thread_count must be >= 1, not %r" % (thread_count,))
@@ -338,10 +457,18 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
         h = _handle(self.handle)
         flags = atomic_flags(self.sync_files, self.spare)
         files, results = [], []
+        bufs = None
         try:
             for n, items in enumerate(some, first):
                 name = self._file_name(prefix, n)
                 path = os.path.join(self.path, name)
+                if self._streamed():
+                    f = h.open(path, flags)
+                    files.append((f, None))
+                    if bufs is None:
+                        bufs = [_nvio.LockedBuffer(_SINK_CHUNK) for _ in range(2)]
+                    results += self._stream_file(f, name, items, planner, bufs)
+                    continue
                 images, size = _layout_file(items, planner.resolve_data, path, self.align,
                                             self.crc32)
                 f = h.open(path, flags)
@@ -353,7 +480,7 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
                                                                          im.length)))
             futs = []
             for f, images in files:
-                if images:
+                if images:      # (None: streamed, written already)
                     vec, dev = _file_vector(images)
                     futs.append(f.pwritev_async(vec, _nvio.OFFSET_PER_IOV))
                     if dev:
@@ -373,6 +500,40 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
                 f.close()               # an uncommitted one is abandoned: no trace
         return results
 
+    def _streamed(self):
+        """Whether items go through DCP's stream path: with stream
+        extensions, or in the safetensors layout."""
+        return bool(self.transforms.extensions) or \
+            self.serialization_format != SerializationFormat.TORCH_SAVE
+
+    def _stream_file(self, f, name, items, planner, bufs):
+        """Write one rank file as DCP's writer writes it with ``_extensions``
+        or ``serialization_format``: each item (bytes items first) through
+        DCP's own per-item transform chain, into page-aligned buffers that
+        go to the file with one op each (O_DIRECT straight from them) while
+        the next fills. Transformed bytes have no tensor to be written from;
+        the file's bytes are DCP's, byte for byte. Its WriteResults."""
+        fmt = self.serialization_format
+        sink = _AlignedSink(f, bufs)
+        results, tensors, offsets = [], {}, {}
+        ok = False
+        try:
+            ordered = [i for i in items if i.type == WriteItemType.BYTE_IO] + \
+                      [i for i in items if i.type != WriteItemType.BYTE_IO]
+            for item in ordered:
+                data = planner.resolve_data(item)
+                if item.type != WriteItemType.BYTE_IO:
+                    data = _host_exact(data)
+                    tensors[item.index.fqn] = data
+                    offsets[item.index.fqn] = {"saved_offsets": item.tensor_data.chunk.offsets}
+                results.append(_fs._write_item(self.transforms, sink, data, item, name, fmt))
+            if fmt == SerializationFormat.SAFETENSORS:
+                sink.write(_safetensors_blob(tensors, offsets))
+            ok = True
+        finally:
+            sink.finish(write=ok)   # waits for every op; raises the first error
+        return results
+
     def _barrier(self, what, quiet=False):
         g = self.process_group
         if g is None or not dist.is_initialized() or dist.get_world_size(g) < 2:
@@ -386,7 +547,8 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
         elif not isinstance(t, datetime.timedelta):
             t = datetime.timedelta(seconds=t)
         try:
-            dist.monitored_barrier(g, timeout=t, wait_all_ranks=True)
+            from .checkpoint._dist import barrier     # names the dead, from the group's store
+            barrier(g, t, what)
         except RuntimeError as e:
             if quiet:
                 return
@@ -628,6 +790,175 @@ def _foreign_tensors(x):
     return False
 
 
+# --- what a reader trusts --------------------------------------------------------
+
+#: Most bytes of a ``.metadata`` file a reader takes; a bigger one is refused
+#: before it is read (DCP's metadata is some hundred bytes per item).
+METADATA_MAX_BYTES = 1 << 30
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A DCP checkpoint refused as unsafe: its ``.metadata`` holds a class or
+    a pickle opcode that DCP's metadata never needs, or names a data file
+    outside the checkpoint's directory. ``FileSystemReader(path,
+    trusted=True)`` reads such a directory as torch's reader does."""
+
+
+_MD = "torch.distributed.checkpoint.metadata"
+#: The globals in the ``.metadata`` files torch 2.13's writers make (found
+#: by saving plain, nested, bytes, DTensor, ShardedTensor, optimizer,
+#: no_dist, rank-local, async and extension checkpoints, with str and Path
+#: checkpoint ids), and the dtypes, layouts and memory formats by name.
+_SAFE_GLOBALS = frozenset(
+    [(_MD, n) for n in ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata",
+                        "ChunkStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING",
+                        "StorageMeta", "MetadataIndex")]
+    + [("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+       ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+       ("pathlib", "PurePosixPath"), ("collections", "OrderedDict")]
+    + [("torch", n) for n, v in vars(torch).items()
+       if isinstance(v, (torch.dtype, torch.layout, torch.memory_format))])
+#: The pickle opcodes such files use, and their relatives of other protocols
+#: that build only plain values. Not here: EXT1/2/4 (served from copyreg's
+#: cache without a global lookup), PERSID/BINPERSID, INST/OBJ, sets
+#: (ADDITEMS calls an object's add), DUP, out-of-band buffers.
+_SAFE_OPS = frozenset("""
+    PROTO FRAME STOP MARK POP POP_MARK NONE NEWTRUE NEWFALSE INT BININT BININT1 BININT2
+    LONG LONG1 LONG4 FLOAT BINFLOAT STRING BINSTRING SHORT_BINSTRING UNICODE BINUNICODE
+    SHORT_BINUNICODE BINUNICODE8 BINBYTES SHORT_BINBYTES BINBYTES8 EMPTY_TUPLE TUPLE TUPLE1
+    TUPLE2 TUPLE3 EMPTY_LIST LIST APPEND APPENDS EMPTY_DICT DICT SETITEM SETITEMS GET BINGET
+    LONG_BINGET PUT BINPUT LONG_BINPUT MEMOIZE GLOBAL STACK_GLOBAL REDUCE NEWOBJ NEWOBJ_EX
+    BUILD""".split())
+_PUTS = frozenset(("PUT", "BINPUT", "LONG_BINPUT"))
+_GETS = frozenset(("GET", "BINGET", "LONG_BINGET"))
+
+
+def _kind(mode):
+    """What a file that is not a regular file is, for an error message."""
+    for test, what in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"),
+                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                       (stat.S_ISSOCK, "socket"), (stat.S_ISLNK, "symbolic link")):
+        if test(mode):
+            return what
+    return "file of type %o" % stat.S_IFMT(mode)
+
+
+def _read_regular(path, limit, err):
+    """The bytes of the regular file at path, at most ``limit`` of them.
+    Opened without blocking (a FIFO's open would wait for a writer) and
+    checked by its descriptor before any byte is read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise err("%s is a %s, not a regular file" % (path, _kind(st.st_mode)))
+        if st.st_size > limit:
+            raise err("%s holds %d bytes, more than METADATA_MAX_BYTES (%d): refused"
+                      % (path, st.st_size, limit))
+        parts, n = [], 0
+        while n < st.st_size:
+            b = os.read(fd, st.st_size - n)
+            if not b:
+                break
+            parts.append(b)
+            n += len(b)
+        return b"".join(parts)
+    finally:
+        os.close(fd)
+
+
+def _check_pickle(data, where):
+    """Refuse a pickle that uses an opcode outside _SAFE_OPS or a memo index
+    the pickle has not reached (the C unpickler allocates up to the index)."""
+    memo = 0
+    try:
+        for op, arg, pos in pickletools.genops(data):
+            name = op.name
+            if name not in _SAFE_OPS:
+                raise UnsafeCheckpointError(
+                    "nvio.dcp: %s: pickle opcode %s at byte %d is not one DCP's metadata "
+                    "needs: refused (FileSystemReader(..., trusted=True) loads it as torch's "
+                    "reader does)" % (where, name, pos), where)
+            if name == "MEMOIZE":
+                memo += 1
+            elif name in _PUTS:
+                if arg > memo:
+                    raise UnsafeCheckpointError(
+                        "nvio.dcp: %s: memo index %d at byte %d, past the %d entries stored "
+                        "so far: refused" % (where, arg, pos, memo), where)
+                memo += arg == memo
+            elif name in _GETS and arg >= memo:
+                raise CheckpointError("nvio.dcp: %s: memo index %d at byte %d was never "
+                                      "stored: the file is corrupt" % (where, arg, pos), where)
+    except ValueError as e:         # pickletools: a truncated or malformed opcode
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError("nvio.dcp: %s is corrupt or truncated: %s" % (where, e),
+                              where) from None
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP metadata: globals from _SAFE_GLOBALS and the reader's
+    ``safe_globals`` only (the opcodes were checked before)."""
+
+    def __init__(self, f, where, extra):
+        super().__init__(f)
+        self._where = where
+        self._extra = extra
+
+    def find_class(self, module, name):
+        obj = self._extra.get((module, name))
+        if obj is not None:
+            return obj
+        if (module, name) in _SAFE_GLOBALS:
+            return super().find_class(module, name)
+        raise UnsafeCheckpointError(
+            "nvio.dcp: %s: the metadata names %s.%s, which is not a DCP metadata class: "
+            "refused (pass it in FileSystemReader(..., safe_globals=[...]), or trusted=True)"
+            % (self._where, module, name), self._where)
+
+
+def _check_metadata(md, where):
+    """Every field a reader uses has the type DCP gives it."""
+    def bad(what):
+        return CheckpointError("nvio.dcp: %s: %s: the file is corrupt" % (where, what), where)
+    if not isinstance(md, Metadata):
+        raise bad("it holds a %s, not DCP Metadata" % type(md).__name__)
+    if not isinstance(md.state_dict_metadata, dict):
+        raise bad("state_dict_metadata is a %s" % type(md.state_dict_metadata).__name__)
+    sd = md.storage_data
+    if sd is None:
+        return
+    if not isinstance(sd, dict):
+        raise bad("storage_data is a %s" % type(sd).__name__)
+    for idx, info in sd.items():
+        if not isinstance(info, _StorageInfo):
+            raise bad("item %r is stored as a %s" % (idx, type(info).__name__))
+        if not isinstance(info.relative_path, str) or \
+                type(info.offset) is not int or type(info.length) is not int or \
+                info.offset < 0 or info.length < 0:
+            raise bad("item %r is stored at %r, offset %r, length %r"
+                      % (idx, info.relative_path, info.offset, info.length))
+        td = getattr(info, "transform_descriptors", None)
+        if td is not None and (not isinstance(td, (list, tuple)) or
+                               not all(isinstance(x, str) for x in td)):
+            raise bad("item %r has transform descriptors %r" % (idx, td))
+
+
+def _escapes(name):
+    """Why a storage path leads out of the checkpoint directory by its
+    spelling (absolute, ``..``, NUL), or None."""
+    if not name:
+        return "is empty"
+    if "\0" in name:
+        return "holds a NUL byte"
+    if os.path.isabs(name):
+        return "is absolute"
+    if ".." in name.split("/"):
+        return "climbs out with '..'"
+    return None
+
+
 # --- reading ---------------------------------------------------------------
 
 
@@ -665,44 +996,108 @@ class _MetaUnpickler:
 
 class FileSystemReader(_fs.FileSystemReader):
     """DCP's FileSystemReader, reading through libnvio (see the module).
-    ``handle``: the :class:`nvio.AioHandle` to read with (keyword-only)."""
 
-    def __init__(self, path, _extension_registry=None, *, handle=None):
+    The arguments are DCP's: ``_extension_registry`` resolves the stream
+    transforms (ZStandard, ...) that items written with ``_extensions``
+    name. nvio's keyword-only additions:
+
+    - ``handle``: the :class:`nvio.AioHandle` to read with.
+    - ``trusted`` (default False): whether this directory is trusted. An
+      untrusted one (the default) is read as untrusted input: ``.metadata``
+      is unpickled by an allowlist (DCP's metadata classes, ``torch.Size``,
+      dtypes, layouts, memory formats, ``pathlib`` paths and the pickle
+      opcodes plain values need: a pickle that would run code is refused
+      with :class:`UnsafeCheckpointError` before anything runs), and a data
+      file must lie inside the directory (an absolute path, ``..`` or a
+      symbolic link resolving outside it is refused). ``trusted=True``
+      reads as torch's reader does: plain ``pickle.load`` and any path. Use
+      it only for directories no one else can write.
+    - ``safe_globals``: classes or functions (a custom planner's
+      ``planner_data``) to admit in ``.metadata`` besides the allowlist.
+
+    Either way, ``.metadata`` or a data file that is not a regular file (a
+    FIFO, a device) is an error naming it and its type, never a hang, and a
+    ``.metadata`` over :data:`METADATA_MAX_BYTES` is refused.
+    """
+
+    def __init__(self, path, _extension_registry=None, *, handle=None, trusted=False,
+                 safe_globals=()):
         super().__init__(path, _extension_registry)
         self.handle = handle
+        self.trusted = _nvio.check_flag(trusted, "trusted")
+        self.safe_globals = {(o.__module__, o.__qualname__): o for o in safe_globals}
 
-    def _err(self, msg):
-        return CheckpointError("nvio.dcp: %s: %s" % (self.path, msg), str(self.path))
+    def _err(self, msg, cls=CheckpointError):
+        return cls("nvio.dcp: %s: %s" % (self.path, msg), str(self.path))
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         path = os.fspath(self._get_metadata_path(kwargs.get("rank")))
+        name = os.path.basename(path)
         try:
-            with open(path, "rb") as f:
-                md = pickle.load(f)
+            data = _read_regular(path, METADATA_MAX_BYTES, self._err)
         except FileNotFoundError:
             raise self._err("no %s file: not a DCP checkpoint directory, or its save "
-                            "never completed" % os.path.basename(path)) from None
-        except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as e:
-            raise self._err("%s is corrupt or truncated: %s" % (os.path.basename(path), e)) \
-                from None
+                            "never completed" % name) from None
+        except OSError as e:
+            raise self._err("cannot read %s: %s" % (path, e)) from None
+        try:
+            if self.trusted:
+                md = pickle.loads(data)
+            else:
+                _check_pickle(data, path)
+                md = _MetadataUnpickler(io.BytesIO(data), path, self.safe_globals).load()
+        except CheckpointError:
+            raise
+        except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError,
+                IndexError, KeyError, ImportError) as e:
+            raise self._err("%s is corrupt or truncated: %s" % (name, e)) from None
+        _check_metadata(md, path)
         if getattr(md, "storage_meta", None) is None:
             md.storage_meta = StorageMeta()
         md.storage_meta.load_id = self.load_id
         return md
 
+    def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
+        # other ranks get the metadata from the coordinator: checked here too
+        _check_metadata(metadata, os.fspath(self._get_metadata_path(kwargs.get("rank"))))
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+
+    def _data_path(self, name, reqs):
+        """The path of data file ``name`` (a storage entry's relative_path),
+        checked: inside the directory unless trusted, and a regular file."""
+        if not self.trusted:
+            why = _escapes(name)
+            if why is not None:
+                raise self._err("the metadata stores items in %r, which %s: refused "
+                                "(trusted=True reads it)" % (name, why), UnsafeCheckpointError)
+        path = os.path.join(self.path, name)
+        if not self.trusted:
+            root = os.path.realpath(self.path)
+            real = os.path.realpath(path)
+            if os.path.commonpath([root, real]) != root:
+                raise self._err("data file %s resolves to %s, outside the checkpoint "
+                                "directory: refused (trusted=True reads it)" % (name, real),
+                                UnsafeCheckpointError)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            fqns = sorted({r.storage_index.fqn for r, _ in reqs})
+            raise self._err("data file %s is missing (it holds %d requested item(s), "
+                            "e.g. %r): the checkpoint is incomplete"
+                            % (name, len(reqs), fqns[0])) from None
+        except OSError as e:
+            raise self._err("data file %s: %s" % (path, e)) from None
+        if not stat.S_ISREG(st.st_mode):
+            raise self._err("data file %s is a %s, not a regular file"
+                            % (path, _kind(st.st_mode)))
+        return path
+
     def read_data(self, plan, planner):
         infos = [self.storage_data[r.storage_index] for r in plan.items]
-        if any(getattr(i, "transform_descriptors", None) for i in infos):
-            return super().read_data(plan, planner)     # DCP's stream transforms
         per_file = {}
         for req, info in zip(plan.items, infos):
             per_file.setdefault(info.relative_path, []).append((req, info))
-        for name, reqs in per_file.items():
-            if not os.path.exists(os.path.join(self.path, name)):
-                fqns = sorted({r.storage_index.fqn for r, _ in reqs})
-                raise self._err("data file %s is missing (it holds %d requested item(s), "
-                                "e.g. %r): the checkpoint is incomplete"
-                                % (name, len(reqs), fqns[0]))
+        paths = {name: self._data_path(name, reqs) for name, reqs in per_file.items()}
         h = _handle(self.handle)
         names = list(per_file)
         for first in range(0, len(names), FILES_AT_ONCE):   # the descriptor limit
@@ -710,7 +1105,7 @@ class FileSystemReader(_fs.FileSystemReader):
             files = {}
             try:
                 for name in some:
-                    files[name] = h.open(os.path.join(self.path, name), _nvio.FILE_READ)
+                    files[name] = h.open(paths[name], _nvio.FILE_READ)
                 self._read(files, some, planner)
             finally:
                 for f in files.values():
@@ -720,6 +1115,15 @@ class FileSystemReader(_fs.FileSystemReader):
         return fut
 
     def _read(self, files, per_file, planner):
+        # 0. items written through stream transforms (_extensions)
+        plain = {}
+        for name, reqs in per_file.items():
+            for req, info in reqs:
+                if getattr(info, "transform_descriptors", None):
+                    self._read_transformed(files[name], name, req, info, planner)
+                else:
+                    plain.setdefault(name, []).append((req, info))
+        per_file = plain
         # 1. every requested image's pickle and data offset
         saved = {}
         for name, reqs in per_file.items():
@@ -741,6 +1145,61 @@ class FileSystemReader(_fs.FileSystemReader):
             held += need
         if batch:
             self._run_batch(files, saved, batch, planner)
+
+    def _load_bytes(self, planner, req, data, name, info):
+        """Hand a bytes item to the planner. DCP's default planner unpickles
+        it with ``torch.load(weights_only=False)``: from an untrusted
+        directory it must first pass ``torch.load(weights_only=True)``."""
+        if not self.trusted:
+            try:
+                torch.load(io.BytesIO(data), weights_only=True)
+            except Exception as e:  # noqa: BLE001 - whatever torch's safe mode refuses
+                raise self._err("item %s (%s, offset %d, %d bytes) holds a pickle that "
+                                "torch.load(weights_only=True) refuses: %s; refused (a "
+                                "checkpoint of your own objects: trusted=True)"
+                                % (req.storage_index.fqn, name, info.offset, info.length,
+                                   str(e).splitlines()[0] if str(e) else type(e).__name__),
+                                UnsafeCheckpointError) from None
+        planner.load_bytes(req, io.BytesIO(data))
+
+    def _read_transformed(self, f, name, req, info, planner):
+        """One item written through stream transforms: its stored bytes read
+        with one op, undone by the extensions its descriptors name (from
+        the ``_extension_registry``), then loaded as DCP's reader loads it
+        (a tensor item with torch.load(weights_only=True))."""
+        if info.offset + info.length > f.size:
+            raise self._err("%s: item at offset %d (%d bytes) lies past the end of the file "
+                            "(%d bytes): the file is truncated"
+                            % (name, info.offset, info.length, f.size))
+        raw = bytearray(info.length)
+        if info.length:
+            f.pread(raw, info.offset)
+        try:
+            src = self.transforms.transform_load_stream(req, info.transform_descriptors,
+                                                        io.BytesIO(raw))
+            if req.type == LoadItemType.BYTE_IO:
+                self._load_bytes(planner, req, src.read(-1), name, info)
+                return
+            if not src.seekable():
+                src = io.BytesIO(src.read(-1))
+            t = torch.load(src, map_location="cpu", weights_only=True)
+        except CheckpointError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a transform's or torch.load's error
+            raise self._err("%s: the item at offset %d (%d bytes), transformed by %s, cannot "
+                            "be read: %s: %s" % (name, info.offset, info.length,
+                                                 list(info.transform_descriptors),
+                                                 type(e).__name__, e)) from e
+        if not isinstance(t, torch.Tensor):
+            raise self._err("%s: the item at offset %d holds %s, not a tensor"
+                            % (name, info.offset, type(t).__name__))
+        t = narrow_tensor_by_index(t, req.storage_offsets, req.lengths)
+        target = planner.resolve_tensor(req).detach()
+        if target.size() != t.size():
+            raise self._err("item %s: the saved chunk narrows to %s but the destination is %s"
+                            % (req.storage_index, tuple(t.size()), tuple(target.size())))
+        target.copy_(t)
+        planner.commit_tensor(req, target)
 
     def _where(self, saved, name, req, info):
         """(view of the saved tensor the request wants, file offset of its
@@ -765,7 +1224,8 @@ class FileSystemReader(_fs.FileSystemReader):
                 b = bytearray(info.length)
                 if info.length:
                     vec.append((b, info.offset))
-                after.append(lambda req=req, b=b: planner.load_bytes(req, io.BytesIO(bytes(b))))
+                after.append(lambda req=req, b=b, info=info, name=name:
+                             self._load_bytes(planner, req, bytes(b), name, info))
                 continue
             v, base = self._where(saved, name, req, info)
             target = planner.resolve_tensor(req).detach()
