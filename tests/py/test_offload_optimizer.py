@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import nvio
+import nvio_testutil
 
 torch = pytest.importorskip("torch")
 from nvio.offload import NVMeOptimizer, SwapError  # noqa: E402
@@ -55,7 +56,7 @@ def train(model, opt, xs):
 
 
 def same_params(a, b):
-    return all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    return nvio_testutil.same(list(a.parameters()), list(b.parameters()))
 
 
 @pytest.mark.parametrize("engine,name", CASES)
