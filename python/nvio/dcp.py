@@ -45,6 +45,10 @@ what DCP's FileSystemWriter writes. What differs is how the bytes move:
   load are read into straight (contiguous, same dtype; else through a host
   buffer and torch's copy). DCP's planner hands the tensors over as they
   are (it reads their sizes, never their data). All through nvio/_device.py.
+- Untrusted directories: the reader unpickles ``.metadata`` through an
+  allowlist, keeps storage paths inside the directory, checks bytes items
+  with torch.load(weights_only=True) before DCP's planner unpickles them,
+  and refuses FIFOs and devices (FileSystemReader's ``trusted=False``).
 - async_save: the writer is its own stager: ``stage`` copies the state dict
   into page-locked memory (one buffer per save in flight, reused by later
   saves), so the write goes with O_DIRECT from locked memory.
@@ -333,6 +337,15 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
     (one op each; nvio's workers move them in parallel), ``single_file_per_rank
     =False`` gives one file per item, ``sync_files=False`` skips the fsyncs.
     ``per_thread_copy_ahead`` is accepted and unused (nothing is copied).
+    ``_extensions`` (stream transforms such as DCP's ``ZStandard``; None or
+    empty: none) and ``serialization_format`` (``SerializationFormat`` or
+    its value; SAFETENSORS appends DCP's safetensors image of the rank's
+    tensors) mean what they mean to DCP, and the files are DCP's byte for
+    byte: each item goes through DCP's own transform chain into two
+    page-aligned buffers that are written with one op each (O_DIRECT
+    straight from them) while the other fills; the files still land
+    atomically as below. Such files are written one after another (the
+    transforms are the cost; ``thread_count`` still sets the file count).
 
     nvio's keyword-only additions: ``handle`` (an :class:`nvio.AioHandle`;
     nvio's checkpoint handle by default), ``align`` (tensor bytes' alignment
