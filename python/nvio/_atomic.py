@@ -29,11 +29,45 @@ _releasing_lock = threading.Lock()
 
 def follow_links(path):
     """The name a write through path reaches, as open(2) follows it (and
-    libnvio's atomic open): the symbolic links of its last component
-    followed, a relative target beside its link; a dangling link gives the
-    name it points to. A save through a link replaces the file it points
-    to and keeps the link."""
-    cur = os.fspath(path)
+    libnvio's atomic open): the kernel follows the links (an ``O_PATH``
+    open), so its rules apply as to any open: ``fs.protected_symlinks``
+    refuses (EACCES) a link another user owns in a sticky world-writable
+    directory such as /tmp. The file reached is named through
+    /proc/self/fd. A dangling link gives the name it points to (a relative
+    target beside its link), which open would create. A save through a
+    link replaces the file it points to and keeps the link."""
+    path = os.fspath(path)
+    try:
+        if not stat.S_ISLNK(os.lstat(path).st_mode):
+            return path
+    except FileNotFoundError:
+        return path
+    for _ in range(10):         # the target renamed meanwhile: again
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return _follow_dangling(path)
+        except PermissionError as e:
+            raise PermissionError(e.errno, "cannot follow the symbolic link (refused by "
+                                  "the kernel: fs.protected_symlinks or permissions)",
+                                  path) from None
+        try:
+            name = os.readlink("/proc/self/fd/%d" % fd)
+            a = os.fstat(fd)
+            b = os.stat(name)
+            if name.startswith("/") and (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
+                return name
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    raise OSError(errno.ESTALE, "the symbolic link's target kept moving", path)
+
+
+def _follow_dangling(path):
+    """The name a dangling link leads to, followed here once the kernel has
+    followed the same links as far as they go (follow_links)."""
+    cur = path
     for _ in range(40):         # open's limit on links in a name
         try:
             if not stat.S_ISLNK(os.lstat(cur).st_mode):
@@ -42,7 +76,7 @@ def follow_links(path):
         except FileNotFoundError:
             return cur
         cur = os.path.join(os.path.dirname(cur), link)
-    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), os.fspath(path))
+    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
 
 
 def create_temp(path, size=0):
