@@ -258,11 +258,9 @@ def _np_index(index, shape):
         items = (slice(0, 0),)
     else:
         items = index if isinstance(index, tuple) else (index,)
-    if len(items) > len(shape):
-        raise SafetensorsError("more slicing indexes than dimensions in tensor: %d for shape %s"
-                               % (len(items), list(shape)))
     sel, shown = [], []
-    for d, (i, n) in enumerate(zip(items, shape)):
+    for d, i in enumerate(items):
+        n = shape[d] if d < len(shape) else None
         if isinstance(i, slice):
             lo, hi = (None if v is None else _as_int(v) for v in (i.start, i.stop))
             if (lo is None) != (i.start is None) or (hi is None) != (i.stop is None):
@@ -276,25 +274,28 @@ def _np_index(index, shape):
             j = _as_int(i)
             if j is None:
                 raise TypeError("a NumPy slice index is ints and slices, not %r" % (i,))
-            if j < 0:
+            if j < 0 and n is not None:
                 if j + n < 0:
                     raise SafetensorsError("Invalid index %d for dimension %d of size %d"
                                            % (j, d, n))
                 j += n
             sel.append(j)
             shown.append(str(j))
+    where = "Error during slicing [%s] with shape %s: " % (", ".join(shown), list(shape))
+    if len(sel) > len(shape):
+        raise SafetensorsError(where + "more slicing indexes than dimensions in tensor")
     for d in range(len(sel) - 1, -1, -1):      # the last bad dimension is named
         i, n = sel[d], shape[d]
         if isinstance(i, slice):
             lo = i.start or 0
             hi = n if i.stop is None else i.stop
-            bad = lo if lo > n or (lo == n and hi > lo) else hi - 1 if hi > n else None
+            # an empty dimension sliced whole is no error here (it is in safetensors)
+            bad = lo if lo >= n > 0 or lo > n else hi - 1 if hi > n else None
         else:
             bad = i if i >= n else None
         if bad is not None:
-            raise SafetensorsError("Error during slicing [%s] with shape %s: index %d out of "
-                                   "bounds for tensor dimension #%d of size %d"
-                                   % (", ".join(shown), list(shape), bad, d, n))
+            raise SafetensorsError(where + "index %d out of bounds for tensor dimension #%d of "
+                                   "size %d" % (bad, d, n))
     return tuple(sel)
 
 
