@@ -120,7 +120,8 @@ def np_cases():
     }
 
 
-@pytest.mark.parametrize("metadata", [None, {}, {"é\n\"": "ü"}])  # one key: the library orders several at random
+# one metadata key: the library writes several in random order
+@pytest.mark.parametrize("metadata", [None, {}, {"é\n\"": "ü"}])
 def test_numpy_files_byte_exact(handle, tmp_path, metadata):
     d = np_cases()
     ref = st_np.save(d, metadata=metadata)

@@ -2,7 +2,9 @@
 
 ``get_tensor`` reads exactly one tensor's bytes into memory of its own;
 ``get_slice(name)[...]`` reads only the bytes of the rows (runs) the
-index selects, straight into the result, as one vectored op.
+index selects, straight into the result, as one vectored op. Framework
+"pt" gives torch tensors, "np" NumPy arrays (safetensors' two frameworks
+without a third-party array library of their own).
 """
 from __future__ import annotations
 
