@@ -12,10 +12,10 @@ Everything here is plain PyTorch from the outside: hooks are removable, the
 wrapped optimizer is torch's own, results are bit-identical to in-memory
 training.
 """
-from ._swapper import ALIGN, SwapError, Swapper
+from ._swapper import ALIGN, SwapCorruptError, SwapError, Swapper
 from ._stream import StreamError, stream_model, streamed, unstream
 
-__all__ = ["Swapper", "SwapError", "ALIGN"]
+__all__ = ["Swapper", "SwapError", "SwapCorruptError", "ALIGN"]
 __all__ += ["stream_model", "unstream", "streamed", "StreamError"]
 from ._optimizer import NVMeOptimizer  # noqa: E402
 

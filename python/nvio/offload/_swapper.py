@@ -47,8 +47,9 @@ import torch
 from .. import _device, _nvio
 from .._futures import NvioFuture, completions
 from ..handles import AioHandle
+from . import _trust
 
-__all__ = ["Swapper", "SwapError", "ALIGN"]
+__all__ = ["Swapper", "SwapError", "SwapCorruptError", "ALIGN"]
 
 #: Every piece of a key starts and ends on this many bytes (O_DIRECT's and
 #: the page's size).
@@ -59,7 +60,10 @@ STRIPE_MIN = 1 << 20
 GROW = 64 << 20
 _INDEX = "index.json"
 _DATA = "data.bin"
-_FORMAT = 1
+#: 2: each key's CRC-32 in the index; 1 (still read): none.
+_FORMAT = 2
+#: Keys in one checkpoint at most (a limit on what an index may make restore allocate).
+_KEYS_MAX = 1 << 24
 
 
 def _up(n, a=ALIGN):
@@ -74,6 +78,17 @@ class SwapError(OSError):
         super().__init__(err, msg, filename)
         self.key = key
         self.offset = offset
+
+
+class SwapCorruptError(SwapError):
+    """A Swapper checkpoint that fails its checks: an index field outside
+    what nvio writes (``field`` names it, e.g. ``keys[3].dtype``), a data
+    file shorter than its index, or bytes whose CRC-32 differs from the
+    index's (``key`` and ``offset`` say where). ``filename`` is the file."""
+
+    def __init__(self, err, msg, filename=None, key=None, offset=None, field=None):
+        super().__init__(err, msg, filename, key, offset)
+        self.field = field
 
 
 def _wrap(e, what, key):
@@ -908,13 +923,15 @@ class Swapper:
                 r = self._alloc_region(chunk, "<checkpoint>", "checkpoint")
                 try:
                     for key, e in items:
-                        index.append({"key": _enc_key(key), "dtype": _dtype_name(e.dtype),
-                                      "shape": list(e.shape), "nbytes": e.nbytes,
-                                      "offset": off})
+                        crc = 0
                         for a in range(0, e.nbytes, chunk):
                             n = min(chunk, e.nbytes - a)
                             self.read_range(key, a, r.u8[:n])
+                            crc = _nvio.crc32(r.u8[:n], crc)
                             f.pwrite(r.u8[:n], off + a)
+                        index.append({"key": _enc_key(key), "dtype": _dtype_name(e.dtype),
+                                      "shape": list(e.shape), "nbytes": e.nbytes,
+                                      "offset": off, "crc32": crc})
                         off += _up(e.nbytes)
                 finally:
                     with self._cond:
@@ -927,7 +944,7 @@ class Swapper:
                     if e.retired and e.readers == 0:
                         self._free_pieces(e.pieces)
         tmp = os.path.join(path, ".%s.tmp" % _INDEX)
-        with open(tmp, "w") as fp:
+        with _trust.open_regular(tmp, "w", _ck_error) as fp:
             json.dump({"format": _FORMAT, "keys": index}, fp)
             fp.flush()
             os.fsync(fp.fileno())
@@ -942,42 +959,54 @@ class Swapper:
     @classmethod
     def restore(cls, path, dirs, pool_bytes=256 << 20, **kwargs):
         """A new Swapper over ``dirs`` holding what :meth:`checkpoint` wrote to
-        ``path`` (copied in pool-sized pieces; the checkpoint stays)."""
+        ``path`` (copied in pool-sized pieces; the checkpoint stays).
+
+        The index is checked completely before anything is allocated by it
+        (every field of every key: dtypes from a table, shapes, sizes,
+        offsets inside the data file, no two keys' bytes overlapping), and
+        each key's bytes against the CRC-32 the index holds (checkpoints of
+        format 1, without CRCs, are read unchecked). A failed check raises
+        :class:`SwapCorruptError` naming the file and the field or key."""
         path = os.fsdecode(path)
         ipath = os.path.join(path, _INDEX)
+        dpath = os.path.join(path, _DATA)
         try:
-            with open(ipath) as fp:
-                meta = json.load(fp)
-        except (OSError, ValueError) as e:
+            raw = _trust.read_index(ipath, _ck_error)
+            meta = json.loads(raw)
+        except (OSError, ValueError, RecursionError) as e:
+            if isinstance(e, SwapError):
+                raise
             raise SwapError(getattr(e, "errno", None) or errno.EINVAL,
                             "nvio.offload: %s is no swapper checkpoint: %s" % (ipath, e),
                             ipath) from e
-        if meta.get("format") != _FORMAT:
-            raise SwapError(errno.EINVAL, "nvio.offload: %s: unknown format %r"
-                            % (ipath, meta.get("format")), ipath)
-        dpath = os.path.join(path, _DATA)
-        size = _nvio.file_size(dpath)
-        keys = meta["keys"]
-        for it in keys:
-            if it["nbytes"] and it["offset"] + it["nbytes"] > size:
-                raise SwapError(errno.ENODATA, "nvio.offload: %s is truncated: key %r needs "
-                                "bytes up to %d, the file has %d"
-                                % (dpath, _dec_key(it["key"]), it["offset"] + it["nbytes"],
-                                   size), dpath)
+        _trust.check_regular(dpath, _ck_error)
+        try:
+            size = os.stat(dpath).st_size
+        except OSError as e:
+            raise SwapError(e.errno, "nvio.offload: the data file of checkpoint %s: %s"
+                            % (path, e.strerror), dpath) from e
+        keys = _check_index(meta, ipath, dpath, size)
         sw = cls(dirs, pool_bytes, **kwargs)
         try:
             chunk = _up(min(sw.pool_bytes, 64 << 20) or ALIGN)
             r = sw._alloc_region(chunk, "<restore>", "restore")
             with sw._h.open(dpath, _nvio.FILE_READ) as f:
-                for it in keys:
-                    key = _dec_key(it["key"])
-                    dtype = getattr(torch, it["dtype"])
+                for key, dtype, shape, nb, off, want in keys:
                     with sw._cond:
-                        e = sw._reserve(key, dtype, it["shape"], it["nbytes"])
+                        e = sw._reserve(key, dtype, shape, nb)
+                    crc = 0
                     for a in range(0, e.nbytes, chunk):
                         n = min(chunk, e.nbytes - a)
-                        f.pread(r.u8[:n], it["offset"] + a)
+                        f.pread(r.u8[:n], off + a)
+                        if want is not None:
+                            crc = _nvio.crc32(r.u8[:n], crc)
                         sw._write_range(e, a, r.u8[:n], key)
+                    if want is not None and crc != want:
+                        raise SwapCorruptError(
+                            errno.EBADMSG, "nvio.offload: %s: the %d bytes of key %r at offset "
+                            "%d have CRC-32 %08x, the index %s says %08x: the checkpoint is "
+                            "damaged" % (dpath, nb, key, off, crc, ipath, want),
+                            dpath, key, off)
                     with sw._cond:
                         sw._keys.setdefault(key, _Key()).entry = e
             with sw._cond:
@@ -986,6 +1015,66 @@ class Swapper:
             sw.close()
             raise
         return sw
+
+
+def _ck_error(msg, field=None):
+    return SwapCorruptError(errno.EINVAL, "nvio.offload: " + msg, field=field)
+
+
+def _check_index(meta, ipath, dpath, size):
+    """[(key, dtype, shape, nbytes, offset, crc32 or None)] from a parsed
+    index, every field checked against what checkpoint() writes."""
+    def err(msg, field=None):
+        return SwapCorruptError(errno.EINVAL, "nvio.offload: " + msg, ipath, field=field)
+    F = _trust.Fields(ipath, err)
+    F.dict(meta, "", ("format", "keys"))
+    fmt = F.int(meta["format"], "format", 1, _FORMAT)
+    items = F.list(meta["keys"], "keys", limit=_KEYS_MAX)
+    fields = ("key", "dtype", "shape", "nbytes", "offset") + (("crc32",) if fmt >= 2 else ())
+    out, seen, ranges = [], set(), []
+    for i, it in enumerate(items):
+        at = "keys[%d]" % i
+        F.dict(it, at, fields)
+        key = _dec_key_checked(F, it["key"], at + ".key", 0)
+        if key in seen:
+            F.fail(at + ".key", "key %r is listed twice" % (key,))
+        seen.add(key)
+        dtype = F.dtype(it["dtype"], at + ".dtype")
+        shape = F.shape(it["shape"], at + ".shape")
+        nb = F.int(it["nbytes"], at + ".nbytes")
+        if nb != _trust.nbytes(dtype, shape):
+            F.fail(at + ".nbytes", "%d, but %s %s holds %d bytes"
+                   % (nb, _dtype_name(dtype), list(shape), _trust.nbytes(dtype, shape)))
+        off = F.int(it["offset"], at + ".offset", multiple=ALIGN)
+        if nb and off + nb > size:
+            raise SwapCorruptError(errno.ENODATA, "nvio.offload: %s is truncated: key %r "
+                                   "(%s.offset) needs bytes up to %d, the file has %d"
+                                   % (dpath, key, at, off + nb, size), dpath, key, off,
+                                   field=at + ".offset")
+        crc = F.crc(it["crc32"], at + ".crc32") if fmt >= 2 else None
+        ranges.append((off, off + nb, i))
+        out.append((key, dtype, shape, nb, off, crc))
+    _trust.no_overlap(F, ranges, lambda i: "keys[%d].offset" % i)
+    return out
+
+
+def _dec_key_checked(F, d, field, depth):
+    """_dec_key of an index's key, refusing anything _enc_key does not write."""
+    if depth > _trust.KEY_DEPTH_MAX:
+        F.fail(field, "tuples nested more than %d deep" % _trust.KEY_DEPTH_MAX)
+    if not isinstance(d, dict) or len(d) != 1 or next(iter(d)) not in ("s", "i", "t"):
+        F.fail(field, "must be {\"s\": str}, {\"i\": int} or {\"t\": [keys]}, not %r"
+               % (d,))
+    tag, v = next(iter(d.items()))
+    if tag == "s":
+        return F.str(v, field + ".s")
+    if tag == "i":
+        if not _trust.is_int(v):
+            F.fail(field + ".i", "must be an integer, not %r" % (v,))
+        return v
+    F.list(v, field + ".t")
+    return tuple(_dec_key_checked(F, k, "%s.t[%d]" % (field, j), depth + 1)
+                 for j, k in enumerate(v))
 
 
 def _numel(shape):
@@ -1002,12 +1091,6 @@ def _enc_key(key):
     if isinstance(key, tuple):
         return {"t": [_enc_key(k) for k in key]}
     return {"s": key} if isinstance(key, str) else {"i": key}
-
-
-def _dec_key(d):
-    if "t" in d:
-        return tuple(_dec_key(k) for k in d["t"])
-    return d["s"] if "s" in d else int(d["i"])
 
 
 def _free_bytes(d):
