@@ -63,7 +63,7 @@ class StreamError(OSError):
 
 def stream_model(model, dir=None, device="cpu", prefetch=1, pool_bytes=None, blocks=None, *,
                  pin=(), source="auto", rebuild=False, handle=None, engine="auto",
-                 direct="auto"):
+                 direct="auto", verify=True):
     """Stream ``model``'s block weights from disk; returns the same model.
 
     ``dir``: a ``save_pretrained`` directory whose safetensors hold the
@@ -100,6 +100,10 @@ def stream_model(model, dir=None, device="cpu", prefetch=1, pool_bytes=None, blo
     from the disk are slower than O_DIRECT). ``True``/
     ``False`` (or NVIO_DIRECT in the environment, or ``handle``'s setting)
     always win; ``True`` means O_DIRECT or an error.
+    ``verify``: check each block read from nvio's weight store against the
+    CRC-32 written with it (StreamError, errno EBADMSG, on a mismatch);
+    ``stats()["crc"]`` says whether blocks are checked (stores written
+    before nvio kept CRC-32s are read unchecked; rebuild=True adds them).
     ``model._nvio_streamer.stats()`` says what was chosen: ``direct``,
     ``why`` (the numbers), ``direct_inputs`` and ``o_direct`` (whether
     the open weight files do use O_DIRECT).
@@ -125,7 +129,7 @@ def stream_model(model, dir=None, device="cpu", prefetch=1, pool_bytes=None, blo
     elif dev.type != "cpu":
         raise ValueError("nvio: device must be 'cpu' or 'cuda', not %r" % (device,))
     s = _Streamer(model, dir, dev, prefetch, pool_bytes, blocks, pin, source, rebuild,
-                  handle, engine, direct)
+                  handle, engine, direct, bool(verify))
     object.__setattr__(model, _ATTR, s)
     return model
 
@@ -255,11 +259,12 @@ class _Piece:
 
 
 class _Block:
-    __slots__ = ("idx", "name", "module", "pieces", "lay", "views", "hooks", "nbytes")
+    __slots__ = ("idx", "name", "module", "pieces", "lay", "views", "hooks", "nbytes", "crc")
 
     def __init__(self, idx, name, module):
         self.idx, self.name, self.module = idx, name, module
         self.pieces, self.lay, self.views, self.hooks, self.nbytes = [], None, {}, [], 0
+        self.crc = None         # CRC-32 of the block's bytes in nvio's store
 
 
 class _Slot:
@@ -305,13 +310,14 @@ def _materialised(t):
 
 class _Streamer:
     def __init__(self, model, dir, dev, prefetch, pool_bytes, blocks, pin, source, rebuild,
-                 handle, engine, direct):
+                 handle, engine, direct, verify=True):
         self.model, self.dev = model, dev
+        self._verify = verify
         self.dir = dir if dir is not None else _model_dir(model)
         bl = find_blocks(model, blocks)
         self.blocks = [_Block(i, n, m) for i, (n, m) in enumerate(bl)]
         self._split(model, pin)
-        self._stats = dict(bytes_read=0, block_reads=0, wait_s=0.0, reads_failed=0)
+        self._stats = dict(bytes_read=0, block_reads=0, wait_s=0.0, reads_failed=0, crc_s=0.0)
         self._clock = itertools.count(1)
         self.running = set()
         own = handle is None
@@ -449,7 +455,7 @@ class _Streamer:
             e = entries[name]
             hm, hf = hashlib.sha256(), hashlib.sha256()
             W.sample_tensor(hm, t)
-            with open(e.path, "rb") as f:
+            with W.open_data(e.path) as f:
                 W.sample_file(hf, f, e.start, e.end - e.start)
             if hm.digest() != hf.digest():
                 return "tensor %r in memory differs from %s" % (name, e.path)
@@ -463,8 +469,9 @@ class _Streamer:
         for b in self.blocks:
             b.lay = W.layout_safetensors(self._tensor_list(b), entries, sizes)
         self._entries = entries
-        self._resident_src = {n: (entries[n].path, entries[n].start)
+        self._resident_src = {n: (entries[n].path, entries[n].start, None)
                               for n, *_r in self.resident if n in entries}
+        self.crc_checked = False
 
     def _use_store(self, rebuild, why):
         if self.dir is None:
@@ -480,7 +487,12 @@ class _Streamer:
         tensors = [[p.orig for p in b.pieces] for b in self.blocks] + [[r[4] for r in persistent]]
         all_mat = all(_materialised(t) for ts in tensors for t in ts)
         data = os.path.join(self.dir, W.STORE_DATA)
-        m = W.read_manifest(self.dir)
+        try:
+            m = W.read_manifest(self.dir)
+        except W.StoreCorruptError:
+            if not (rebuild and all_mat):
+                raise
+            m = None            # rewritten below
         stale = self._store_stale(m, fp, size, data, layout, tensors, all_mat)
         if stale or rebuild:
             if not all_mat:
@@ -488,13 +500,20 @@ class _Streamer:
                     "nvio: cannot stream: %s, and the model's weights are not in memory to "
                     "write nvio's weight store %s (%s)"
                     % (why or "no safetensors", data, stale or "rebuild requested"))
-            self._write_store(data, fp, layout, size, tensors, names)
+            m = self._write_store(data, fp, layout, size, tensors, names)
+        else:
+            _check_store_layout(m, os.path.join(self.dir, W.STORE_MANIFEST), names, layout)
         self.source = "store"
-        for b, (off, lay) in zip(self.blocks, layout):
+        verify = self._verify
+        for b, (off, lay), mb in zip(self.blocks, layout, m["blocks"]):
             lay.reads = {data: [(0, off, lay.size)]}
             b.lay = lay
+            b.crc = mb.get("crc32") if verify else None
         roff, rlay = layout[-1]
-        self._resident_src = {n: (data, roff + rlay.slices[n].off) for n, *_r in persistent}
+        tcrc = {t[0]: t[4] for t in m["blocks"][-1]["tensors"] if len(t) == 5 and verify}
+        self._resident_src = {n: (data, roff + rlay.slices[n].off, tcrc.get(n))
+                              for n, *_r in persistent}
+        self.crc_checked = verify and all(b.crc is not None for b in self.blocks)
 
     def _store_stale(self, m, fp, size, data, layout, tensors, all_mat):
         """None if the store in dir holds this model, else why not."""
@@ -502,6 +521,7 @@ class _Streamer:
             return "no weight store in %s yet" % self.dir
         if m.get("fingerprint") != fp:
             return "the weight store %s was written for another model" % data
+        W._trust.check_regular(data, W.WeightsError)
         try:
             fsize = os.path.getsize(data)
         except OSError as e:
@@ -510,7 +530,7 @@ class _Streamer:
             return ("the weight store's data file %s has %d bytes, its manifest says %d"
                     % (data, fsize, size))
         hf = hashlib.sha256()
-        with open(data, "rb") as f:
+        with W.open_data(data) as f:
             for (off, lay), ts in zip(layout, tensors):
                 for s in lay.slices.values():
                     W.sample_file(hf, f, off + s.off, s.nbytes)
@@ -534,32 +554,40 @@ class _Streamer:
         mv = memoryview(stage.buf)
         h = self.handle if self.handle is not None else self._new_handle("auto")
         try:
-            self._write_store_data(h, data, layout, size, tensors, stage, mv, hm)
+            crcs = self._write_store_data(h, data, layout, size, tensors, stage, mv, hm)
         finally:
             if h is not self.handle:
                 h.close()
-        W.write_manifest(self.dir, {
+        m = {
             "format": W.STORE_FORMAT, "version": W.STORE_VERSION, "fingerprint": fp,
             "sample": hm.hexdigest(), "data": W.STORE_DATA, "data_size": size,
-            "blocks": [{"name": n, "offset": off, "nbytes": lay.size,
-                        "tensors": [[s.name, W.dtype_name(s.dtype), list(s.shape), s.off]
-                                    for s in lay.slices.values()]}
-                       for n, (off, lay) in zip(names, layout)],
-        })
+            "blocks": [{"name": n, "offset": off, "nbytes": lay.size, "crc32": bc,
+                        "tensors": [[s.name, W.dtype_name(s.dtype), list(s.shape), s.off, tc]
+                                    for s, tc in zip(lay.slices.values(), tcs)]}
+                       for n, (off, lay), (bc, tcs) in zip(names, layout, crcs)],
+        }
+        W.write_manifest(self.dir, m)
+        return m
 
     @staticmethod
     def _write_store_data(h, data, layout, size, tensors, stage, mv, hm):
+        """Returns [(the block's CRC-32, [each tensor's CRC-32])] per block."""
+        crcs = []
         with h.open(data, _nvio.FILE_ATOMIC) as f:
             f.truncate(size)
             for (off, lay), ts in zip(layout, tensors):
                 stage.host[:lay.size].zero_()
+                tcs = []
                 for s, t in zip(lay.slices.values(), ts):
                     src = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
                     stage.host[s.off:s.off + s.nbytes].copy_(src)
                     W.sample_tensor(hm, t)
+                    tcs.append(_nvio.crc32(mv[s.off:s.off + s.nbytes]))
+                crcs.append((_nvio.crc32(mv[:lay.size]), tcs))
                 if lay.size:
                     f.pwrite(mv[:lay.size], off)
             f.commit()
+        return crcs
 
     def _file(self, path):
         f = self.files.get(path)
@@ -576,8 +604,8 @@ class _Streamer:
             if src is None:
                 raise W.WeightsError("nvio: tensor %r is on the meta device and not in the "
                                      "weights (%s)" % (name, self.source))
-            path, off = src
-            new = self._read_tensor(path, off, tuple(t.shape), t.dtype, name)
+            path, off, crc = src
+            new = self._read_tensor(path, off, tuple(t.shape), t.dtype, name, crc)
             (m._parameters if isp else m._buffers)[k] = (
                 nn.Parameter(new, requires_grad=t.requires_grad) if isp else new)
         if self.dev.type == "cuda":
@@ -589,11 +617,12 @@ class _Streamer:
                     else:
                         m._buffers[k] = _device.to_device(cur, self.dev)
 
-    def _read_tensor(self, path, off, shape, dtype, name):
+    def _read_tensor(self, path, off, shape, dtype, name, crc=None):
         """A tensor read from path at off into page-aligned memory: the
         aligned superset of its bytes is read with O_DIRECT and the tensor
         is a view inside it (an unaligned read would go through nvio's
-        staging ring, whose memory would count in the peak)."""
+        staging ring, whose memory would count in the peak). crc: the
+        CRC-32 its bytes must have (nvio's store), or None."""
         n = W._nbytes(dtype, shape)
         if n == 0:
             return torch.empty(shape, dtype=dtype)
@@ -607,6 +636,14 @@ class _Streamer:
         if got != a1 - a0:
             raise W.WeightsError("nvio: %s: %d of %d bytes of tensor %r at offset %d: the "
                                  "file is truncated" % (path, got, a1 - a0, name, a0))
+        if crc is not None:
+            got = _nvio.crc32(memoryview(buf)[off - a0:off - a0 + n])
+            if got != crc:
+                raise StreamError(errno.EBADMSG, "nvio: %s: the %d bytes of tensor %r at offset "
+                                  "%d have CRC-32 %08x, the manifest says %08x: the weight "
+                                  "store is damaged (stream_model(..., rebuild=True) rewrites "
+                                  "it from weights in memory)" % (path, n, name, off, got, crc),
+                                  path)
         u8 = torch.frombuffer(buf, dtype=torch.uint8)
         return u8[off - a0:off - a0 + n].view(dtype).view(shape)
 
@@ -832,6 +869,17 @@ class _Streamer:
             self._stats["bytes_read"] += got
         self._stats["wait_s"] += time.perf_counter() - t0
         s.futs = []
+        if err is None and b.crc is not None:
+            t1 = time.perf_counter()
+            got = _nvio.crc32(s.mv[:b.lay.size])
+            self._stats["crc_s"] += time.perf_counter() - t1
+            if got != b.crc:
+                path, ((_so, off, n),) = next(iter(b.lay.reads.items()))
+                err = (path, StreamError(
+                    errno.EBADMSG, "the %d bytes of the block at offset %d have CRC-32 %08x, the "
+                    "manifest says %08x: the weight store is damaged (stream_model(..., "
+                    "rebuild=True) rewrites it from weights in memory)"
+                    % (n, off, got, b.crc), path))
         if err is not None:
             s.owner = None
             self._stats["reads_failed"] += 1
@@ -868,7 +916,7 @@ class _Streamer:
                  streamed_bytes=sum(b.nbytes for b in self.blocks),
                  peak_weight_bytes=res + self.slot_bytes * len(self.slots),
                  files=sorted(self.files), device=str(self.dev), direct=self.direct,
-                 why=self.why, direct_inputs=dict(self.direct_inputs),
+                 why=self.why, direct_inputs=dict(self.direct_inputs), crc=self.crc_checked,
                  o_direct=(all(f.direct for f in self.files.values()) if self.files else None))
         return d
 
@@ -907,6 +955,35 @@ class _Streamer:
         if self._own_handle and self.handle is not None:
             self.handle.close()
         self.slots = []
+
+
+def _check_store_layout(m, mpath, names, layout):
+    """A manifest whose fingerprint matches must also place every block
+    and tensor where the layout does (a hand-edited manifest otherwise
+    points reads anywhere)."""
+    p = mpath
+    if len(m["blocks"]) != len(layout):
+        raise W.StoreCorruptError("nvio: weight store manifest %s: field blocks has %d "
+                                  "entries, the model %d" % (p, len(m["blocks"]), len(layout)),
+                                  mpath, "blocks")
+    for i, (mb, name, (off, lay)) in enumerate(zip(m["blocks"], names, layout)):
+        want = {"name": name, "offset": off, "nbytes": lay.size}
+        for k, v in want.items():
+            if mb[k] != v:
+                raise W.StoreCorruptError("nvio: weight store manifest %s: field blocks[%d].%s "
+                                          "is %r, the layout says %r" % (p, i, k, mb[k], v),
+                                          mpath, "blocks[%d].%s" % (i, k))
+        got = [t[:4] for t in mb["tensors"]]
+        exp = [[sl.name, W.dtype_name(sl.dtype), list(sl.shape), sl.off]
+               for sl in lay.slices.values()]
+        if got != exp:
+            j = next((j for j, (a, b) in enumerate(zip(got, exp)) if a != b), min(len(got),
+                                                                                  len(exp)))
+            raise W.StoreCorruptError("nvio: weight store manifest %s: field blocks[%d].tensors"
+                                      "[%d] is %r, the layout says %r"
+                                      % (p, i, j, got[j] if j < len(got) else None,
+                                         exp[j] if j < len(exp) else None),
+                                      mpath, "blocks[%d].tensors[%d]" % (i, j))
 
 
 def _model_dir(model):

@@ -35,6 +35,7 @@ import torch
 
 from ..safetensors import _dir as std
 from ..safetensors import _format as stf
+from . import _trust
 
 __all__ = []
 
@@ -49,6 +50,20 @@ STORE_VERSION = 1
 
 class WeightsError(ValueError):
     """A weight file that cannot be used as it is (names the file)."""
+
+
+class StoreCorruptError(WeightsError):
+    """nvio's weight store fails its checks: a manifest field outside what
+    nvio writes (``field`` names it, e.g. ``blocks[2].tensors[0][2]``), or
+    a manifest that disagrees with the store's layout. ``path``: the file."""
+
+    def __init__(self, msg, path=None, field=None):
+        super().__init__(msg)
+        self.path, self.field = path, field
+
+
+#: Blocks (and tensors in one block) a manifest may list at most.
+STORE_BLOCKS_MAX = 1 << 20
 
 
 def align_up(n, a=ALIGN):
@@ -80,8 +95,8 @@ def read_safetensors_header(path):
     by nvio.safetensors before anything is read by it. Tensors of a dtype
     torch lacks are left out (no model tensor can match them)."""
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
+        with _trust.open_regular(path, "rb", WeightsError) as f:
+            size = os.fstat(f.fileno()).st_size
             n = stf.header_length(f.read(stf.PREFIX), size, path)
             raw = f.read(n)
     except OSError as e:
@@ -238,6 +253,11 @@ def sample_tensor(h, t):
         h.update(b[o:o + n].numpy().tobytes())
 
 
+def open_data(path):
+    """A store or safetensors data file opened for sampling (regular files only)."""
+    return _trust.open_regular(path, "rb", WeightsError)
+
+
 def sample_file(h, f, off, nbytes):
     """Feed the sampled bytes of the file range [off, off + nbytes) to h."""
     for o, n in sample_ranges(nbytes):
@@ -249,18 +269,69 @@ def sample_file(h, f, off, nbytes):
 
 
 def read_manifest(dir):
-    """The store's manifest, or None when dir holds no store."""
+    """The store's manifest, or None when dir holds no store. Every field is
+    checked (StoreCorruptError names the first that is not as nvio writes
+    it) before anything is read by it."""
     p = os.path.join(dir, STORE_MANIFEST)
+
+    def err(msg, field=None):
+        return StoreCorruptError("nvio: weight store manifest " + msg, p, field)
     try:
-        with open(p) as f:
-            m = json.load(f)
+        m = json.loads(_trust.read_index(p, err))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as e:
-        raise WeightsError("nvio: bad weight store manifest %s: %s" % (p, e)) from None
+    except (OSError, ValueError, RecursionError) as e:
+        if isinstance(e, StoreCorruptError):
+            raise
+        raise StoreCorruptError("nvio: bad weight store manifest %s: %s" % (p, e), p) from None
     if not isinstance(m, dict) or m.get("format") != STORE_FORMAT:
-        raise WeightsError("nvio: %s is no nvio weight store manifest" % p)
+        raise StoreCorruptError("nvio: %s is no nvio weight store manifest" % p, p, "format")
+    check_manifest(m, _trust.Fields(p, err))
     return m
+
+
+def check_manifest(m, F):
+    """Every field of a manifest, as _stream's _write_store writes it:
+    blocks (with their CRC-32s, absent in stores written before them)
+    inside data_size, in order, not overlapping."""
+    F.dict(m, "", ("format", "version", "fingerprint", "sample", "data", "data_size",
+                   "blocks"))
+    F.int(m["version"], "version", STORE_VERSION, STORE_VERSION)
+    F.str(m["fingerprint"], "fingerprint", hexlen=64)
+    F.str(m["sample"], "sample", hexlen=64)
+    F.str(m["data"], "data", choices=(STORE_DATA,))
+    size = F.int(m["data_size"], "data_size", 0, 1 << 62)
+    pos = 0
+    for i, b in enumerate(F.list(m["blocks"], "blocks", limit=STORE_BLOCKS_MAX)):
+        at = "blocks[%d]" % i
+        F.dict(b, at, ("name", "offset", "nbytes", "tensors"), ("crc32",))
+        F.str(b["name"], at + ".name")
+        off = F.int(b["offset"], at + ".offset", pos, size, multiple=ALIGN)
+        if off != pos:
+            F.fail(at + ".offset", "%d, but the block before ends at %d" % (off, pos))
+        n = F.int(b["nbytes"], at + ".nbytes", 0, size - off, multiple=ALIGN)
+        pos = off + n
+        if "crc32" in b:
+            F.crc(b["crc32"], at + ".crc32")
+        end = 0
+        for j, t in enumerate(F.list(b["tensors"], at + ".tensors", limit=STORE_BLOCKS_MAX)):
+            tat = "%s.tensors[%d]" % (at, j)
+            F.list(t, tat)
+            if len(t) not in (4, 5):
+                F.fail(tat, "must be [name, dtype, shape, offset(, crc32)], not %d items"
+                       % len(t))
+            F.str(t[0], tat + "[0]")
+            dt = F.dtype(t[1], tat + "[1]")
+            shape = F.shape(t[2], tat + "[2]")
+            toff = F.int(t[3], tat + "[3]", end, n, multiple=TENSOR_ALIGN)
+            end = toff + _trust.nbytes(dt, shape)
+            if end > n:
+                F.fail(tat + "[2]", "%s %s at offset %d ends at %d, past the block's %d bytes"
+                       % (t[1], t[2], toff, end, n))
+            if len(t) == 5:
+                F.crc(t[4], tat + "[4]")
+    if pos != size:
+        F.fail("data_size", "%d, but the blocks end at %d" % (size, pos))
 
 
 def write_manifest(dir, m):
@@ -268,7 +339,7 @@ def write_manifest(dir, m):
     p = os.path.join(dir, STORE_MANIFEST)
     tmp = p + ".tmp.%d" % os.getpid()
     try:
-        with open(tmp, "w") as f:
+        with _trust.open_regular(tmp, "w", WeightsError) as f:
             json.dump(m, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
