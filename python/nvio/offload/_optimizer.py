@@ -123,6 +123,7 @@ class NVMeOptimizer:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError("nvio.offload: NVMeOptimizer wraps a torch.optim.Optimizer, not %s"
                             % type(optimizer).__name__)
+        _check_args(sub_group_numel, pool_bytes, master_weights, swapper, model_offload)
         self.optimizer = optimizer
         params = []
         for gi, g in enumerate(optimizer.param_groups):
@@ -606,6 +607,31 @@ class NVMeOptimizer:
     def __repr__(self):
         return "NVMeOptimizer(%r, %d sub-groups, dirs=%s)" % (
             type(self.optimizer).__name__, len(self._subgroups), self.swapper.dirs)
+
+
+def _check_args(sub_group_numel, pool_bytes, master_weights, swapper, model_offload):
+    """ValueError/TypeError naming the argument, before anything is allocated."""
+    def is_int(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+    if not is_int(sub_group_numel) or sub_group_numel < 1:
+        raise ValueError("nvio.offload: NVMeOptimizer: sub_group_numel must be an int >= 1 "
+                         "(parameter elements per sub-group), not %r" % (sub_group_numel,))
+    if pool_bytes is not None and (not is_int(pool_bytes) or pool_bytes < 0):
+        raise ValueError("nvio.offload: NVMeOptimizer: pool_bytes must be None or an int "
+                         ">= 0, not %r" % (pool_bytes,))
+    if not (master_weights == "auto" and isinstance(master_weights, str)) and \
+            not isinstance(master_weights, bool):
+        raise ValueError("nvio.offload: NVMeOptimizer: master_weights must be 'auto', True "
+                         "or False, not %r" % (master_weights,))
+    if swapper is not None and not isinstance(swapper, Swapper):
+        raise TypeError("nvio.offload: NVMeOptimizer: swapper must be an "
+                        "nvio.offload.Swapper, not %s" % type(swapper).__name__)
+    if model_offload is not None:
+        from ._model import ModelOffload
+        if not isinstance(model_offload, ModelOffload):
+            raise TypeError("nvio.offload: NVMeOptimizer: model_offload must be the "
+                            "ModelOffload from offload_model(), not %s"
+                            % type(model_offload).__name__)
 
 
 def _numel(shape):
