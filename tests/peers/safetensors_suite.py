@@ -17,6 +17,14 @@ low-level calls. A name a test imports from the swapped modules that nvio
 lacks fails that test's collection (nothing falls back to the real package).
 
     python3 tests/peers/safetensors_suite.py TESTS_DIR [--real] [-- pytest args]
+    python3 tests/peers/safetensors_suite.py --git SAFETENSORS_GIT_DIR [--rev REV] [--real]
+
+``--git`` takes the files from a clone (or bare mirror) of
+huggingface/safetensors at ``--rev`` (default HEAD) instead of a directory.
+
+Measured with safetensors 0.8.0 (PyPI) and the tests at 24b0b2857fef (the
+newest snapshot at hand; v0.8.0-rc.0 predates the pread backend that
+0.8.0 has): the real package 66 passed, 13 skipped; nvio the same 66.
 
 ``--real`` runs the same files against the real package (the reference
 count). The tests write relative paths (./tests/data/...): they run in a
@@ -27,6 +35,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -56,25 +65,42 @@ def swap():
     safetensors.safe_open = nvio.safetensors.safe_open
 
 
+def _fetch(a, name):
+    """The bytes of one test file, or None where the source has none."""
+    if a.git:
+        r = subprocess.run(["git", "--git-dir", a.git, "show",
+                            "%s:bindings/python/tests/%s" % (a.rev, name)],
+                           capture_output=True, check=False)
+        return r.stdout if r.returncode == 0 else None
+    path = os.path.join(os.path.abspath(a.tests), name)
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("tests", help="directory holding safetensors' bindings/python/tests files")
+    ap.add_argument("tests", nargs="?",
+                    help="directory holding safetensors' bindings/python/tests files")
+    ap.add_argument("--git", help="a git directory of huggingface/safetensors to take them from")
+    ap.add_argument("--rev", default="HEAD", help="the revision for --git (default HEAD)")
     ap.add_argument("--real", action="store_true", help="run against the real package")
     ap.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     a = ap.parse_args(argv)
-    src = os.path.abspath(a.tests)
-    missing = [f for f in FILES if not os.path.isfile(os.path.join(src, f))]
-    if missing:
-        ap.error("%s lacks %s" % (src, ", ".join(missing)))
+    if (a.tests is None) == (a.git is None):
+        ap.error("give a tests directory or --git, not both")
     work = tempfile.mkdtemp(prefix="nvio-st-suite-")
     try:
         dst = os.path.join(work, "tests")
         os.makedirs(os.path.join(dst, "data"))
-        for f in FILES:
-            shutil.copy(os.path.join(src, f), dst)
-        init = os.path.join(src, "data", "__init__.py")
-        if os.path.isfile(init):
-            shutil.copy(init, os.path.join(dst, "data"))
+        for f in FILES + ["data/__init__.py"]:
+            text = _fetch(a, f)
+            if text is None and f in FILES:
+                ap.error("%s lacks %s" % (a.git or a.tests, f))
+            if text is not None:
+                with open(os.path.join(dst, f), "wb") as out:
+                    out.write(text)
         os.chdir(work)
         if not a.real:
             swap()
