@@ -22,6 +22,10 @@ from ._read import BLOCK_SIZE, QUEUE_DEPTH, PendingBatch, Source, choose_direct
 _OPTS = ("engine", "direct", "queue_depth", "block_size", "gds")
 
 
+class _Rows(list):
+    """The rows of a batch tensor, with the batch (``.batch``)."""
+
+
 class _Reader:
     """What both datasets share: a Source, byte ranges per index, batches."""
 
@@ -79,7 +83,15 @@ class _Reader:
         return self.submit_batch(indices, device=device).wait()
 
     def __getitems__(self, indices):
-        return self.read_batch(indices)
+        """torch's DataLoader's batched fetch: a list of the samples (what
+        a collate_fn takes), views of the batch's one buffer; ``collate``
+        gives back the batch itself, the default collate copies."""
+        b = self.read_batch(indices)
+        if isinstance(b, list):
+            return b
+        rows = _Rows(b.unbind(0))
+        rows.batch = b
+        return rows
 
     def close(self):
         """Close this process's handle (reopened on the next read)."""

@@ -12,7 +12,7 @@ def collate(batch):
     """A DataLoader collate_fn that keeps nvio.data's batches as they are
     (views of the one buffer the batch was read into); the default collate
     would copy them into a new tensor."""
-    return batch
+    return getattr(batch, "batch", batch)
 
 
 class _Pool:

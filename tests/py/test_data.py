@@ -1,0 +1,416 @@
+"""nvio.data without megatron: flat token files (nanoGPT raw, llm.c
+headered), batches equal to sample-by-sample reads on every engine and
+direct mode, the lane plan, BatchLoader (prefetch, samplers, held batches),
+torch's DataLoader with 0 and 2 workers (fork and spawn), a read that fails
+(injected EIO, a file cut short under the reader), bad headers, and batches
+landing in device memory (the CUDA/cuFile simulator)."""
+import errno
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import nvio  # noqa: E402
+import nvio.data as nd  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def tokens_file(path, n, dtype=np.uint16, header=None, seed=0):
+    """n random tokens, raw or behind an llm.c header (magic, version)."""
+    toks = np.random.default_rng(seed).integers(0, np.iinfo(np.uint16).max, n).astype(dtype)
+    with open(path, "wb") as f:
+        if header is not None:
+            h = np.zeros(256, "<i4")
+            h[0], h[1], h[2] = header[0], header[1], n
+            f.write(h.tobytes())
+        f.write(toks.tobytes())
+    return toks
+
+
+def test_import_is_light():
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import sys, nvio, nvio.data
+        print(sorted(m for m in ("torch", "torch.utils.data", "megatron") if m in sys.modules))
+        """)], capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, PYTHONPATH=os.path.dirname(nvio.__path__[0])))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("kind", ["raw16", "raw32", "llmc16", "llmc32"])
+def test_token_windows_equal_the_file(kind, engine, direct, tmp_path):
+    p = str(tmp_path / "t.bin")
+    dt = np.uint32 if kind.endswith("32") else np.uint16
+    header = {"llmc16": (20240520, 1), "llmc32": (20240801, 7)}.get(kind)
+    toks = tokens_file(p, 50_000 + 3, dt, header)
+    kw = {} if header else {"dtype": dt}
+    ds = nd.TokenWindows(p, 127, engine=engine, direct=direct, **kw)
+    assert (ds.dtype, ds.ntokens, ds.header, len(ds)) == \
+        (np.dtype(dt), len(toks), 1024 if header else 0, len(toks) - 127)
+    rng = np.random.default_rng(1)
+    # random starts, neighbours that overlap (a lane each), a duplicate, the ends
+    idx = list(rng.integers(0, len(ds), 200)) + [5, 6, 7, 7, 0, len(ds) - 1, -1]
+    got = ds.read_batch(idx)
+    assert got.shape == (len(idx), 128) and got.dtype == nd._buffers.torch_dtype(dt)
+    want = np.stack([toks[i:i + 128] for i in (int(i) % len(ds) for i in idx)])
+    assert got.numpy().tobytes() == want.tobytes()
+    for i in idx[:20] + [len(ds) - 1]:
+        assert ds[i].numpy().tobytes() == toks[int(i) % len(ds):int(i) % len(ds) + 128].tobytes()
+    # stride: windows at multiples of it
+    s = nd.TokenWindows(p, 63, stride=64, engine=engine, direct=direct, **kw)
+    assert len(s) == (len(toks) - 64) // 64 + 1
+    assert s.read_batch([3])[0].numpy().tobytes() == toks[192:256].tobytes()
+
+
+def test_batch_is_one_submission_into_one_locked_buffer(tmp_path, monkeypatch):
+    p = str(tmp_path / "t.bin")
+    tokens_file(p, 100_000)
+    ds = nd.TokenWindows(p, 255, engine="psync")
+    ds.read_batch([0])
+    calls = []
+    comp = nvio.completions(ds.source.handle)
+    real = comp.submit
+    monkeypatch.setattr(comp, "submit", lambda ops, **k: calls.append(list(ops)) or real(ops, **k))
+    idx = np.random.default_rng(2).permutation(len(ds) // 256)[:256] * 256
+    b = ds.read_batch(idx)
+    assert len(calls) == 1 and len(calls[0]) == 1       # one submit, one op (disjoint: one lane)
+    op = calls[0][0]
+    assert op[3] == nvio.OFFSET_PER_IOV and len(op[2]) == 256
+    offs = [o for _, o in op[2]]
+    assert offs == sorted(offs)
+    buf = b.untyped_storage()
+    assert buf.nbytes() >= 256 * 512 and b.is_contiguous()
+    assert nvio.buffer_info(b)[0] == buf.data_ptr()
+    assert nvio._nvio.mem_query(buf.data_ptr(), buf.nbytes()) & nvio._nvio.MEM_NVIO
+
+
+def test_plan_lanes():
+    rng = np.random.default_rng(3)
+    for trial in range(200):
+        n = int(rng.integers(0, 40))
+        offs = rng.integers(0, 500, n)
+        sizes = rng.integers(0, 60, n)
+        lanes = nd.plan_lanes(offs, sizes)
+        got = sorted(i for lane in lanes for i in lane)
+        assert got == [i for i in range(n) if sizes[i] > 0]
+        for lane in lanes:
+            for a, b in zip(lane, lane[1:]):
+                assert offs[a] + sizes[a] <= offs[b]
+        # disjoint ranges: one lane
+    assert nd.plan_lanes([30, 0, 10], [10, 10, 20]) == [[1, 2, 0]]
+    assert nd.plan_lanes([0, 5], [10, 10]) == [[0], [1]]
+
+
+def test_header_and_index_errors(tmp_path):
+    p = str(tmp_path / "t.bin")
+    tokens_file(p, 1000, np.uint16, (20240520, 1))
+    os.truncate(p, 1024 + 999 * 2)
+    with pytest.raises(nd.DataTruncatedError, match="t.bin: truncated: 3022 bytes, its header "
+                                                    "says 1000 tokens of uint16"):
+        nd.TokenWindows(p, 10)
+    with pytest.raises(nd.DataFormatError, match="holds uint16 tokens, not uint32"):
+        nd.TokenWindows(p, 10, dtype=np.uint32)
+    with open(p, "wb") as f:
+        f.write(b"\x01" * 7)
+    with pytest.raises(nd.DataTruncatedError, match="no whole number of uint16"):
+        nd.TokenWindows(p, 1, header=0)
+    with pytest.raises(nd.DataFormatError, match="no llm.c token file"):
+        nd.TokenWindows(p, 1, header="llm.c")
+    tokens_file(p, 100)
+    with pytest.raises(nd.DataFormatError, match="100 tokens, fewer than one window of 101"):
+        nd.TokenWindows(p, 100)
+    ds = nd.TokenWindows(p, 10, dtype=np.uint16)
+    for bad in (len(ds), -len(ds) - 1, 10**12):
+        with pytest.raises(nd.SampleIndexError, match=r"t.bin: sample %d out of range: the "
+                                                      r"dataset has 90 samples" % bad) as e:
+            ds.read_batch([0, bad])
+        assert isinstance(e.value, IndexError) and e.value.sample == bad
+        with pytest.raises(IndexError):
+            ds[bad]
+    with pytest.raises(TypeError):
+        ds["x"]
+
+
+def test_read_faults_name_the_file_and_samples(tmp_path, engine, direct):
+    """A .bin cut short under an open reader (on every engine): the batch
+    fails naming the file, the samples and their bytes; never garbage."""
+    p = str(tmp_path / "t.bin")
+    tokens_file(p, 100_000)
+    ds = nd.TokenWindows(p, 1023, engine=engine, direct=direct)
+    ds.read_batch([0])                                  # the handle is open
+    os.truncate(p, 100_000)                             # half the tokens
+    with pytest.raises(nd.DataReadError) as e:
+        ds.read_batch([10, 90_000, 20])
+    msg = str(e.value)
+    assert p in msg and "sample 90000 (bytes 180000..182048)" in msg, msg
+    assert e.value.sample == 90000 and e.value.offset == 180000 and e.value.nbytes == 2048
+    assert e.value.path == p and isinstance(e.value.__cause__, nvio.NvioError)
+    with pytest.raises(nd.DataReadError, match="sample 49900 "):
+        ds[49_900]
+    assert ds.read_batch([1]).shape == (1, 1024)        # the part still there reads
+
+
+SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <unistd.h>
+static long nth = -1, calls;
+static char dir[4096];
+void data_fault_arm(long n, const char *under) { nth = n; calls = 0; snprintf(dir, sizeof(dir), "%s", under); }
+static int hit(int fd)
+{
+	char link[64], target[4096];
+	ssize_t n;
+	if (nth < 0)
+		return 0;
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	n = readlink(link, target, sizeof(target) - 1);
+	if (n < 0)
+		return 0;
+	target[n] = 0;
+	if (strncmp(target, dir, strlen(dir)))
+		return 0;
+	return __atomic_add_fetch(&calls, 1, __ATOMIC_SEQ_CST) == nth;
+}
+ssize_t pread(int fd, void *b, size_t n, off_t off)
+{
+	static ssize_t (*real)(int, void *, size_t, off_t);
+	if (!real) real = dlsym(RTLD_NEXT, "pread");
+	if (hit(fd)) { errno = EIO; return -1; }
+	return real(fd, b, n, off);
+}
+ssize_t pread64(int fd, void *b, size_t n, off_t off) { return pread(fd, b, n, off); }
+ssize_t preadv(int fd, const struct iovec *v, int c, off_t off)
+{
+	static ssize_t (*real)(int, const struct iovec *, int, off_t);
+	if (!real) real = dlsym(RTLD_NEXT, "preadv");
+	if (hit(fd)) { errno = EIO; return -1; }
+	return real(fd, v, c, off);
+}
+ssize_t preadv64(int fd, const struct iovec *v, int c, off_t off) { return preadv(fd, v, c, off); }
+"""
+
+FAULT = r"""
+import ctypes, json, sys
+import numpy as np
+import nvio.data as nd
+lib = ctypes.CDLL(None)
+lib.data_fault_arm.argtypes = [ctypes.c_long, ctypes.c_char_p]
+p, d = sys.argv[1], sys.argv[2]
+want = np.fromfile(p, np.uint16)
+idx = [7000, 100, 40000, 25000]
+out = {}
+for m in sys.argv[3:]:
+  ds = nd.TokenWindows(p, 511, engine="psync", direct=m == "1")
+  out[m] = res = []
+  for nth in (1, 2, 4):
+    lib.data_fault_arm(nth, d.encode())
+    try:
+        ds.read_batch(idx)
+        res.append({"nth": nth, "raised": None})
+    except nd.DataReadError as e:
+        res.append({"nth": nth, "raised": e.errno, "msg": str(e), "sample": e.sample,
+                    "offset": e.offset})
+    lib.data_fault_arm(-1, b"")
+    got = ds.read_batch(idx).numpy()
+    res[-1]["after"] = all(got[k].tobytes() == want[i:i + 512].tobytes() for k, i in enumerate(idx))
+print(json.dumps(out))
+"""
+
+
+def test_injected_read_faults(tmp_path):
+    """EIO at the n-th pread/preadv of the .bin (psync: the engine whose reads
+    go through libc, an LD_PRELOAD shim), buffered and O_DIRECT: DataReadError
+    with errno EIO naming the file and a sample of the batch; the next batch
+    reads whole."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler for the fault shim")
+    src, so = tmp_path / "shim.c", tmp_path / "shim.so"
+    src.write_text(SHIM)
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(so), str(src), "-ldl"], check=True)
+    d = tmp_path / "data"
+    d.mkdir()
+    p = str(d / "t.bin")
+    tokens_file(p, 50_000)
+    modes = ["0"] + (["1"] if nvio.probe(str(d))["direct_ok"] else [])
+    r = subprocess.run([sys.executable, "-c", FAULT, p, str(d)] + modes, capture_output=True,
+                       text=True, timeout=120,
+                       env=dict(os.environ, LD_PRELOAD=str(so),
+                                PYTHONPATH=os.path.dirname(nvio.__path__[0])))
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert sorted(out) == modes
+    starts = {7000: 14000, 100: 200, 40000: 80000, 25000: 50000}
+    for m, cases in out.items():
+        assert cases[0]["raised"] == errno.EIO, (m, cases)
+        for c in cases:
+            assert c["after"], (m, c)
+            if c["raised"] is not None:
+                assert c["raised"] == errno.EIO and p in c["msg"], c
+                assert c["sample"] in starts and c["offset"] == starts[c["sample"]], c
+                assert "sample %d (bytes %d..%d)" % (c["sample"], c["offset"],
+                                                     c["offset"] + 1024) in c["msg"], c
+
+
+# --- loaders -------------------------------------------------------------------
+
+
+def test_batch_loader_prefetch_samplers_and_held_batches(tmp_path, engine):
+    p = str(tmp_path / "t.bin")
+    toks = tokens_file(p, 200_000)
+    ds = nd.TokenWindows(p, 63, engine=engine)
+    want = lambda idx: np.stack([toks[i:i + 64] for i in idx])
+    g = torch.Generator().manual_seed(4)
+    sampler = torch.utils.data.RandomSampler(ds, num_samples=64 * 20, generator=g)
+    order = list(torch.utils.data.BatchSampler(
+        torch.utils.data.RandomSampler(ds, num_samples=64 * 20,
+                                       generator=torch.Generator().manual_seed(4)), 64, False))
+    held = []
+    loader = nd.BatchLoader(ds, batch_size=64, sampler=sampler, prefetch=3)
+    assert len(loader) == 20
+    for k, b in enumerate(loader):
+        assert b.shape == (64, 64) and b.numpy().tobytes() == want(order[k]).tobytes(), k
+        if k % 3 == 0:
+            held.append((k, b))         # kept: its buffer must not be reused
+    for k, b in held:
+        assert b.numpy().tobytes() == want(order[k]).tobytes(), k
+    # DistributedSampler: each rank reads its share; together every sample once
+    seen = []
+    for rank in range(2):
+        s = torch.utils.data.distributed.DistributedSampler(ds, num_replicas=2, rank=rank,
+                                                            shuffle=True, seed=9)
+        s.set_epoch(1)
+        idx = list(s)[:300]
+        got = torch.cat(list(nd.BatchLoader(ds, batch_size=50, sampler=idx, prefetch=2)))
+        assert got.numpy().tobytes() == want(idx).tobytes()
+        seen += idx
+    assert len(set(seen)) == len(seen)
+    assert list(nd.BatchLoader(ds, batch_size=7, sampler=[], prefetch=0)) == []
+
+
+def _check_loader(ds, toks, workers, ctx):
+    order = list(torch.utils.data.BatchSampler(
+        torch.utils.data.RandomSampler(ds, num_samples=32 * 6,
+                                       generator=torch.Generator().manual_seed(5)), 32, False))
+    dl = torch.utils.data.DataLoader(ds, batch_sampler=order, num_workers=workers,
+                                     collate_fn=nd.collate, multiprocessing_context=ctx,
+                                     timeout=120 if workers else 0)
+    n = 0
+    for k, b in enumerate(dl):
+        assert b.shape == (32, 64)
+        assert b.numpy().tobytes() == np.stack([toks[i:i + 64] for i in order[k]]).tobytes()
+        if workers:
+            assert b.is_shared()        # read into shared memory in the worker, not copied
+        n += 1
+    assert n == 6
+
+
+@pytest.mark.parametrize("workers,ctx", [(0, None), (2, "fork"), (2, "spawn")])
+def test_dataloader_workers(tmp_path, workers, ctx):
+    """torch's DataLoader calls __getitems__ with each batch's indices: one
+    vectored read per batch, in the main process or in each worker on its
+    own handle (the parent's is open before the fork)."""
+    p = str(tmp_path / "t.bin")
+    toks = tokens_file(p, 100_000)
+    ds = nd.TokenWindows(p, 63, engine="io_uring" if nvio.engine_available("io_uring")[0]
+                         else "psync")
+    ds.read_batch([0])
+    parent = ds.source.handle
+    _check_loader(ds, toks, workers, ctx)
+    assert ds.source.handle is parent
+    # default collate: stacked copies, the same values
+    dl = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=0)
+    b = next(iter(dl))
+    assert b.shape == (4, 64) and b.numpy().tobytes() == np.stack(
+        [toks[i:i + 64] for i in range(4)]).tobytes()
+
+
+def test_pickle_reopens(tmp_path):
+    p = str(tmp_path / "t.bin")
+    toks = tokens_file(p, 10_000)
+    ds = nd.TokenWindows(p, 9, engine="psync", direct=False)
+    ds.read_batch([1])
+    c = pickle.loads(pickle.dumps(ds))
+    assert c.source._handle is None and c.direct is False
+    assert c.read_batch([3])[0].numpy().tobytes() == toks[3:13].tobytes()
+    assert c.source.handle is not ds.source.handle
+    ds.close()
+    c.close()
+
+
+def test_direct_auto_decides(tmp_path, monkeypatch):
+    p = str(tmp_path / "t.bin")
+    tokens_file(p, 1 << 20)
+    import nvio.data._read as r
+    monkeypatch.setattr(r, "_cgroup_room", lambda: (100 << 20, "memory.limit_in_bytes"))
+    monkeypatch.setattr(r, "cached_bytes", lambda path: 0)
+    use, why = nd.choose_direct("auto", [(p, 10 << 30)])
+    assert use and why.startswith("O_DIRECT: 10.00 GiB to read") and "exceed" in why
+    use, why = nd.choose_direct("auto", [(p, 1 << 20)])
+    assert use        # 1 MiB + the 256 MiB margin > 100 MiB of cgroup room
+    monkeypatch.setattr(r, "_cgroup_room", lambda: (None, "no memory cgroup limit"))
+    use, why = nd.choose_direct("auto", [(p, 1 << 20)])
+    assert not use and why.startswith("page cache")
+    # what is cached counts as room (the cgroup's usage holds it)
+    monkeypatch.setattr(r, "_cgroup_room", lambda: (100 << 20, "memory.limit_in_bytes"))
+    monkeypatch.setattr(r, "cached_bytes", lambda path: 1 << 30)
+    assert not nd.choose_direct("auto", [(p, 1 << 30)])[0]
+    assert nd.choose_direct(True, [])[0] and not nd.choose_direct(False, [])[0]
+    with pytest.raises(ValueError):
+        nd.choose_direct("maybe", [])
+    ds = nd.TokenWindows(p, 9)
+    assert ds.direct_why and ds.source.direct == ds.direct
+
+
+# --- device memory (a real GPU or the simulator) ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    if torch.cuda.is_available():
+        yield None
+        return
+    import gpusim
+    from nvio import _device
+    sim = gpusim.load()
+    prov = gpusim.TorchProvider(sim)
+    old = _device._set_provider(prov)
+    yield prov
+    _device._set_provider(old)
+    prov.close()
+
+
+@pytest.mark.parametrize("gds", [False, True], ids=["bounce", "gds"])
+def test_batches_land_in_device_memory(gpu, engine, gds, tmp_path):
+    p = str(tmp_path / "t.bin")
+    toks = tokens_file(p, 300_000)
+    ds = nd.TokenWindows(p, 1023, engine=engine, gds=gds)
+    idx = list(np.random.default_rng(6).integers(0, len(ds), 40)) + [3, 4]
+    b = ds.read_batch(idx, device="cuda")
+    assert b.shape == (42, 1024)
+    s = b.untyped_storage()
+    want = np.stack([toks[i:i + 1024] for i in idx]).tobytes()
+    if gpu is None:
+        assert b.is_cuda and b.cpu().numpy().tobytes() == want
+    else:
+        assert gpu.owns(s) and gpu.bytes(b)[:len(want)] == want
+    batches = list(nd.BatchLoader(ds, batch_size=8, sampler=idx[:32], device="cuda", prefetch=2))
+    for k, bb in enumerate(batches):
+        w = np.stack([toks[i:i + 1024] for i in idx[8 * k:8 * k + 8]]).tobytes()
+        got = bb.cpu().numpy().tobytes() if gpu is None else gpu.bytes(bb)[:len(w)]
+        assert got == w, k
