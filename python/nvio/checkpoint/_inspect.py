@@ -113,7 +113,7 @@ def open_archive(path):
     anything else that is no zip archive or whose directory is unreadable,
     OSError for files that cannot be read."""
     path = os.fsdecode(path)
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd = _zip.open_regular(path, NotACheckpoint)
     try:
         size = os.fstat(fd).st_size
         ar = Archive(path, fd, size)

@@ -30,6 +30,11 @@ __all__ = ["load", "load_plain", "Index", "open_index"]
 #: torch's allocator.
 ALIGNED_ALLOC_MIN = 64 << 10
 
+#: The largest metadata record (byteorder, .storage_alignment, nvio's
+#: layout version) read: such records hold a few bytes, and a corrupt file
+#: must not make a load read gigabytes it does not need.
+SMALL_RECORD_MAX = 4096
+
 
 def _err(path, msg):
     return CheckpointError("nvio.load: %s: %s" % (path, msg), path)
@@ -45,6 +50,16 @@ class Index:
         self.entries = {}
         self.prefix = ""
         self.predicted = None     # records whose data_offset is a prediction
+        self.referenced = None    # the tensor records the pickle references (None: all)
+
+    def reference(self, keys):
+        """Set self.referenced: the distinct records of the storage keys."""
+        out = {}
+        for k in keys:
+            e = self.entries.get(self.prefix + "data/" + k)
+            if e is not None:
+                out[e.name] = e
+        self.referenced = list(out.values())
 
     def read_bytes(self, off, n):
         b = bytearray(n)
@@ -52,10 +67,15 @@ class Index:
             self.f.pread(b, off)
         return b
 
-    def record(self, name):
-        """A small record's bytes (whole)."""
+    def record(self, name, limit=SMALL_RECORD_MAX):
+        """A record's bytes (whole); CheckpointError past ``limit`` bytes
+        (None: any size)."""
         e = self.entries[self.prefix + name]
         self._check_entry(e)
+        if limit is not None and e.size > limit:
+            raise _err(self.path, "record %s holds %d bytes: more than the %d a %s record "
+                       "may hold (SMALL_RECORD_MAX): the file is corrupt"
+                       % (e.name, e.size, limit, name))
         return bytes(self.read_bytes(e.data_offset, e.size))
 
     def has(self, name):
@@ -104,9 +124,15 @@ def open_index(f, path, lazy=False):
     # fixed parts in one vectored op (in file order, as nvio wants them)
     mine = sorted((e for e in entries if e.name.startswith(ix.prefix)),
                   key=lambda e: e.header_offset)
+    prev = None
     for e in mine:
         if e.header_offset + _zip.LOCAL_SIZE > size:
             _raise_trunc(path, e)
+        if prev is not None and e.header_offset < prev.header_offset + _zip.LOCAL_SIZE:
+            raise _err(path, "the local headers of records %s (offset %d) and %s (offset "
+                       "%d) overlap: the file is corrupt" % (prev.name, prev.header_offset,
+                                                             e.name, e.header_offset))
+        prev = e
     if not lazy:
         _read_headers(f, path, mine)
         return ix
@@ -233,13 +259,16 @@ def _alloc_region(nbytes, pin):
 
 
 class _Span:
-    """All tensor records of a checkpoint read with ONE read, started before
-    unpickling, into one region laid out as the file is: each storage
+    """The tensor records the pickle references read with ONE read, started
+    before unpickling, into one region laid out as the file is: each storage
     the unpickler asks for is a slice of it (so the storages share one
-    allocation, freed once none is referenced any more)."""
+    allocation, freed once none is referenced any more). Records the pickle
+    does not reference are not read (nor, by worth(), what lies between
+    the referenced ones beyond headers and padding)."""
 
     def __init__(self, f, ix, pin):
-        recs = [e for n, e in ix.entries.items() if n.startswith(ix.prefix + "data/")]
+        recs = self.records(ix)
+        self.names = {e.name for e in recs}
         self.base = min(e.data_offset for e in recs) & ~4095   # O_DIRECT-aligned
         end = max(e.data_offset + e.size for e in recs)
         self.buf = _alloc_region(end - self.base, pin)
@@ -248,10 +277,17 @@ class _Span:
         self.fut = f.pread_async(self.mv, self.base)
 
     @staticmethod
+    def records(ix):
+        """The tensor records to read: those of ix.referenced, else all."""
+        if ix.referenced is not None:
+            return ix.referenced
+        return [e for n, e in ix.entries.items() if n.startswith(ix.prefix + "data/")]
+
+    @staticmethod
     def worth(ix):
         """Whether the records are dense enough in the file for one read
         (nvio's and torch.save's files are: gaps are headers and padding)."""
-        recs = [e for n, e in ix.entries.items() if n.startswith(ix.prefix + "data/")]
+        recs = _Span.records(ix)
         if not recs:
             return False
         lo = min(e.data_offset for e in recs)
@@ -259,6 +295,9 @@ class _Span:
         data = sum(e.size for e in recs)
         return (data >= 1 << 20 and hi <= ix.size and
                 hi - lo <= data + len(recs) * 8192 + (1 << 20))
+
+    def covers(self, e):
+        return e.name in self.names
 
     def storage(self, e):
         if e.size == 0:
@@ -344,7 +383,7 @@ class _Reader:
         if t is None:
             t = self.targets[location] = _target(self.map_location, location)
         dev, restore = t
-        if dev == "cpu" and restore is None and self.span is not None:
+        if dev == "cpu" and restore is None and self.span is not None and self.span.covers(e):
             s = self.span.storage(e)
             self.spanned.append((s, e))
             ts = torch.storage.TypedStorage(wrap_storage=s, dtype=dtype, _internal=True)
@@ -473,15 +512,33 @@ class _FastUnpickler(pickle.Unpickler):
         return fn
 
 
-def _load_weights_only(data, reader):
+#: The role of each fast global for the pre-scan (_nvio.pickle_scan).
+_ROLE_ODICT, _ROLE_TENSOR, _ROLE_STORAGE = 1, 2, 3
+
+
+def _scan(data):
+    """(fast, keys) of a data.pkl (_nvio.pickle_scan): whether the fast
+    unpickler may read it, and the storage keys it references."""
+    roles = {}
+    for mod, name in _fast_globals():
+        full = mod + "." + name
+        role = (_ROLE_ODICT if full == "collections.OrderedDict" else
+                _ROLE_TENSOR if full.startswith("torch._utils._rebuild_") else _ROLE_STORAGE)
+        roles[(mod + "\n" + name).encode("utf-8")] = role
+    return _nvio.pickle_scan(data, roles)
+
+
+def _load_weights_only(data, reader, fast):
     """Unpickle a weights-only checkpoint's data.pkl: by the fast
-    unpickler when it needs nothing beyond _FAST_GLOBALS (no Python loop
-    over the pickle's opcodes: ~10 us per tensor instead of ~50), else, or
-    on any doubt (an error of the fast path, a fake tensor mode active),
-    by torch's weights-only unpickler from the start, which gives torch's
-    verdict. Storages the fast path made are reused (the reader caches
-    them by key), so nothing is read twice."""
-    if torch._guards.detect_fake_mode(None) is None:
+    unpickler when the pre-scan (_scan) admitted it, that is when it is
+    made of what torch.save writes for dense tensors and state dicts,
+    under rules at least as strict as torch's weights-only unpickler (no
+    Python loop over the pickle's opcodes: ~10 us per tensor instead of
+    ~50); else, or on any doubt (an error of the fast path, a fake tensor
+    mode active), by torch's weights-only unpickler from the start, which
+    gives torch's verdict. Storages the fast path made are reused (the
+    reader caches them by key), so nothing is read twice."""
+    if fast and torch._guards.detect_fake_mode(None) is None:
         up = _FastUnpickler(io.BytesIO(data), encoding="utf-8")
         up._table = _fast_globals()
         up.persistent_load = reader
@@ -582,6 +639,9 @@ def load_plain(f, map_location=None, weights_only=True, mmap=False, handle=None,
     pin = _nvio.check_flag(pin_memory, "pin_memory")
     verify = _nvio.check_flag(verify, "verify")
     path = os.fsdecode(f)
+    # a FIFO or a device would block the open or the reads: refused here
+    # (a file swapped for one between this check and the open below is not)
+    os.close(_zip.open_regular(path, lambda msg: CheckpointError("nvio.load: " + msg, path)))
     if _nvio.check_flag(mmap, "mmap"):
         if pin or verify:
             raise ValueError("nvio.load: %s: mmap=True maps the file as it is: pin_memory "
@@ -616,12 +676,23 @@ def _load_plain(path, map_location, weights_only, handle, pin, verify, _read_all
             nf.close()
             return _torch_load(path, map_location, weights_only, False)
         _check_versions(ix)
-        if ix.has("byteorder") and ix.record("byteorder").decode() != sys.byteorder:
+        order = ix.record("byteorder").decode("ascii", "replace") if ix.has("byteorder") \
+            else sys.byteorder
+        if order not in ("little", "big"):
+            raise _err(path, "the byteorder record holds %r, neither 'little' nor 'big': "
+                       "the file is corrupt" % order[:40])
+        if order != sys.byteorder:
             nf.close()
             return _torch_load(path, map_location, weights_only, False)
-        pkl = ix.record("data.pkl")
+        pkl = ix.record("data.pkl", limit=None)
+        fast = False
+        if weights_only:
+            fast, keys = _scan(pkl)
+            ix.reference(keys)
         # weights_only: no code runs during unpickling that could look at
-        # tensor bytes, so every record is read while the pickle is parsed
+        # tensor bytes, so every record the pickle references is read while
+        # the pickle is parsed (others, asked for by a pickle the scan lost
+        # track of, are read one by one as the unpickler asks)
         span = _Span(nf, ix, pin) if (weights_only and _read_all is None
                                       and _Span.worth(ix)) else None
         if span is None:
@@ -633,7 +704,7 @@ def _load_plain(path, map_location, weights_only, handle, pin, verify, _read_all
         unpickled = False
         try:
             if weights_only:
-                result = _load_weights_only(pkl, reader)
+                result = _load_weights_only(pkl, reader, fast)
             else:
                 up = _unpickler(pkl, weights_only)
                 up.persistent_load = reader

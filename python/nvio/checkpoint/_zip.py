@@ -14,6 +14,8 @@ small metadata byte strings; the reader parses the directory.
 """
 from __future__ import annotations
 
+import os
+import stat
 import struct
 from dataclasses import dataclass, field
 
@@ -264,3 +266,27 @@ def data_offset(entry, local):
                              % (entry.name, entry.header_offset))
     nlen, xlen = struct.unpack_from("<HH", local, 26)
     return entry.header_offset + LOCAL_SIZE + nlen + xlen
+
+
+_KINDS = ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO (named pipe)"),
+          (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+          (stat.S_ISSOCK, "socket"))
+
+
+def open_regular(path, error):
+    """A read-only descriptor of ``path`` (blocking, close-on-exec) when it is
+    a regular file; else raises ``error(message)`` naming the path and what
+    it is. Opened with O_NONBLOCK first, so that a FIFO (whose open waits
+    for a writer) or a device never blocks the caller."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _KINDS if test(mode)), "special file")
+            raise error("%s: not a regular file but a %s: a checkpoint is read from a "
+                        "regular file" % (path, kind))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
