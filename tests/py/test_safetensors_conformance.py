@@ -190,7 +190,8 @@ NP_INDEXES = [slice(None), (), slice(None, 2), (slice(None), slice(None, 2)), (0
               (slice(2, None), 0), (slice(2, None), -1), (slice(2, None), -5), [], (3,), 9,
               (slice(2, None), -6), [0, 1], (slice(2, None), 20), slice(None, 20),
               (slice(None), slice(None, 20)), (20, slice(None, 20)), (slice(1, 3), slice(1, 3)),
-              np.int32(4), slice(10, None), (0, 0, 0), (1, 2, slice(None)), slice(3, 3)]
+              np.int32(4), slice(10, None), (0, 0, 0), (1, 2, slice(None)), slice(3, 3),
+              slice(None, None, 2), (slice(1, 9, 3), slice(None, None, 2))]
 
 
 @pytest.mark.parametrize("i", range(len(NP_INDEXES)), ids=[repr(x)[:30] for x in NP_INDEXES])
