@@ -396,7 +396,21 @@ def test_cli_on_corrupt_files_prints_no_traceback(tmp_path):
                 assert rc in (0, 1)
             except Exception as e:     # noqa: BLE001 - what the test is about
                 raised.append((cmd, kind, i, v, type(e).__name__, str(e)[:100]))
+            if "internal error" in out.getvalue():      # main's last resort
+                raised.append((cmd, kind, i, v, out.getvalue()[-200:]))
     assert not raised, raised[:10]
+    # a pickle nested 200,000 deep (torch's unpickler builds it; walking it
+    # recursively overflowed), an nvio format record of a digit int() refuses
+    deep = checkpoint(tmp_path / "deep.pt", PROTO2 + NONE + TUPLE1 * 200000 + STOP)
+    sup = tmp_path / "sup.pt"
+    write_zip(sup, {"ck/data.pkl": PROTO2 + EMPTY_DICT + STOP, "ck/byteorder": b"little",
+                    "ck/.data/nvio_format": "\u00b2".encode(), "ck/version": b"3\n"})
+    for p, want in ((deep, (0, 0)), (sup, (0, 1))):
+        for cmd, rc in zip(("info", "verify"), want):
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                got = main([cmd, str(p)])
+            assert got == rc and "internal error" not in out.getvalue(), (cmd, p, out.getvalue())
     q.write_bytes(good[:len(good) // 2])
     for cmd in ("info", "verify"):
         r = run_cli(cmd, q)

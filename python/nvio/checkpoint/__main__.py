@@ -112,6 +112,19 @@ def _progress():
 
 def main(argv=None, prog=PROG):
     args = _parser(prog).parse_args(argv)
+    try:
+        return _run(args, prog)
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError, RecursionError, MemoryError, RuntimeError) as e:
+        # what the checks above do not foresee in a hostile file is still
+        # one line naming the file, never a traceback
+        print("%s %s: %s: internal error reading the file (%s: %s)"
+              % (prog, args.cmd, args.path, type(e).__name__, e), file=sys.stderr)
+        return 1
+
+
+def _run(args, prog):
     out = sys.stdout
     if args.cmd == "info":
         try:

@@ -45,6 +45,9 @@ HOST_REBUILD_MAX = 256 << 20
 #: A data.pkl larger than this is refused (the pickle is small: tensor data
 #: lives in other records).
 MAX_PICKLE = 1 << 30
+#: The largest metadata record (version, byteorder, nvio's format) read as
+#: text: such records hold a few bytes.
+TEXT_MAX = 4096
 
 
 class NotACheckpoint(ValueError):
@@ -295,37 +298,48 @@ def _host_reader(ar):
 
 def _walk(obj, path, out, seen):
     """(path list, tensor) of every tensor reachable through dicts, lists,
-    tuples, sets and plain objects' attributes."""
+    tuples, sets and plain objects' attributes, depth first. Iterative, and
+    each path built only for what is found: a pickle may nest containers
+    hundreds of thousands deep (torch's unpickler builds them without
+    recursion), which recursion or a path copy per level cannot walk."""
     torch = __import__("torch")
-    if isinstance(obj, torch.Tensor):
-        parts = _parts(obj)
-        if parts is None:
-            out.append((path, obj))
-        else:                       # sparse: its index and value tensors
-            for name, t in parts:
-                out.append((path + [name], t))
-        return
-    if isinstance(obj, (torch.storage.TypedStorage, torch.UntypedStorage)):
-        out.append((path, obj))     # a storage saved as such
-        return
-    if id(obj) in seen:
-        return
-    if isinstance(obj, dict):
+    todo = [(obj, None)]        # (object, its path as a chain (parent chain, key))
+
+    def full(chain):
+        keys = []
+        while chain is not None:
+            chain, k = chain
+            keys.append(k)
+        return path + keys[::-1]
+
+    while todo:
+        obj, chain = todo.pop()
+        if isinstance(obj, torch.Tensor):
+            parts = _parts(obj)
+            if parts is None:
+                out.append((full(chain), obj))
+            else:                       # sparse: its index and value tensors
+                for name, t in parts:
+                    out.append((full(chain) + [name], t))
+            continue
+        if isinstance(obj, (torch.storage.TypedStorage, torch.UntypedStorage)):
+            out.append((full(chain), obj))     # a storage saved as such
+            continue
+        if id(obj) in seen:
+            continue
+        if isinstance(obj, dict):
+            items = [(k if isinstance(k, (str, int)) else repr(k), v) for k, v in obj.items()]
+        elif isinstance(obj, (list, tuple)):
+            items = list(enumerate(obj))
+        elif isinstance(obj, (set, frozenset)):
+            items = list(enumerate(sorted(obj, key=repr)))
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+            items = list(vars(obj).items())
+        else:
+            continue
         seen.add(id(obj))
-        for k, v in obj.items():
-            _walk(v, path + [k if isinstance(k, (str, int)) else repr(k)], out, seen)
-    elif isinstance(obj, (list, tuple)):
-        seen.add(id(obj))
-        for i, v in enumerate(obj):
-            _walk(v, path + [i], out, seen)
-    elif isinstance(obj, (set, frozenset)):
-        seen.add(id(obj))
-        for i, v in enumerate(sorted(obj, key=repr)):
-            _walk(v, path + [i], out, seen)
-    elif hasattr(obj, "__dict__") and not isinstance(obj, type):
-        seen.add(id(obj))
-        for k, v in vars(obj).items():
-            _walk(v, path + [k], out, seen)
+        for k, v in reversed(items):
+            todo.append((v, (chain, k)))
 
 
 def _parts(t):
@@ -378,10 +392,21 @@ def key_string(path):
 
 
 def _text(ar, name):
+    """A small metadata record's text; None if absent or unreadable, a note
+    if it is larger than such a record can be (TEXT_MAX)."""
+    e = ar.by_name.get(ar.prefix + name)
+    if e is not None and e.size > TEXT_MAX:
+        return "(%d bytes: more than the %d of a metadata record)" % (e.size, TEXT_MAX)
     try:
         return ar.record(name).decode("utf-8", "replace").strip()
     except (KeyError, NotACheckpoint):
         return None
+
+
+def _is_number(s):
+    """Whether s is a decimal number int() takes (isdigit() alone also
+    admits characters such as superscripts that int() refuses)."""
+    return s.isascii() and s.isdigit()
 
 
 def info(path):
@@ -405,7 +430,7 @@ def _info(ar):
     out = {
         "path": ar.path, "size": ar.size, "archive": pre.rstrip("/"),
         "writer": "nvio" if nvio_fmt is not None else "torch",
-        "nvio_format": int(nvio_fmt) if nvio_fmt and nvio_fmt.isdigit() else nvio_fmt,
+        "nvio_format": int(nvio_fmt) if nvio_fmt and _is_number(nvio_fmt) else nvio_fmt,
         "format_version": _text(ar, ".format_version"),
         "version": _text(ar, "version"),
         "storage_alignment": _text(ar, ".storage_alignment"),
@@ -716,7 +741,7 @@ def _check_contents(ar, rep):
     pe = ar.by_name[pre + "data.pkl"]
     fmt = _text(ar, NVIO_RECORD) if pre + NVIO_RECORD not in ar.local_errors else None
     if fmt is not None:
-        if not fmt.isdigit():
+        if not _is_number(fmt):
             rep.bad(pre + NVIO_RECORD, ar.by_name[pre + NVIO_RECORD].data_offset,
                     "corrupt nvio format record %r" % fmt)
         elif int(fmt) > NVIO_FORMAT:
