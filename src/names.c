@@ -120,6 +120,12 @@ int nvio_format_error(const nvio_error_t *theirs, char *buf, size_t len)
 	memset(&x, 0, sizeof(x));
 	memcpy(&x, theirs, theirs->struct_size < sizeof(x) ? theirs->struct_size :
 	       sizeof(x));
+	/* a step on a file as a whole (open, fsync, rename, ...) moves no bytes:
+	 * a byte count and an offset would only mislead */
+	if (e->what[0] && e->nbytes == 0 && e->offset == 0 &&
+	    strcmp(e->what, "read") != 0 && strcmp(e->what, "write") != 0)
+		return snprintf(buf, len, "%s of %s failed: %s", e->what,
+				e->path[0] ? e->path : "?", nvio_strerror(e->err));
 	return snprintf(buf, len,
 			"%s of %" PRIu64 " bytes at offset %" PRId64
 			" in %s failed: %s (op %" PRIu64 ")",

@@ -117,9 +117,13 @@ PyObject *ext_raise_io(ext_state *st, nvio_handle_t *h, int rc, PyObject *target
 		else
 			snprintf(where, sizeof(where), "fd %d", fd);
 		Py_XDECREF(b);
-		snprintf(msg, sizeof(msg), "%s of %llu bytes at offset %lld in %s failed: %s",
-			 op, (unsigned long long)nbytes, (long long)offset, where,
-			 nvio_strerror(rc));
+		if (nbytes == 0 && offset == 0)	/* a step on the whole file */
+			snprintf(msg, sizeof(msg), "%s of %s failed: %s", op, where,
+				 nvio_strerror(rc));
+		else
+			snprintf(msg, sizeof(msg), "%s of %llu bytes at offset %lld in %s failed: %s",
+				 op, (unsigned long long)nbytes, (long long)offset, where,
+				 nvio_strerror(rc));
 		exc = make_error(st, rc, msg, target, op, offset, nbytes, 0, is_write, fd);
 	}
 	if (exc) {
