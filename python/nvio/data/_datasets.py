@@ -164,7 +164,7 @@ class IndexedDataset(_Reader):
             total = int(np.sum(lengths, dtype=np.int64))
             off = int(self.index.sequence_pointers[start]) if stop > start else 0
             flat = self._read_into(np.empty(total, self.index.dtype), off, "%d..%d" % (start, stop))
-            seqs = np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
+            seqs = np.split(flat, np.cumsum(lengths)[:-1])     # [] -> [flat], as megatron
             return (seqs, self.index.sequence_modes[idx]) if self.multimodal else seqs
         return self.get(idx)
 

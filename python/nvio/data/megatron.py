@@ -70,6 +70,12 @@ class NvioIndexedDataset(_mid.IndexedDataset):
         self.mmap = mmap
         self.bin_reader = NvioBinReader(self.nvio)
 
+    def __del__(self):
+        # megatron's __del__ deletes bin_reader and index, and raises where
+        # initialize refused the files before setting them.
+        self.__dict__.pop("bin_reader", None)
+        self.__dict__.pop("index", None)
+
 
 class NvioGPTDataset(GPTDataset):
     """megatron's GPTDataset over NvioIndexedDataset (see above)."""
