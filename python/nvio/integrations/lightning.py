@@ -1,0 +1,107 @@
+"""Lightning checkpoints through nvio: a ``CheckpointIO`` plugin.
+
+::
+
+    import lightning as L
+    from nvio.integrations.lightning import NvioCheckpointIO
+
+    trainer = L.Trainer(plugins=[NvioCheckpointIO()])
+    # in the background, Lightning's way:
+    from lightning.pytorch.plugins.io import AsyncCheckpointIO
+    trainer = L.Trainer(plugins=[AsyncCheckpointIO(NvioCheckpointIO())])
+
+Saves go through :func:`nvio.save` (torch's zip format, so ``torch.load``
+and Lightning's own ``TorchCheckpointIO`` read them; a file replaces the old
+one only once complete and durable), loads through :func:`nvio.load`.
+``ModelCheckpoint``'s top-k removal calls :meth:`NvioCheckpointIO.remove_checkpoint`.
+
+The plugin derives from the ``CheckpointIO`` of the ``lightning`` package
+where it is installed, else of the standalone ``pytorch_lightning``
+(``lightning_fabric``). Paths are local files (no fsspec URLs).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+
+try:
+    from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+except ImportError:  # the standalone pytorch_lightning package
+    from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
+
+from ..checkpoint import load, save
+
+__all__ = ["NvioCheckpointIO"]
+
+# nvio.save's options that Trainer.save_checkpoint(..., storage_options=...) may set
+_SAVE_OPTIONS = ("durable", "spare", "align")
+
+
+def _local_path(path, what):
+    p = os.fspath(path)
+    if isinstance(p, bytes):
+        p = os.fsdecode(p)
+    if "://" in p:
+        raise ValueError(f"nvio: NvioCheckpointIO.{what}: {p!r} is not a local path "
+                         "(nvio reads and writes local files only)")
+    return p
+
+
+class NvioCheckpointIO(CheckpointIO):
+    """Lightning ``CheckpointIO`` saving with :func:`nvio.save`, loading with
+    :func:`nvio.load`.
+
+    ``durable`` (default True): each checkpoint is fsynced before it replaces
+    the previous file; ``spare``: reuse the blocks of the file it replaces
+    (see :func:`nvio.save`); ``handle``: the :class:`nvio.AioHandle` to use
+    (default: nvio's checkpoint handle). ``Trainer.save_checkpoint(...,
+    storage_options={"durable": False})`` overrides them for one save.
+    """
+
+    def __init__(self, *, durable=True, spare=False, handle=None):
+        super().__init__()
+        self.durable = bool(durable)
+        self.spare = bool(spare)
+        self.handle = handle
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None):
+        path = _local_path(path, "save_checkpoint")
+        opts = {"durable": self.durable, "spare": self.spare}
+        if storage_options is not None:
+            if not isinstance(storage_options, dict):
+                raise TypeError("nvio: NvioCheckpointIO.save_checkpoint: storage_options must "
+                                f"be a dict of {_SAVE_OPTIONS}, not {type(storage_options).__name__}")
+            unknown = sorted(set(storage_options) - set(_SAVE_OPTIONS))
+            if unknown:
+                raise TypeError(f"nvio: NvioCheckpointIO.save_checkpoint: storage_options "
+                                f"{unknown} not understood (nvio.save takes {_SAVE_OPTIONS})")
+            opts.update(storage_options)
+        d = os.path.dirname(path)
+        if d:
+            os.makedirs(d, exist_ok=True)
+        save(checkpoint, path, handle=self.handle, **opts)
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None):
+        """``weights_only=None`` means what it means to ``torch.load`` here
+        (True since torch 2.6); Lightning passes what ``Trainer.fit(...,
+        weights_only=)`` was given."""
+        path = _local_path(path, "load_checkpoint")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"Checkpoint file not found: {path}")
+        if weights_only is None:
+            weights_only = True
+        return load(path, map_location=map_location, weights_only=weights_only,
+                    handle=self.handle)
+
+    def remove_checkpoint(self, path):
+        path = _local_path(path, "remove_checkpoint")
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    def teardown(self):
+        pass
