@@ -30,7 +30,9 @@ What differs from DeepSpeed's, on purpose:
   torch.distributed (the ``group`` field, or the default group). Each
   writer must reach ``close()`` or leave a ``with`` block: a writer that
   is merely dropped cannot tell the others, which then wait for it until
-  the process group's timeout.
+  the process group's timeout. A writer whose process dies is named by
+  number on every other writer (from the process group's store, within a
+  few seconds), and writer 0 removes the temporary.
 """
 from __future__ import annotations
 
@@ -500,7 +502,12 @@ class FastFileWriter(_BaseWriter):
                 tmp = _atomic.create_temp(self._path)
             except OSError as e:
                 tmp, err = None, str(_path_error(e, self._path, "creating a temporary"))
-        got = g.gather("creating the file", (err, tmp))
+        self._tmp = tmp
+        try:
+            got = g.gather("creating the file", (err, tmp))
+        except BaseException:
+            self._drop()            # a writer died: writer 0 removes the temporary
+            raise
         if got[0][0]:
             raise OSError("nvio: FastFileWriter %s: writer 0 could not create the file: %s"
                           % (self._path, got[0][0]))
@@ -518,7 +525,11 @@ class FastFileWriter(_BaseWriter):
 
     def _agree(self, what, err):
         """Raise on every writer if any writer failed (removing the temporary)."""
-        got = self._group.gather(what, err)
+        try:
+            got = self._group.gather(what, err)
+        except BaseException:
+            self._drop()            # a writer died (named): the file is not written
+            raise
         bad = [(r, e) for r, e in enumerate(got) if e]
         if bad:
             self._drop()
