@@ -11,6 +11,7 @@ import re
 import pytest
 
 import nvio_testutil
+from nvio_testutil import same
 
 import nvio
 
@@ -164,17 +165,6 @@ def expected_state():
             "odd": [torch.randn(n, generator=g) for n in (1, 1023, 4097, 65537)],
             "view": base[::7], "base": base, "bf16": torch.randn(777, generator=g).bfloat16(),
             "empty": torch.empty(0), "step": 12}
-
-
-def same(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        if isinstance(a[k], torch.Tensor):
-            assert torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype, k
-        elif isinstance(a[k], list):
-            assert all(torch.equal(x, y) for x, y in zip(a[k], b[k])), k
-        else:
-            assert a[k] == b[k], k
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -70,8 +70,10 @@ def test_special_values_are_bits():
     nan = torch.tensor([float("nan"), -0.0, float("inf")])
     assert same(nan, nan.clone())               # the same NaN: equal (torch.equal says no)
     assert fails(torch.tensor([0.0]), torch.tensor([-0.0]))
-    assert same(torch.tensor(3.5), torch.tensor(3.5)) and fails(torch.tensor(3.5), torch.tensor(3.25))
-    assert same(torch.empty(0, 5), torch.empty(0, 5)) and fails(torch.empty(0, 5), torch.empty(5, 0))
+    assert same(torch.tensor(3.5), torch.tensor(3.5))
+    assert fails(torch.tensor(3.5), torch.tensor(3.25))
+    assert same(torch.empty(0, 5), torch.empty(0, 5))
+    assert fails(torch.empty(0, 5), torch.empty(5, 0))
 
 
 def test_dtype_shape_type_and_structure():
