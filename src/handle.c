@@ -10,20 +10,6 @@
 
 #include "internal.h"
 
-/* Forks since the library was loaded, counted in the child (atfork). */
-atomic_uint nvio__fork_gen;
-static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
-
-static void count_fork(void)
-{
-	atomic_fetch_add(&nvio__fork_gen, 1);
-}
-
-static void watch_forks(void)
-{
-	pthread_atfork(NULL, NULL, count_fork);
-}
-
 /* Handle ids start at 1: a thread's record with id 0 names no handle. */
 static atomic_uint_fast64_t next_handle_id = 1;
 
@@ -290,8 +276,7 @@ int nvio_handle_create(nvio_handle_t **out, const nvio_config_t *cfg)
 		free(h);
 		return r;
 	}
-	pthread_once(&atfork_once, watch_forks);
-	h->fork_gen = atomic_load(&nvio__fork_gen);
+	h->fork_gen = nvio__fork_watch();
 	nvio__track_init(h);
 	h->id = atomic_fetch_add(&next_handle_id, 1);
 	h->nworkers = h->cfg.intra_op_parallelism;

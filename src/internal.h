@@ -13,9 +13,10 @@
  *                 that ends it (async) or by the submitter (sync).
  *   nvio__task    the contiguous run of an op's pieces given to a worker.
  *
- * Dependencies run one way: handle -> workers, track; submit -> file,
- * plan, op, workers, track; op -> track, file; workers -> engines,
- * staging, cuda.
+ * Dependencies run one way (no cycles; nm shows it): handle -> workers,
+ * track; submit -> file, plan, op, opmem, workers, track; op -> opmem,
+ * track, file; workers -> op, opmem, engines, staging, cuda; opmem ->
+ * plan, staging. fork.c (the fork generation) depends on nothing.
  *
  * Lock order: a thread never holds two of these locks at once:
  *   handle->lock (op accounting, completions, errors), worker->lock
@@ -87,7 +88,8 @@ unsigned char *nvio__op_at(const struct nvio__op *op, uint64_t pos, uint64_t *av
 /* The piece's bytes if they lie in one buffer, else NULL. */
 unsigned char *nvio__op_mem(const struct nvio__op *op, uint64_t pos, uint64_t len);
 /* Copies between the virtual buffer at pos and flat host memory, across
- * buffer boundaries (host memory only; CUDA goes through workers.c). */
+ * buffer boundaries (host memory only; CUDA goes through workers.c).
+ * These lookups live in opmem.c. */
 void nvio__op_gather(const struct nvio__op *op, void *dst, uint64_t pos, uint64_t len);
 void nvio__op_scatter(const struct nvio__op *op, const void *src, uint64_t pos, uint64_t len);
 
@@ -294,7 +296,9 @@ struct nvio_handle {
  * -ECHILD (nvio_strerror says why), and closing it frees nothing of the
  * parent's (no wait, no join, no unlink), so a child's exit never hangs.
  */
-extern atomic_uint nvio__fork_gen;
+extern atomic_uint nvio__fork_gen;	/* fork.c */
+/* fork.c: counts forks from the first call on; the generation now */
+unsigned nvio__fork_watch(void);
 static inline int nvio__forked(const struct nvio_handle *h)
 {
 	return h->fork_gen != atomic_load_explicit(&nvio__fork_gen,

@@ -1,52 +1,18 @@
 /*
- * cleanup.c - progress on stderr, and removal of the tool's temporary
- * files on every exit path, Ctrl-C and SIGTERM included.
+ * cleanup.c - removal of the tool's temporary files on every exit path,
+ * Ctrl-C and SIGTERM included.
  */
 #include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-
-/* ---- progress ---- */
-
-int progress_enabled;
-static int progress_shown;
-
-void progress_init(int quiet)
-{
-	progress_enabled = !quiet && isatty(STDERR_FILENO);
-}
-
-void progress(const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!progress_enabled)
-		return;
-	fputs("\r\033[K", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fflush(stderr);
-	progress_shown = 1;
-}
-
-void progress_done(void)
-{
-	if (!progress_shown)
-		return;
-	fputs("\r\033[K", stderr);
-	fflush(stderr);
-	progress_shown = 0;
-}
 
 /* ---- temporary files ---- */
 

@@ -148,6 +148,8 @@ struct tune_point {
 	double gbps;
 	int best;		/* the winner of its direction */
 };
+/* tunept.c: the steps, their names and the points' labels */
+enum { ST_DEFAULT, ST_BLOCK, ST_QD, ST_PAR, ST_MODES, ST_ENGINE, ST_CROSS };
 extern const char *const tune_step_names[];
 #define TUNE_STEPS 7
 /* The value a step varies, as a short label ("1M", "64", "psync"). */

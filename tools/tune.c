@@ -49,11 +49,6 @@ static const char tune_help[] =
 "else ~/.config/nvio/tuned.conf, keyed by the directory's real path. Set\n"
 "NVIO_NO_TUNED=1 (or use bench --no-tuned) to ignore them.\n";
 
-const char *const tune_step_names[] = {
-	"default", "block size", "queue depth", "parallelism",
-	"single_submit, overlap_events", "engine", "cross-check"
-};
-enum { ST_DEFAULT, ST_BLOCK, ST_QD, ST_PAR, ST_MODES, ST_ENGINE, ST_CROSS };
 
 struct tune_opts {
 	char *dir;
@@ -275,37 +270,6 @@ static double measure(struct tuner *t, const nvio_config_t *cfg, int w,
 		t->best[w] = *cfg;
 	}
 	return g;
-}
-
-const char *tune_point_label(const nvio_config_t *c, int step, char *buf,
-			     size_t len)
-{
-	switch (step) {
-	case ST_BLOCK:
-		if (c->block_size % (1u << 20) == 0)
-			snprintf(buf, len, "%lluM",
-				 (unsigned long long)c->block_size >> 20);
-		else
-			snprintf(buf, len, "%lluK",
-				 (unsigned long long)c->block_size >> 10);
-		break;
-	case ST_QD:
-		snprintf(buf, len, "%u", c->queue_depth);
-		break;
-	case ST_PAR:
-		snprintf(buf, len, "%u", c->intra_op_parallelism);
-		break;
-	case ST_MODES:
-		snprintf(buf, len, "ss%u ov%u", c->single_submit,
-			 c->overlap_events);
-		break;
-	case ST_ENGINE:
-		snprintf(buf, len, "%s", nvio_engine_name(c->engine));
-		break;
-	default:
-		snprintf(buf, len, "%s", tune_step_names[step]);
-	}
-	return buf;
 }
 
 /* ---- the descent ---- */

@@ -1,6 +1,6 @@
 /*
- * util.c - messages, parsing, clocks, statistics, JSON output, progress
- * and temporary-file cleanup for the nvio tool.
+ * util.c - messages, the progress line, parsing, clocks, statistics and
+ * JSON output for the nvio tool (temporary files: cleanup.c).
  */
 #include "util.h"
 
@@ -16,6 +16,39 @@
 #include <sys/stat.h>
 
 const char *tool_prog = "nvio";
+
+/* ---- progress ---- */
+
+int progress_enabled;
+static int progress_shown;
+
+void progress_init(int quiet)
+{
+	progress_enabled = !quiet && isatty(STDERR_FILENO);
+}
+
+void progress(const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!progress_enabled)
+		return;
+	fputs("\r\033[K", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fflush(stderr);
+	progress_shown = 1;
+}
+
+void progress_done(void)
+{
+	if (!progress_shown)
+		return;
+	fputs("\r\033[K", stderr);
+	fflush(stderr);
+	progress_shown = 0;
+}
 
 void msg(const char *fmt, ...)
 {
