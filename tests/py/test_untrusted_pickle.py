@@ -458,3 +458,161 @@ def test_fifo_never_blocks(tmp_path):
     with pytest.raises(nvio.CheckpointError) as ei:
         nvio.load(tmp_path)
     assert "directory" in str(ei.value) and str(tmp_path) in str(ei.value)
+
+
+# --- the property: nvio refuses whenever torch refuses ---------------------------
+
+hypothesis = pytest.importorskip("hypothesis")
+st = hypothesis.strategies
+
+PARAM = (glob("torch._utils", "_rebuild_parameter") + MARK + T + FALSE +
+         glob("collections", "OrderedDict") + EMPTY_TUPLE + REDUCE + TUPLE + REDUCE)
+LEAF = {
+    "none": NONE, "true": TRUE, "false": FALSE, "int1": num(7), "int4": num(-70000),
+    "int2": b"M" + struct.pack("<H", 4000), "float": b"G" + struct.pack(">d", 2.5),
+    "str": uni("k\u00e9y"), "sstr": b"U\x03abc", "long1": b"\x8a\x02\x01\x80",
+    "etuple": EMPTY_TUPLE, "elist": EMPTY_LIST, "edict": EMPTY_DICT, "eset": b"\x8f",
+    "tensor": T, "param": PARAM,
+    "odict": glob("collections", "OrderedDict") + EMPTY_TUPLE + REDUCE,
+    "cls": glob("collections", "OrderedDict"), "dtype": glob("torch", "float32"),
+    "size": glob("torch", "Size") + MARK + num(2) + num(3) + TUPLE + TUPLE1 + REDUCE,
+}
+# One element each torch's weights-only unpickler refuses; each pushes one value.
+FORBIDDEN = {
+    "setitem_tensor": T + num(0) + num(9) + SETITEM,
+    "setitems_storage": storage("0", 4) + MARK + num(0) + num(9) + SETITEMS,
+    "append_dict": EMPTY_DICT + num(1) + APPEND,
+    "appends_tensor": T + MARK + num(1) + APPENDS,
+    "setitem_list": EMPTY_LIST + num(0) + num(1) + SETITEM,
+    "build_tensor": T + MARK + TRUE + NONE + EMPTY_DICT + TUPLE + BUILD,
+    "build_list": EMPTY_LIST + EMPTY_DICT + BUILD,
+    "obj": MARK + glob("collections", "OrderedDict") + b"o",
+    "inst": MARK + b"icollections\nOrderedDict\n",
+    "dup_pop": EMPTY_DICT + b"2" + b"0",
+    "pop_mark": EMPTY_DICT + MARK + NONE + b"1",
+    "memoize": EMPTY_DICT + b"\x94",
+    "frame": b"\x95" + struct.pack("<Q", 1) + NONE,
+    "short_binunicode": b"\x8c\x01a",
+    "binunicode8": b"\x8d" + struct.pack("<Q", 1) + b"a",
+    "short_binbytes": b"C\x01a",
+    "bytearray8": b"\x96" + struct.pack("<Q", 1) + b"a",
+    "additems_set": b"\x8f" + MARK + num(1) + b"\x90",
+    "additems_tensor": T + MARK + num(1) + b"\x90",
+    "frozenset": MARK + num(1) + b"\x91",
+    "ext1": b"\x82\x01", "ext2": b"\x83\x01\x00", "ext4": b"\x84\x01\x00\x00\x00",
+    "int_text": b"I5\n", "long_text": b"L5\n", "float_text": b"F1.5\n",
+    "string_text": b"S'a'\n", "unicode_text": b"Vabc\n", "put_text": NONE + b"p0\n",
+    "os_system": glob("os", "system") + uni("true") + TUPLE1 + REDUCE,
+    "builtins_eval": glob("builtins", "eval") + uni("1") + TUPLE1 + REDUCE,
+    "torch_load": glob("torch", "load"),
+    "getattr": glob("builtins", "getattr") + T + uni("add_") + TUPLE2 + REDUCE,
+    "newobj_dict": glob("builtins", "dict") + EMPTY_TUPLE + b"\x81",
+    "newobj_ex": glob("collections", "OrderedDict") + EMPTY_TUPLE + EMPTY_DICT + b"\x92",
+    "stack_global": uni("os") + uni("system") + b"\x93",
+    "persid_module": MARK + uni("module") + uni("x") + TUPLE2 + BINPERSID,
+    "persid_text": b"P0\n",
+    "reduce_storage_type": glob("torch", "FloatStorage") + num(4) + TUPLE1 + REDUCE,
+    "reduce_tensor": T + EMPTY_TUPLE + REDUCE,
+    "next_buffer": b"\x97",
+}
+
+
+def kids_of(kids):
+    return st.one_of(
+        st.tuples(st.just("list"), st.lists(kids, max_size=4)),
+        st.tuples(st.just("dict"), st.lists(st.tuples(st.sampled_from(["str", "int1"]), kids),
+                                            max_size=4)),
+        st.tuples(st.just("tuple"), st.lists(kids, max_size=5)),
+        st.tuples(st.just("od"), st.lists(st.tuples(st.just("str"), kids), max_size=3)),
+    )
+
+
+TREES = st.recursive(st.sampled_from(sorted(LEAF) + ["ref"]).map(lambda k: (k,)), kids_of,
+                     max_leaves=12)
+
+
+def serialize(tree, bad, at, rng):
+    """The pickle of tree, the node numbered ``at`` (depth first) replaced
+    by the bytes ``bad``; memo PUTs and GETs as rng decides."""
+    out, memo, count = [PROTO2], [0], [0]
+
+    def value(node):
+        n = count[0]
+        count[0] += 1
+        if n == at:
+            out.append(bad)
+        elif node[0] == "ref":
+            out.append(b"h" + bytes([rng.randrange(memo[0])]) if memo[0] else NONE)
+        elif node[0] in LEAF:
+            out.append(LEAF[node[0]])
+        elif node[0] == "list":
+            out.append(EMPTY_LIST)
+            if len(node[1]) == 1 and rng.random() < 0.5:
+                value(node[1][0])
+                out.append(APPEND)
+            elif node[1]:
+                out.append(MARK)
+                for k in node[1]:
+                    value(k)
+                out.append(APPENDS)
+        elif node[0] == "tuple":
+            if 1 <= len(node[1]) <= 3 and rng.random() < 0.5:
+                for k in node[1]:
+                    value(k)
+                out.append((TUPLE1, TUPLE2, b"\x87")[len(node[1]) - 1])
+            else:
+                out.append(MARK)
+                for k in node[1]:
+                    value(k)
+                out.append(TUPLE)
+        else:                       # dict, od: an OrderedDict made by REDUCE
+            out.append(EMPTY_DICT if node[0] == "dict" else LEAF["odict"])
+            out.append(MARK)
+            for key, v in node[1]:
+                out.append(LEAF[key])
+                value(v)
+            out.append(SETITEMS)
+        if memo[0] < 250 and rng.random() < 0.3:
+            out.append(put(memo[0]))
+            memo[0] += 1
+
+    value(tree)
+    out.append(STOP)
+    return b"".join(out)
+
+
+def same_value(a, b):
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same_value(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
+    return a is b or a == b
+
+
+@hypothesis.settings(max_examples=300, deadline=None, derandomize=True,
+                     suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture,
+                                            hypothesis.HealthCheck.too_slow])
+@hypothesis.given(tree=TREES, bad=st.sampled_from(sorted(FORBIDDEN) + [None]),
+                  at=st.integers(0, 30), seed=st.integers(0, 2 ** 32))
+def test_property_nvio_refuses_whenever_torch_refuses(tmp_path, tree, bad, at, seed):
+    """Random pickles of torch's allowed opcodes and globals with one
+    forbidden element (or none) at a random node: whenever
+    torch.load(weights_only=True) refuses, nvio.load refuses; when torch
+    accepts, nvio gives the same object."""
+    import random
+    import warnings
+    pkl = serialize(tree, FORBIDDEN[bad] if bad else b"", at if bad else -1,
+                    random.Random(seed))
+    p = checkpoint(tmp_path / "h.pt", pkl, {"0": FOUR})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        (tv, want), (nv, got) = verdicts(p)
+    if tv == "refused":
+        assert nv == "refused", "torch refused (%r), nvio.load accepted %r: %r" % (want, got, pkl)
+    else:
+        assert nv == "ok", "torch accepted, nvio.load refused: %r: %r" % (got, pkl)
+        assert same_value(got, want), (got, want, pkl)

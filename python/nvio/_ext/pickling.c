@@ -171,8 +171,11 @@ static int scan_is_str(scan_state *s, const scan_item *it, const char *want)
 
 /* A tuple of the items [from, depth): a K_PID when it is the persistent id
  * torch.save writes ("storage", storage type, key, location, numel). */
-static void scan_tuple(scan_state *s, Py_ssize_t from)
+static int scan_tuple(scan_state *s, Py_ssize_t from)
 {
+	/* an empty MARK ... TUPLE pushes one item more than it pops */
+	if (scan_grow((void **)&s->stack, &s->cap, from + 1, sizeof(scan_item)) < 0)
+		return -1;
 	scan_item *a = &s->stack[from];
 	Py_ssize_t n = s->depth - from;
 	scan_item t = { K_TUPLE, 0, 0, 0 };
@@ -189,6 +192,7 @@ static void scan_tuple(scan_state *s, Py_ssize_t from)
 	}
 	s->depth = from;
 	s->stack[s->depth++] = t;
+	return 0;
 }
 
 /* Bytes at the cursor; NULL when fewer than n are left. */
@@ -346,14 +350,12 @@ static int scan_op(scan_state *s)
 	case 't':			/* TUPLE */
 		if (!s->nfences)
 			return 1;
-		scan_tuple(s, s->fences[--s->nfences]);
-		return 0;
+		return scan_tuple(s, s->fences[--s->nfences]);
 	case 0x85: case 0x86: case 0x87: {	/* TUPLE1, TUPLE2, TUPLE3 */
 		Py_ssize_t k = op - 0x84;
 		if (avail < k)
 			return 1;
-		scan_tuple(s, s->depth - k);
-		return 0;
+		return scan_tuple(s, s->depth - k);
 	}
 	case 'q': case 'r': {		/* BINPUT, LONG_BINPUT */
 		Py_ssize_t w = op == 'q' ? 1 : 4;
@@ -450,7 +452,8 @@ static int scan_op(scan_state *s)
 		if (!s->nfences)
 			return 1;
 		Py_ssize_t from = s->fences[--s->nfences];
-		if (!scan_avail(s))
+		/* the target: the item below the MARK, in the enclosing stack */
+		if (from <= (s->nfences ? s->fences[s->nfences - 1] : 0))
 			return 1;
 		unsigned char k = s->stack[from - 1].kind;
 		if (op == 'e' ? k != K_LIST :
