@@ -36,6 +36,7 @@ import hashlib
 import itertools
 import mmap
 import os
+import threading
 import time
 
 import torch
@@ -258,6 +259,27 @@ class _Piece:
         (self.owner._parameters if self.is_param else self.owner._buffers)[self.attr] = t
 
 
+class _Check:
+    """The CRC-32 of a block's bytes, computed as soon as its read ends, on
+    the thread that completes it (off the forward's path: the block before
+    is computing meanwhile); ``done`` is set when ``got`` (or None: the
+    read failed) is there."""
+
+    __slots__ = ("done", "got", "secs")
+
+    def __init__(self):
+        self.done, self.got, self.secs = threading.Event(), None, 0.0
+
+    def run(self, fut, mv):
+        try:
+            if not fut.cancelled() and fut.exception() is None:
+                t0 = time.perf_counter()
+                self.got = _nvio.crc32(mv)
+                self.secs = time.perf_counter() - t0
+        finally:
+            self.done.set()
+
+
 class _Block:
     __slots__ = ("idx", "name", "module", "pieces", "lay", "views", "hooks", "nbytes", "crc")
 
@@ -269,7 +291,7 @@ class _Block:
 
 class _Slot:
     __slots__ = ("idx", "buf", "host", "mv", "dev", "owner", "futs", "ready", "last",
-                 "copied", "copy_ev", "free_ev")
+                 "copied", "copy_ev", "free_ev", "check")
 
     def __init__(self, idx, nbytes, dev):
         from ..handles import _locked_buffer
@@ -286,6 +308,7 @@ class _Slot:
             st = _device.empty(nbytes, dev)
             self.dev = torch.empty(0, dtype=torch.uint8, device=st.device).set_(st)
         self.owner, self.futs, self.ready, self.last = None, [], False, 0
+        self.check = None       # the _Check of the block being read into it
         self.copied, self.copy_ev, self.free_ev = False, None, None
 
 
@@ -317,7 +340,8 @@ class _Streamer:
         bl = find_blocks(model, blocks)
         self.blocks = [_Block(i, n, m) for i, (n, m) in enumerate(bl)]
         self._split(model, pin)
-        self._stats = dict(bytes_read=0, block_reads=0, wait_s=0.0, reads_failed=0, crc_s=0.0)
+        self._stats = dict(bytes_read=0, block_reads=0, wait_s=0.0, reads_failed=0, crc_s=0.0,
+                           crc_wait_s=0.0)
         self._clock = itertools.count(1)
         self.running = set()
         own = handle is None
@@ -837,6 +861,11 @@ class _Streamer:
             self._stats["reads_failed"] += 1
             raise self._error(b, want[len(s.futs)][1] if want else None, e) from e
         s.futs = [(f, *w) for f, w in zip(futs, want)]
+        s.check = None
+        if b.crc is not None and len(futs) == 1:      # a store block: one read
+            s.check = _Check()
+            mv = s.mv[:b.lay.size]
+            futs[0].add_done_callback(lambda f, c=s.check, mv=mv: c.run(f, mv))
         self._stats["block_reads"] += 1
         return s
 
@@ -848,6 +877,9 @@ class _Streamer:
             except Exception:
                 pass
         s.futs = []
+        if s.check is not None:
+            s.check.done.wait()                      # nor by its CRC
+            s.check = None
         if s.copy_ev is not None:
             _device.event_synchronize(s.copy_ev)     # its host memory is read no more
 
@@ -870,9 +902,17 @@ class _Streamer:
         self._stats["wait_s"] += time.perf_counter() - t0
         s.futs = []
         if err is None and b.crc is not None:
-            t1 = time.perf_counter()
-            got = _nvio.crc32(s.mv[:b.lay.size])
-            self._stats["crc_s"] += time.perf_counter() - t1
+            if s.check is not None:
+                t1 = time.perf_counter()
+                s.check.done.wait()
+                self._stats["crc_wait_s"] += time.perf_counter() - t1
+                got, secs = s.check.got, s.check.secs
+                s.check = None
+            else:
+                t1 = time.perf_counter()
+                got = _nvio.crc32(s.mv[:b.lay.size])
+                secs = time.perf_counter() - t1
+            self._stats["crc_s"] += secs
             if got != b.crc:
                 path, ((_so, off, n),) = next(iter(b.lay.reads.items()))
                 err = (path, StreamError(
