@@ -501,9 +501,9 @@ def _fast_globals():
 
 class _FastUnpickler(pickle.Unpickler):
     """Python's C unpickler restricted to a handful of globals (the
-    "restricting globals" pattern of the pickle documentation). BUILD on a
-    tensor goes to Tensor.__setstate__ (torch's weights-only unpickler
-    calls set_ there; both only change that tensor)."""
+    "restricting globals" pattern of the pickle documentation). That alone
+    is weaker than torch's weights-only unpickler (EXT opcodes, the memo,
+    SETITEM or BUILD on any object): it runs only on pickles _scan admitted."""
 
     def find_class(self, module, name):
         fn = self._table.get((module, name))
@@ -590,23 +590,24 @@ def load(f, map_location=None, weights_only=True, mmap=False, *, handle=None,
     as the unpickler asks for it. ``mmap=True`` is ``torch.load(mmap=True)``
     (``pin_memory`` and ``verify`` cannot go with it: ValueError).
     ``verify=True`` checks every record's CRC-32 too. ``f`` that is a file
-    object is passed to ``torch.load``.
+    object is passed to ``torch.load``. A path that is no regular file (a
+    FIFO, a device, a directory) raises CheckpointError at once.
 
-    Two differences from ``torch.load`` to know:
+    One difference from ``torch.load`` to know: with
+    ``weights_only=True``, the host tensors of a checkpoint whose
+    records lie densely in the file (nvio's and torch.save's) are read
+    with one read into ONE allocation, of which every storage is a slice:
+    that allocation is freed when the last tensor from it is. Keeping a
+    few tensors of a checkpoint (the model of a training checkpoint, say)
+    keeps the whole allocation: copy (``.clone()``) what you keep, or
+    load the parts from separate files. Records the pickle does not
+    reference are never read.
 
-    - With ``weights_only=True``, the host tensors of a checkpoint whose
-      records lie densely in the file (nvio's and torch.save's) are read
-      with one read into ONE allocation, of which every storage is a slice:
-      that allocation is freed when the last tensor from it is. Keeping a
-      few tensors of a checkpoint (the model of a training checkpoint, say)
-      keeps the whole allocation: copy (``.clone()``) what you keep, or
-      load the parts from separate files.
-    - ``weights_only=True`` admits the same globals as torch's weights-only
-      unpickler (most checkpoints go through a faster unpickler admitting
-      only what torch.save writes for dense tensors and state dicts, the
-      rest through torch's) but not always the same pickle opcodes: a file
-      saved with ``pickle_protocol`` 3 or 4, which torch's refuses, loads.
-      No code runs either way.
+    ``weights_only=True`` refuses exactly what torch's weights-only
+    unpickler refuses (the same globals, opcodes and rules): a one-pass
+    scan admits to a faster unpickler only pickles made of what torch.save
+    writes for dense tensors and state dicts, under those rules, and hands
+    every other pickle to torch's unpickler.
 
     ``group`` (a torch.distributed process group; every rank calls load):
     with ``share=True`` each rank reads an equal share of the tensor bytes
