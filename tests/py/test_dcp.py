@@ -325,18 +325,7 @@ def zeros_like(sd):
     return None if isinstance(sd, (int, str)) else sd
 
 
-def assert_same(a, b):
-    if isinstance(a, torch.Tensor):
-        assert torch.equal(a, b) and a.dtype == b.dtype and a.shape == b.shape
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            assert_same(a[k], b[k])
-    elif isinstance(a, list):
-        for x, y in zip(a, b):
-            assert_same(x, y)
-    else:
-        assert a == b
+assert_same = nvio_testutil.same
 
 
 def save1(sd, writer):
