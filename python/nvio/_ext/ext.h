@@ -281,9 +281,10 @@ void ext_tags_release_all(ext_handle *self);
 
 /*
  * Runs one blocking transfer on an open file as tagged ops of its own,
- * at most EXT_CHUNK bytes each and a few in flight, reaping them in
- * short slices with the GIL released; between slices signal handlers run
- * (PyErr_CheckSignals), so Ctrl-C is seen promptly. On a failure or an
+ * at most sync_chunk() bytes each (files.c: 64 MiB, less for psync) and
+ * a few in flight, reaping them in short slices with the GIL released;
+ * between slices signal handlers run (PyErr_CheckSignals), so Ctrl-C is
+ * seen promptly. On a failure or an
  * exception from a handler no more is submitted, and the ops in flight
  * are waited for (without further signal checks: they are bounded)
  * before it returns, so the memory is never released under the kernel.

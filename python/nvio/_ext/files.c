@@ -166,6 +166,7 @@ void ext_tags_release_all(ext_handle *self)
  */
 #define EXT_SYNC_TAG (1ull << 63)
 #define EXT_CHUNK (64ull << 20)
+#define EXT_CHUNK_MIN (8ull << 20)
 #define EXT_WINDOW 4u
 #define EXT_SLICE_NS 50000000ll
 #define EXT_REAP_BATCH 32u
@@ -261,13 +262,28 @@ PyObject *ext_raise_record(ext_state *st, const nvio_error_t *rec, PyObject *fil
 	return NULL;
 }
 
+/*
+ * The bytes of one blocking op: what the handle's workers have in flight
+ * at once, twice over, within [EXT_CHUNK_MIN, EXT_CHUNK]. Ctrl-C lands
+ * once the EXT_WINDOW ops in flight end, so they must be no more than a
+ * device keeps busy with: a psync worker has one request in flight (its
+ * pread), the others queue_depth each. With 64 MiB for every engine, two
+ * psync workers at 50 MB/s each took 2.7 s to see Ctrl-C.
+ */
+static uint64_t sync_chunk(nvio_handle_t *h)
+{
+	uint64_t per = nvio_get_engine(h) == NVIO_ENGINE_PSYNC ? 1 : nvio_get_queue_depth(h);
+	uint64_t c = 2 * nvio_get_block_size(h) * per * nvio_get_intra_op_parallelism(h);
+	return c < EXT_CHUNK_MIN ? EXT_CHUNK_MIN : c > EXT_CHUNK ? EXT_CHUNK : c;
+}
+
 int ext_run_sync(ext_handle *hd, nvio_file_t *f, const char *path, int is_write,
 		 void *ptr, uint64_t n, int64_t off, unsigned flags,
 		 const nvio_iovec_t *iov, uint32_t iovcnt, nvio_error_t *rec)
 {
 	nvio_handle_t *h = hd->h;
 	ext_waiter w;
-	uint64_t sent = 0, chunk = EXT_CHUNK, old_size = 0;
+	uint64_t sent = 0, chunk = sync_chunk(h), old_size = 0;
 	int first = 1, stop = 0, raised = 0, rc = 0;
 	unsigned opflags = flags & ~(unsigned)NVIO_FSYNC;	/* once, at the end */
 	nvio_file_info_t fi;
@@ -276,7 +292,7 @@ int ext_run_sync(ext_handle *hd, nvio_file_t *f, const char *path, int is_write,
 	 * in the caller's thread where libnvio can: handing a small op to a
 	 * worker and reaping it would cost more than its I/O (a 4 KiB read),
 	 * and one chunk ends soon enough for Ctrl-C to be seen after it. */
-	if (!iov && n <= EXT_CHUNK) {
+	if (!iov && n <= chunk) {
 		int r;
 
 		hd->busy++;
