@@ -35,20 +35,77 @@ __all__ = ["AsyncIOBuilder", "GDSBuilder", "PinMemoryBuilder", "UtilsBuilder",
 
 
 class _Builder:
+    """A DeepSpeed op builder whose op is already built: the registry's
+    attributes and methods (``name``, ``NAME``, ``BUILD_VAR``,
+    ``absolute_name``, ``is_compatible``, ``load``, ``jit_load``,
+    ``sources``...) with nvio's module behind ``load()``.
+
+    ``absolute_name()`` names a module that ``importlib.import_module`` finds
+    once ``load()`` ran, as DeepSpeed's loader expects of an installed op.
+    ``sources()`` is empty and ``builder()`` refuses: there is nothing to
+    compile, so nothing is ever JIT-built.
+    """
     NAME = ""
     BUILD_VAR = ""
 
-    def is_compatible(self, verbose=False):
-        return True
+    def __init__(self, name=None):
+        self.name = self.NAME if name is None else name
+        self.jit_mode = False
+        self.build_for_cpu = False
+        self.enable_bf16 = False
+        self.error_log = None
 
     def absolute_name(self):
         return f"nvio.compat.{self.NAME}"
 
+    def is_compatible(self, verbose=False):
+        return True
+
     def load(self, verbose=True):
-        return self._module()
+        mod = self._module()
+        sys.modules.setdefault(mod.__name__, mod)
+        return mod
+
+    def jit_load(self, verbose=True):
+        return self.load(verbose)
+
+    def builder(self):
+        raise RuntimeError(f"nvio: {type(self).__name__} ({self.NAME}) is part of nvio's "
+                           "extension and has nothing to build")
+
+    def sources(self):
+        return []
+
+    def include_paths(self):
+        return []
+
+    def cxx_args(self):
+        return []
+
+    def nvcc_args(self):
+        return []
+
+    def extra_ldflags(self):
+        return []
+
+    def libraries_args(self):
+        return []
+
+    def strip_empty_entries(self, args):
+        return [x for x in args if len(x) > 0]
+
+    def warning(self, msg):
+        self.error_log = f"{msg}"
 
     def _module(self):  # pragma: no cover - overridden
         raise NotImplementedError
+
+
+def _op_module(name, **attrs):
+    """The module object ``load()`` returns, named ``nvio.compat.<op>``."""
+    mod = types.ModuleType(f"nvio.compat.{name}")
+    mod.__dict__.update(attrs)
+    return mod
 
 
 # ---------------------------------------------------------------- async_io
@@ -73,9 +130,8 @@ def deepspeed_memcpy(dest, src):
     return 0
 
 
-_async_io = types.SimpleNamespace(
-    aio_handle=AioHandle, aio_read=aio_read, aio_write=aio_write,
-    deepspeed_memcpy=deepspeed_memcpy, __name__="nvio.compat.async_io")
+_async_io = _op_module("async_io", aio_handle=AioHandle, aio_read=aio_read,
+                       aio_write=aio_write, deepspeed_memcpy=deepspeed_memcpy)
 
 
 class AsyncIOBuilder(_Builder):
@@ -89,7 +145,7 @@ class AsyncIOBuilder(_Builder):
 
 # --------------------------------------------------------------------- gds
 
-_gds = types.SimpleNamespace(gds_handle=GdsHandle, __name__="nvio.compat.gds")
+_gds = _op_module("gds", gds_handle=GdsHandle)
 
 
 class GDSBuilder(_Builder):
@@ -132,8 +188,7 @@ class pin_handle:
     closed = False
 
 
-_pin_memory = types.SimpleNamespace(pin_handle=pin_handle,
-                                    __name__="nvio.compat.pin_memory")
+_pin_memory = _op_module("pin_memory", pin_handle=pin_handle)
 
 
 class PinMemoryBuilder(_Builder):
@@ -173,8 +228,7 @@ def cast_to_byte_tensor(src):
     return _byte_view(src)
 
 
-_utils = types.SimpleNamespace(cast_to_byte_tensor=cast_to_byte_tensor,
-                               __name__="nvio.compat.utils")
+_utils = _op_module("utils", cast_to_byte_tensor=cast_to_byte_tensor)
 
 
 class UtilsBuilder(_Builder):
