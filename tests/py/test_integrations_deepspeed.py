@@ -244,3 +244,29 @@ def test_import_nvio_imports_no_framework():
     r = _run("import sys, nvio, nvio.compat, nvio.integrations\n"
              "print({m for m in ('deepspeed', 'lightning', 'transformers', 'torch') if m in sys.modules})")
     assert r.returncode == 0 and r.stdout.strip() == "set()", r.stdout + r.stderr
+
+
+def test_ds_io_runs_on_nvio_in_its_spawned_workers(tmp_path):
+    """ds_io, unchanged, through the launcher: its spawned worker writes and
+    reads on nvio, and no async_io op is built (an empty extensions dir
+    stays empty, where DeepSpeed's op would have been built)."""
+    import shutil
+    if shutil.which("ds_io") is None:
+        pytest.skip("DeepSpeed's ds_io command is not on PATH")
+    ext = tmp_path / "ext"
+    data = tmp_path / "data"
+    data.mkdir()
+    env = _env(TORCH_EXTENSIONS_DIR=str(ext))
+    for mode in ([], ["--read"]):
+        r = subprocess.run([sys.executable, "-m", "nvio.integrations.deepspeed", "ds_io",
+                            "--folder", str(data), "--io_size", "4M", "--loops", "1",
+                            "--warmup_loops", "0", "--validate", *mode],
+                           capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0 and ("Read Speed" if mode else "Write Speed") in r.stdout, (
+            r.stdout[-2000:] + r.stderr[-4000:])
+    sizes = [p.stat().st_size for p in data.iterdir()]
+    assert sizes and all(n == 4 << 20 for n in sizes), sizes
+    assert not ext.exists()
+    r = subprocess.run([sys.executable, "-m", "nvio.integrations.deepspeed", "no-such-cmd"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and "no-such-cmd" in r.stderr

@@ -142,18 +142,34 @@ def is_active():
     return _active is not None
 
 
-def _console_script(name):
+def _command(name):
+    """A console script's function (an entry point), or a Python script on
+    PATH (DeepSpeed's ds_io, ds_report... are such scripts) as a function."""
     from importlib.metadata import entry_points
     for ep in entry_points(group="console_scripts"):
         if ep.name == name:
             return ep.load()
-    return None
+    import shutil
+    path = shutil.which(name)
+    if path is None:
+        return None
+    with open(path, "rb") as f:
+        source = f.read()
+    if not source.startswith(b"#!") or b"python" not in source.split(b"\n", 1)[0]:
+        return None
+    code = compile(source, path, "exec")
+
+    def run():
+        # run with this module still sys.modules["__main__"], so that the
+        # workers it spawns import it (and switch) before DeepSpeed's code
+        exec(code, {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__})
+    return run
 
 
 def main(argv=None):
-    """``python -m nvio.integrations.deepspeed (COMMAND | SCRIPT) ARGS...``:
-    run a console script of DeepSpeed's (ds_io, ds_report...) or a Python
-    script with DeepSpeed switched to nvio."""
+    """``python -m nvio.integrations.deepspeed (COMMAND | SCRIPT.py) ARGS...``:
+    run a command of DeepSpeed's (ds_io, ds_report...) or a Python script
+    with DeepSpeed switched to nvio."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(main.__doc__.strip())
@@ -161,17 +177,20 @@ def main(argv=None):
     os.environ[ENV] = "1"           # for the workers ds_io spawns
     use_nvio()
     target, sys.argv = argv[0], argv
-    if target.endswith(".py") or os.path.sep in target:
+    if target.endswith(".py"):
         import runpy
         runpy.run_path(target, run_name="__main__")
         return 0
-    fn = _console_script(target)
+    fn = _command(target)
     if fn is None:
-        print(f"nvio.integrations.deepspeed: no script or console command {target!r}",
-              file=sys.stderr)
+        print(f"nvio.integrations.deepspeed: {target!r} is neither a .py script nor a "
+              "Python command on PATH", file=sys.stderr)
         return 2
-    rc = fn()
-    return rc if isinstance(rc, int) else 0
+    try:
+        rc = fn()
+    except SystemExit as e:
+        rc = e.code
+    return rc if isinstance(rc, int) else (0 if rc is None else 1)
 
 
 if __name__ in ("__main__", "__mp_main__"):
