@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 #define NVIO_VERSION_MAJOR 0
-#define NVIO_VERSION_MINOR 2
+#define NVIO_VERSION_MINOR 3
 #define NVIO_VERSION_PATCH 0
 #define NVIO_VERSION_NUM \
 	((NVIO_VERSION_MAJOR << 16) | (NVIO_VERSION_MINOR << 8) | NVIO_VERSION_PATCH)
@@ -616,24 +616,76 @@ typedef struct nvio_op {
 	uint32_t iovcnt;
 	uint32_t reserved0;
 	uint64_t user_data;
+	uint64_t reserved[4];	/* 0.3: room to grow; must be 0 */
 } nvio_op_t;
 
 NVIO_API int nvio_submit(nvio_handle_t *h, const nvio_op_t *ops, unsigned n);
 
 /*
- * One ended op. res: bytes moved (>= 0) or a negative errno; on failure
+ * Fill an op, every other field (reserved ones included) zeroed, so that
+ * code built with them keeps meaning the same when fields are added.
+ */
+static inline void nvio_prep_rw(nvio_op_t *op, uint32_t opcode, nvio_file_t *f,
+				void *buf, uint64_t nbytes, int64_t offset,
+				uint64_t user_data)
+{
+	*op = (nvio_op_t){ 0 };
+	op->opcode = opcode;
+	op->file = f;
+	op->buf = buf;
+	op->nbytes = nbytes;
+	op->offset = offset;
+	op->user_data = user_data;
+}
+
+static inline void nvio_prep_read(nvio_op_t *op, nvio_file_t *f, void *buf,
+				  uint64_t nbytes, int64_t offset, uint64_t user_data)
+{
+	nvio_prep_rw(op, NVIO_OP_READ, f, buf, nbytes, offset, user_data);
+}
+
+static inline void nvio_prep_write(nvio_op_t *op, nvio_file_t *f, const void *buf,
+				   uint64_t nbytes, int64_t offset, uint64_t user_data)
+{
+	nvio_prep_rw(op, NVIO_OP_WRITE, f, (void *)buf, nbytes, offset, user_data);
+}
+
+/* Vectors: offset as for nvio_file_preadv (NVIO_OFFSET_PER_IOV or a start). */
+static inline void nvio_prep_readv(nvio_op_t *op, nvio_file_t *f, const nvio_iovec_t *iov,
+				   uint32_t iovcnt, int64_t offset, uint64_t user_data)
+{
+	nvio_prep_rw(op, NVIO_OP_READ, f, NULL, 0, offset, user_data);
+	op->iov = iov;
+	op->iovcnt = iovcnt;
+}
+
+static inline void nvio_prep_writev(nvio_op_t *op, nvio_file_t *f, const nvio_iovec_t *iov,
+				    uint32_t iovcnt, int64_t offset, uint64_t user_data)
+{
+	nvio_prep_rw(op, NVIO_OP_WRITE, f, NULL, 0, offset, user_data);
+	op->iov = iov;
+	op->iovcnt = iovcnt;
+}
+
+/*
+ * One ended op (0.3 layout: it starts with its size and has room to grow;
+ * programs built against 0.2 get 0.2's layout from their NVIO_0.2
+ * versions of nvio_reap and nvio_completion_error).
+ * res: bytes moved (>= 0) or a negative errno; on failure
  * err_offset, err_nbytes and err_what say which piece failed and how
  * (the first failure of the op; nvio_completion_error() makes a full
  * record of it).
  */
 typedef struct nvio_completion {
+	uint32_t struct_size;	/* set by the library: sizeof as it knows it */
+	uint32_t flags;		/* NVIO_COMPLETION_WRITE */
 	uint64_t user_data;
 	int64_t res;
 	uint64_t op_seq;
 	int64_t err_offset;
 	uint64_t err_nbytes;
-	uint32_t flags;		/* NVIO_COMPLETION_WRITE */
-	char err_what[20];
+	char err_what[24];
+	uint64_t reserved[4];	/* 0; later versions may fill them */
 } nvio_completion_t;
 
 #define NVIO_COMPLETION_WRITE	(1u << 0)
@@ -666,6 +718,45 @@ NVIO_API uint32_t nvio_inflight(const nvio_handle_t *h);
  * 0 for a completion that succeeded. */
 NVIO_API int nvio_completion_error(const nvio_completion_t *c, const char *path,
 				   nvio_error_t *out);
+
+/*
+ * Completion queues (0.3). A queue belongs to one consumer: the ops
+ * submitted to it complete on it and nowhere else, and its eventfd is
+ * readable exactly while completions wait on it, so consumers of one
+ * handle never see (or sort) each other's completions. Ops of any queue
+ * share the handle's workers. nvio_submit/nvio_reap/nvio_completion_fd/
+ * nvio_inflight/nvio_cancel are these calls on the handle's default
+ * queue (nvio_handle_queue).
+ *
+ * nvio_queue_create: flags must be 0. nvio_queue_destroy waits for the
+ * queue's ops in flight, drops its unreaped completions and frees it
+ * (the default queue: -EINVAL). A handle frees the queues left with it.
+ * nvio_queue_submit/reap/fd/inflight: as nvio_submit, nvio_reap,
+ * nvio_completion_fd, nvio_inflight, on this queue only.
+ *
+ * nvio_queue_cancel: every op of the queue with this user_data that is
+ * still running stops issuing pieces: pieces not started are skipped,
+ * pieces in flight finish, and the op completes once, with -ECANCELED
+ * (or the error it had already met). A cancelled write leaves the bytes
+ * of the pieces that ran; it marks the file failed, like any failed
+ * write (an ATOMIC file then refuses to commit). Returns how many ops it
+ * cancelled; -EALREADY when the matching ops have moved all their pieces
+ * and are ending (they complete as they would have); -ENOENT when no op
+ * of the queue has this user_data in flight (never submitted, or
+ * completed already: a completion waiting to be reaped is not undone).
+ */
+typedef struct nvio_queue nvio_queue_t;
+
+NVIO_API int nvio_queue_create(nvio_handle_t *h, nvio_queue_t **out, unsigned flags);
+NVIO_API int nvio_queue_destroy(nvio_queue_t *q);
+NVIO_API nvio_queue_t *nvio_handle_queue(nvio_handle_t *h);
+NVIO_API int nvio_queue_submit(nvio_queue_t *q, const nvio_op_t *ops, unsigned n);
+NVIO_API int nvio_queue_reap(nvio_queue_t *q, nvio_completion_t *out, unsigned max,
+			     unsigned min, int64_t timeout_ns);
+NVIO_API int nvio_queue_fd(nvio_queue_t *q);
+NVIO_API uint32_t nvio_queue_inflight(const nvio_queue_t *q);
+NVIO_API int nvio_queue_cancel(nvio_queue_t *q, uint64_t user_data);
+NVIO_API int nvio_cancel(nvio_handle_t *h, uint64_t user_data);
 
 /*
  * Streams over an open file. A writer appends from `offset`: write()

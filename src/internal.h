@@ -107,7 +107,7 @@ enum nvio__mem { NVIO__MEM_HOST = 0, NVIO__MEM_CUDA = 1 };
  * Who learns that an op ended (track.c):
  *   SYNC   the submitter, waiting on op->done; it frees the op
  *   GROUP  a group (a generation of nvio_wait, or a stream) counts it
- *   QUEUE  a completion with the op's tag goes to the handle's queue
+ *   QUEUE  a completion with the op's tag goes to its queue (nvio_queue)
  */
 enum nvio__sink { NVIO__SINK_SYNC, NVIO__SINK_GROUP, NVIO__SINK_QUEUE };
 
@@ -246,6 +246,12 @@ struct nvio__op {
 	uint64_t fail_off, fail_len;
 	int mem_unsure;		/* mem is HOST without asking (submit.c) */
 	int done;		/* sync ops: set under handle->lock */
+	/* QUEUE ops, under handle->lock (track.c): its queue, its place in
+	 * the queue's list of ops in flight, and whether its pieces have
+	 * all run (it is ending: too late to cancel) */
+	struct nvio_queue *queue;
+	struct nvio__op *qprev, *qnext;
+	int ending;
 	unsigned ntasks;
 	struct nvio__task tasks[];
 };
@@ -266,6 +272,22 @@ struct nvio__worker {
 	void *slots;		/* worker.c private: nvio__worker_slots slots */
 };
 
+/*
+ * A completion queue (track.c): the tagged ops submitted to it, and the
+ * completions of those that ended, for one consumer. Everything in it
+ * is guarded by its handle's lock.
+ */
+struct nvio_queue {
+	struct nvio_handle *h;
+	pthread_cond_t cond;	/* a completion arrived */
+	nvio_completion_t *cq;	/* ring of completions not yet reaped */
+	unsigned cq_head, cq_count, cq_cap;
+	unsigned tagged;	/* ops accepted, not yet ended */
+	struct nvio__op *ops;	/* those ops (for cancel) */
+	int efd;		/* nvio_queue_fd, -1 until asked */
+	struct nvio_queue *next;	/* in h->queues */
+};
+
 struct nvio_handle {
 	nvio_config_t cfg;	/* engine resolved */
 	unsigned fork_gen;	/* nvio__fork_gen when it was made */
@@ -282,12 +304,12 @@ struct nvio_handle {
 	pthread_cond_t cond;	/* an op ended */
 	uint64_t gen;		/* new async ops join gens[gen & 1] */
 	struct nvio__group gens[2];
-	nvio_completion_t *cq;	/* ring of completions not yet reaped */
-	unsigned cq_head, cq_count, cq_cap;
-	unsigned tagged;	/* tagged ops accepted, not yet ended */
-	int efd;		/* nvio_completion_fd, -1 until asked */
+	unsigned tagged;	/* tagged ops of all queues, not yet ended */
+	struct nvio_queue *queues;	/* made by nvio_queue_create */
 	nvio_error_t last;	/* the last failure any call returned */
+	struct nvio_queue q0;	/* the default queue: nvio_submit, nvio_reap */
 };
+
 
 /*
  * handle.c: a handle belongs to the process that made it. Its worker
@@ -317,6 +339,13 @@ void nvio__track_fini(struct nvio_handle *h);
 void nvio__track_begin(struct nvio__op *op);
 int nvio__track_end(struct nvio__op *op);
 void nvio__track_wait_sync(struct nvio__op *op);
+/* A QUEUE op's pieces have all run: from now on cancel leaves it be. */
+void nvio__track_ending(struct nvio__op *op);
+/* The handle's default queue (handle create) and every queue (destroy). */
+int nvio__queue_init(struct nvio_handle *h, struct nvio_queue *q);
+void nvio__queues_fini(struct nvio_handle *h);
+/* submit.c: n ops to a queue, as nvio_submit documents. */
+int nvio__queue_submit(struct nvio_queue *q, const nvio_op_t *ops, unsigned n);
 void nvio__group_wait(struct nvio_handle *h, struct nvio__group *g);
 /* Waits until the handle has no op in flight on file f (f NULL: none). */
 void nvio__track_quiesce(struct nvio_handle *h, const struct nvio_file *f);
@@ -369,6 +398,7 @@ struct nvio__opspec {
 	uint64_t user_data;
 	int sink;
 	struct nvio__group *group;
+	struct nvio_queue *queue;	/* QUEUE: which */
 };
 int nvio__submit(struct nvio_handle *h, const struct nvio__opspec *sp);
 
@@ -377,9 +407,21 @@ void nvio__op_task_done(struct nvio__op *op);
 /* The end of a sync op run in its caller's thread, which nobody else
  * waits for or counts: the epilogue only, no report. */
 void nvio__op_finish_inline(struct nvio__op *op);
-/* Records the op's first failure; `what` must be a string literal. */
-void nvio__op_fail(struct nvio__op *op, int err, const char *what,
-		   uint64_t off, uint64_t len);
+/* Records the op's first failure; `what` must be a string literal. The
+ * first error is the op's; later ones are its consequences. Inline: every
+ * layer that can fail an op (submit, workers, op, a cancel in track.c)
+ * records it without calling into op.c. */
+static inline void nvio__op_fail(struct nvio__op *op, int err, const char *what,
+				 uint64_t off, uint64_t len)
+{
+	int expected = 0;
+
+	if (atomic_compare_exchange_strong(&op->err, &expected, err)) {
+		op->fail_what = what;
+		op->fail_off = off;
+		op->fail_len = len;
+	}
+}
 /* The error record of an op that has ended with an error. */
 void nvio__op_record(const struct nvio__op *op, nvio_error_t *e);
 /* Frees the op (and its private file). */

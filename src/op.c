@@ -16,19 +16,6 @@
 #include "internal.h"
 #include "sys.h"
 
-void nvio__op_fail(struct nvio__op *op, int err, const char *what,
-		   uint64_t off, uint64_t len)
-{
-	int expected = 0;
-
-	/* The first error is the op's; later ones are its consequences. */
-	if (atomic_compare_exchange_strong(&op->err, &expected, err)) {
-		op->fail_what = what;
-		op->fail_off = off;
-		op->fail_len = len;
-	}
-}
-
 void nvio__op_record(const struct nvio__op *op, nvio_error_t *e)
 {
 	nvio__error_fill(e, atomic_load(&op->err), op, op->fail_what,
@@ -148,6 +135,8 @@ void nvio__op_task_done(struct nvio__op *op)
 {
 	if (atomic_fetch_sub(&op->tasks_left, 1) != 1)
 		return;
+	if (op->sink == NVIO__SINK_QUEUE)
+		nvio__track_ending(op);	/* no cancel from here on */
 	epilogue(op);
 	if (nvio__track_end(op))
 		nvio__op_free(op);

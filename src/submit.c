@@ -203,6 +203,7 @@ static struct nvio__op *op_new(struct nvio_handle *h, const struct nvio__opspec 
 	op->is_write = sp->is_write;
 	op->sink = sp->sink;
 	op->group = sp->group;
+	op->queue = sp->queue;
 	op->dfd = -1;
 	lay_out(op, sp);
 	return op;
@@ -711,44 +712,64 @@ int nvio_file_pwritev(nvio_file_t *f, const nvio_iovec_t *iov, uint32_t iovcnt,
 	return file_v(f, iov, iovcnt, offset, flags, 1);
 }
 
-int nvio_submit(nvio_handle_t *h, const nvio_op_t *ops, unsigned n)
+/* One tagged op to queue q: 0 or -errno (refused, the caller's record). */
+static int submit_one(struct nvio_queue *q, const nvio_op_t *o)
+{
+	struct nvio_handle *h = q->h;
+	struct nvio__opspec sp = {
+		.file = o->file, .is_write = o->opcode == NVIO_OP_WRITE,
+		.flags = o->flags & ~NVIO_ASYNC, .buf = o->buf, .nbytes = o->nbytes,
+		.offset = o->offset, .iov = o->iov, .iovcnt = o->iovcnt,
+		.vec = o->iov || o->iovcnt,
+		.user_data = o->user_data, .sink = NVIO__SINK_QUEUE, .queue = q,
+	};
+	const char *what = NULL;
+	nvio_error_t e;
+
+	if (o->opcode != NVIO_OP_READ && o->opcode != NVIO_OP_WRITE)
+		what = "opcode";
+	else if (o->reserved0 || o->reserved[0] || o->reserved[1] || o->reserved[2] ||
+		 o->reserved[3])
+		what = "reserved field";
+	else if (!o->file || o->file->h != h)
+		what = "file (NULL or of another handle)";
+	if (!what)
+		return nvio__submit(h, &sp);
+	nvio__error_fill(&e, -EINVAL, NULL, what, (uint64_t)o->offset, o->nbytes);
+	e.user_data = o->user_data;
+	return nvio__error_publish(h, &e);
+}
+
+int nvio__queue_submit(struct nvio_queue *q, const nvio_op_t *ops, unsigned n)
 {
 	unsigned i;
 
-	if (!h || (n && !ops))
-		return -EINVAL;
 	for (i = 0; i < n; i++) {
-		const nvio_op_t *o = &ops[i];
-		struct nvio__opspec sp = {
-			.file = o->file, .is_write = o->opcode == NVIO_OP_WRITE,
-			.flags = o->flags & ~NVIO_ASYNC, .buf = o->buf, .nbytes = o->nbytes,
-			.offset = o->offset, .iov = o->iov, .iovcnt = o->iovcnt,
-			.vec = o->iov || o->iovcnt,
-			.user_data = o->user_data, .sink = NVIO__SINK_QUEUE,
-		};
-		const char *what = NULL;
-		int r = 0;
+		int r = submit_one(q, &ops[i]);
 
-		if (o->opcode != NVIO_OP_READ && o->opcode != NVIO_OP_WRITE)
-			what = "opcode";
-		else if (o->reserved0)
-			what = "reserved field";
-		else if (!o->file || o->file->h != h)
-			what = "file (NULL or of another handle)";
-		if (what) {
-			nvio_error_t e;
-
-			nvio__error_fill(&e, -EINVAL, NULL, what, (uint64_t)o->offset,
-					 o->nbytes);
-			e.user_data = o->user_data;
-			r = nvio__error_publish(h, &e);
-		} else {
-			r = nvio__submit(h, &sp);
-		}
 		if (r < 0)
 			return i > 0 ? (int)i : r;
 	}
 	return (int)i;
+}
+
+int nvio_queue_submit(nvio_queue_t *q, const nvio_op_t *ops, unsigned n)
+{
+	if (!q || (n && !ops))
+		return -EINVAL;
+	return nvio__queue_submit(q, ops, n);
+}
+
+/* 0.3 layout of nvio_op_t (reserved[]); 0.2's is in compat.c. */
+#ifdef NVIO_SYMVER
+__asm__(".symver nvio_submit, nvio_submit@@@NVIO_0.3");
+#endif
+
+int nvio_submit(nvio_handle_t *h, const nvio_op_t *ops, unsigned n)
+{
+	if (!h || (n && !ops))
+		return -EINVAL;
+	return nvio__queue_submit(&h->q0, ops, n);
 }
 
 /* ---- the one-buffer calls by path or descriptor ------------------------ */

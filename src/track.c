@@ -7,9 +7,11 @@
  *   - its submitter, for a sync op (op->done, then the submitter frees it);
  *   - a group: the generation of nvio_wait it was submitted in (the
  *     one-buffer calls with NVIO_ASYNC), or a stream's flushes;
- *   - the handle's completion queue, for tagged ops (nvio_submit): one
- *     nvio_completion_t each, reaped with nvio_reap, signalled on the
- *     eventfd of nvio_completion_fd.
+ *   - a completion queue, for tagged ops (nvio_queue_submit; nvio_submit
+ *     is the handle's default queue): one nvio_completion_t each, reaped
+ *     with nvio_queue_reap by the queue's one consumer, signalled on the
+ *     queue's eventfd. Each queue lists its ops in flight, for
+ *     nvio_queue_cancel.
  * This file owns the handle's lock and condition, and the error records
  * behind nvio_last_error.
  */
@@ -36,28 +38,84 @@ static _Thread_local struct {
 	nvio_error_t e;
 } thread_last;
 
-void nvio__track_init(struct nvio_handle *h)
+/* Timeouts are measured on the monotonic clock. */
+static void cond_init(pthread_cond_t *c)
 {
 	pthread_condattr_t ca;
 
-	pthread_mutex_init(&h->lock, NULL);
-	pthread_mutex_init(&h->wait_lock, NULL);
-	/* reap timeouts are measured on the monotonic clock */
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&h->cond, &ca);
+	pthread_cond_init(c, &ca);
 	pthread_condattr_destroy(&ca);
-	h->efd = -1;
+}
+
+int nvio__queue_init(struct nvio_handle *h, struct nvio_queue *q)
+{
+	memset(q, 0, sizeof(*q));
+	q->h = h;
+	q->efd = -1;
+	cond_init(&q->cond);
+	return 0;
+}
+
+static void queue_fini(struct nvio_queue *q)
+{
+	pthread_cond_destroy(&q->cond);
+	if (q->efd >= 0)
+		nvio__sys.close(q->efd);
+	free(q->cq);
+}
+
+void nvio__track_init(struct nvio_handle *h)
+{
+	pthread_mutex_init(&h->lock, NULL);
+	pthread_mutex_init(&h->wait_lock, NULL);
+	cond_init(&h->cond);
+	nvio__queue_init(h, &h->q0);
+}
+
+/* The queues a handle is destroyed with (its ops have all ended). */
+void nvio__queues_fini(struct nvio_handle *h)
+{
+	while (h->queues) {
+		struct nvio_queue *q = h->queues;
+
+		h->queues = q->next;
+		queue_fini(q);
+		free(q);
+	}
 }
 
 void nvio__track_fini(struct nvio_handle *h)
 {
+	nvio__queues_fini(h);
+	queue_fini(&h->q0);
 	pthread_mutex_destroy(&h->lock);
 	pthread_mutex_destroy(&h->wait_lock);
 	pthread_cond_destroy(&h->cond);
-	if (h->efd >= 0)
-		nvio__sys.close(h->efd);
-	free(h->cq);
+}
+
+static void queue_add(struct nvio_queue *q, struct nvio__op *op)
+{
+	q->tagged++;
+	q->h->tagged++;
+	op->qprev = NULL;
+	op->qnext = q->ops;
+	if (q->ops)
+		q->ops->qprev = op;
+	q->ops = op;
+}
+
+static void queue_remove(struct nvio_queue *q, struct nvio__op *op)
+{
+	if (op->qprev)
+		op->qprev->qnext = op->qnext;
+	else
+		q->ops = op->qnext;
+	if (op->qnext)
+		op->qnext->qprev = op->qprev;
+	q->tagged--;
+	q->h->tagged--;
 }
 
 void nvio__track_begin(struct nvio__op *op)
@@ -70,29 +128,29 @@ void nvio__track_begin(struct nvio__op *op)
 	if (op->sink == NVIO__SINK_GROUP)
 		op->group->inflight++;
 	else if (op->sink == NVIO__SINK_QUEUE)
-		h->tagged++;
+		queue_add(op->queue, op);
 	op->file->inflight++;
 	pthread_mutex_unlock(&h->lock);
 }
 
 /* Room for one more completion in the ring (h->lock held). */
-static int cq_reserve(struct nvio_handle *h)
+static int cq_reserve(struct nvio_queue *q)
 {
 	nvio_completion_t *n;
 	unsigned cap;
 
-	if (h->cq_count < h->cq_cap)
+	if (q->cq_count < q->cq_cap)
 		return 0;
-	cap = h->cq_cap ? h->cq_cap * 2 : 64;
+	cap = q->cq_cap ? q->cq_cap * 2 : 64;
 	n = malloc(cap * sizeof(*n));
 	if (!n)
 		return -ENOMEM;
-	for (unsigned i = 0; i < h->cq_count; i++)
-		n[i] = h->cq[(h->cq_head + i) % h->cq_cap];
-	free(h->cq);
-	h->cq = n;
-	h->cq_cap = cap;
-	h->cq_head = 0;
+	for (unsigned i = 0; i < q->cq_count; i++)
+		n[i] = q->cq[(q->cq_head + i) % q->cq_cap];
+	free(q->cq);
+	q->cq = n;
+	q->cq_cap = cap;
+	q->cq_head = 0;
 	return 0;
 }
 
@@ -101,6 +159,7 @@ static void completion_of(const struct nvio__op *op, nvio_completion_t *c)
 	int err = atomic_load(&op->err);
 
 	memset(c, 0, sizeof(*c));
+	c->struct_size = sizeof(*c);
 	c->user_data = op->user_data;
 	c->res = err ? err : (int64_t)op->nbytes;
 	c->op_seq = op->seq;
@@ -114,21 +173,21 @@ static void completion_of(const struct nvio__op *op, nvio_completion_t *c)
 }
 
 /* The eventfd is readable exactly while completions wait (h->lock held). */
-static void efd_signal(struct nvio_handle *h)
+static void efd_signal(struct nvio_queue *q)
 {
 	uint64_t one = 1;
 
-	if (h->efd >= 0 && h->cq_count == 1 &&
-	    write(h->efd, &one, sizeof(one)) < 0) {
+	if (q->efd >= 0 && q->cq_count == 1 &&
+	    write(q->efd, &one, sizeof(one)) < 0) {
 		/* full counter (cannot happen: it holds 0 or 1) */
 	}
 }
 
-static void efd_drain(struct nvio_handle *h)
+static void efd_drain(struct nvio_queue *q)
 {
 	uint64_t v;
 
-	if (h->efd >= 0 && h->cq_count == 0 && read(h->efd, &v, sizeof(v)) < 0) {
+	if (q->efd >= 0 && q->cq_count == 0 && read(q->efd, &v, sizeof(v)) < 0) {
 		/* EAGAIN: it was not set */
 	}
 }
@@ -159,18 +218,28 @@ int nvio__track_end(struct nvio__op *op)
 					 op->fail_off, op->fail_len);
 		}
 	} else if (sink == NVIO__SINK_QUEUE) {
-		while (cq_reserve(h) < 0)
+		struct nvio_queue *q = op->queue;
+
+		while (cq_reserve(q) < 0)
 			pthread_cond_wait(&h->cond, &h->lock);
-		completion_of(op, &h->cq[(h->cq_head + h->cq_count) % h->cq_cap]);
-		h->cq_count++;
-		h->tagged--;
-		efd_signal(h);
+		completion_of(op, &q->cq[(q->cq_head + q->cq_count) % q->cq_cap]);
+		q->cq_count++;
+		queue_remove(q, op);
+		efd_signal(q);
+		pthread_cond_broadcast(&q->cond);
 	} else {
 		op->done = 1;
 	}
 	pthread_cond_broadcast(&h->cond);
 	pthread_mutex_unlock(&h->lock);
 	return sink != NVIO__SINK_SYNC;
+}
+
+void nvio__track_ending(struct nvio__op *op)
+{
+	pthread_mutex_lock(&op->h->lock);
+	op->ending = 1;
+	pthread_mutex_unlock(&op->h->lock);
 }
 
 void nvio__track_wait_sync(struct nvio__op *op)
@@ -254,7 +323,7 @@ uint32_t nvio_inflight(const nvio_handle_t *h)
 	if (!h)
 		return 0;
 	pthread_mutex_lock((pthread_mutex_t *)&h->lock);
-	n = h->tagged + h->cq_count;
+	n = h->q0.tagged + h->q0.cq_count;
 	pthread_mutex_unlock((pthread_mutex_t *)&h->lock);
 	return n;
 }
@@ -302,63 +371,170 @@ int nvio_wait_idle(nvio_handle_t *h, int64_t timeout_ns)
 	return r;
 }
 
-int nvio_reap(nvio_handle_t *h, nvio_completion_t *out, unsigned max,
-	      unsigned min, int64_t timeout_ns)
+/* 0.3 layout of nvio_completion_t; 0.2's is in compat.c. */
+#ifdef NVIO_SYMVER
+__asm__(".symver nvio_reap, nvio_reap@@@NVIO_0.3");
+__asm__(".symver nvio_completion_error, nvio_completion_error@@@NVIO_0.3");
+#endif
+
+int nvio_queue_reap(nvio_queue_t *q, nvio_completion_t *out, unsigned max,
+		    unsigned min, int64_t timeout_ns)
 {
+	struct nvio_handle *h = q ? q->h : NULL;
 	struct timespec until;
 	unsigned n = 0;
 
-	if (!h || min > max || (max > 0 && !out))
+	if (!q || min > max || (max > 0 && !out))
 		return -EINVAL;
 	if (nvio__forked(h))
 		return -ECHILD;
 	if (timeout_ns > 0)
 		until = deadline_in(timeout_ns);
 	pthread_mutex_lock(&h->lock);
-	while (h->cq_count < min && timeout_ns != 0) {
+	while (q->cq_count < min && timeout_ns != 0) {
 		if (timeout_ns < 0)
-			pthread_cond_wait(&h->cond, &h->lock);
-		else if (pthread_cond_timedwait(&h->cond, &h->lock, &until) == ETIMEDOUT)
+			pthread_cond_wait(&q->cond, &h->lock);
+		else if (pthread_cond_timedwait(&q->cond, &h->lock, &until) == ETIMEDOUT)
 			break;
 	}
-	while (n < max && h->cq_count > 0) {
-		out[n++] = h->cq[h->cq_head];
-		h->cq_head = (h->cq_head + 1) % h->cq_cap;
-		h->cq_count--;
+	while (n < max && q->cq_count > 0) {
+		out[n++] = q->cq[q->cq_head];
+		q->cq_head = (q->cq_head + 1) % q->cq_cap;
+		q->cq_count--;
 	}
-	efd_drain(h);
+	efd_drain(q);
 	if (n)
 		pthread_cond_broadcast(&h->cond);	/* room in the ring */
 	pthread_mutex_unlock(&h->lock);
 	return (int)n;
 }
 
-int nvio_completion_fd(nvio_handle_t *h)
+int nvio_reap(nvio_handle_t *h, nvio_completion_t *out, unsigned max,
+	      unsigned min, int64_t timeout_ns)
 {
+	return h ? nvio_queue_reap(&h->q0, out, max, min, timeout_ns) : -EINVAL;
+}
+
+int nvio_queue_fd(nvio_queue_t *q)
+{
+	struct nvio_handle *h = q ? q->h : NULL;
+	uint64_t one = 1;
 	int fd;
 
-	if (!h)
+	if (!q)
 		return -EINVAL;
 	pthread_mutex_lock(&h->lock);
-	if (h->efd < 0) {
+	if (q->efd < 0) {
 		fd = nvio__sys.eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 		if (fd < 0) {
 			fd = -errno;
 			pthread_mutex_unlock(&h->lock);
 			return fd;
 		}
-		h->efd = fd;
-		if (h->cq_count > 0) {
-			uint64_t one = 1;
-
-			if (write(fd, &one, sizeof(one)) < 0) {
-				/* a fresh eventfd takes it */
-			}
+		q->efd = fd;
+		if (q->cq_count > 0 && write(fd, &one, sizeof(one)) < 0) {
+			/* a fresh eventfd takes it */
 		}
 	}
-	fd = h->efd;
+	fd = q->efd;
 	pthread_mutex_unlock(&h->lock);
 	return fd;
+}
+
+int nvio_completion_fd(nvio_handle_t *h)
+{
+	return h ? nvio_queue_fd(&h->q0) : -EINVAL;
+}
+
+uint32_t nvio_queue_inflight(const nvio_queue_t *q)
+{
+	uint32_t n;
+
+	if (!q)
+		return 0;
+	pthread_mutex_lock(&q->h->lock);
+	n = q->tagged + q->cq_count;
+	pthread_mutex_unlock(&q->h->lock);
+	return n;
+}
+
+nvio_queue_t *nvio_handle_queue(nvio_handle_t *h)
+{
+	return h ? &h->q0 : NULL;
+}
+
+int nvio_queue_create(nvio_handle_t *h, nvio_queue_t **out, unsigned flags)
+{
+	struct nvio_queue *q;
+
+	if (!out)
+		return -EINVAL;
+	*out = NULL;
+	if (!h || flags)
+		return -EINVAL;
+	if (nvio__forked(h))
+		return -ECHILD;
+	if (!(q = malloc(sizeof(*q))))
+		return -ENOMEM;
+	nvio__queue_init(h, q);
+	pthread_mutex_lock(&h->lock);
+	q->next = h->queues;
+	h->queues = q;
+	pthread_mutex_unlock(&h->lock);
+	*out = q;
+	return 0;
+}
+
+int nvio_queue_destroy(nvio_queue_t *q)
+{
+	struct nvio_handle *h = q ? q->h : NULL;
+	struct nvio_queue **p;
+
+	if (!q || q == &h->q0)
+		return -EINVAL;
+	if (nvio__forked(h))
+		return -ECHILD;	/* the parent's: nothing of it is freed here */
+	pthread_mutex_lock(&h->lock);
+	while (q->tagged > 0)
+		pthread_cond_wait(&h->cond, &h->lock);
+	for (p = &h->queues; *p && *p != q; p = &(*p)->next)
+		;
+	if (*p)
+		*p = q->next;
+	pthread_mutex_unlock(&h->lock);
+	queue_fini(q);
+	free(q);
+	return 0;
+}
+
+int nvio_queue_cancel(nvio_queue_t *q, uint64_t user_data)
+{
+	struct nvio_handle *h = q ? q->h : NULL;
+	int n = 0, late = 0;
+
+	if (!q)
+		return -EINVAL;
+	if (nvio__forked(h))
+		return -ECHILD;
+	pthread_mutex_lock(&h->lock);
+	for (struct nvio__op *op = q->ops; op; op = op->qnext) {
+		if (op->user_data != user_data)
+			continue;
+		if (op->ending) {
+			late++;
+			continue;
+		}
+		/* the workers skip the pieces they have not issued (workers.c) */
+		nvio__op_fail(op, -ECANCELED, "cancel", op->ext[0].plan.off, op->nbytes);
+		n++;
+	}
+	pthread_mutex_unlock(&h->lock);
+	return n ? n : late ? -EALREADY : -ENOENT;
+}
+
+int nvio_cancel(nvio_handle_t *h, uint64_t user_data)
+{
+	return h ? nvio_queue_cancel(&h->q0, user_data) : -EINVAL;
 }
 
 int nvio_completion_error(const nvio_completion_t *c, const char *path,

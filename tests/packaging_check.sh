@@ -85,6 +85,13 @@ abi_v01() {
 }
 check "0.1 callers of nvio_last_error/nvio_format_error keep the 0.1 layout" abi_v01
 
+# A program linked against 0.2's nvio_op_t/nvio_completion_t gets 0.2's layouts.
+abi_v02() {
+	$CC -std=c11 -Wall -o "$tmp/abi_v02" tests/pkg/abi_v02.c -Lbuild -lnvio &&
+		mkdir -p "$tmp/data" && LD_LIBRARY_PATH=build "$tmp/abi_v02" "$tmp/data"
+}
+check "0.2 callers of nvio_submit/nvio_reap/nvio_completion_error keep the 0.2 layouts" abi_v02
+
 # --- make install / uninstall -------------------------------------------
 
 stage=$tmp/stage
