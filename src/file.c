@@ -416,25 +416,34 @@ static int kind_of(mode_t m, unsigned flags, const char **what)
  * still leads to it. A spare save takes a spare only if it can lock it
  * exclusively (temps.c), so the file a reader holds is never overwritten
  * in place once RENAME_EXCHANGE has made it the spare: the save takes a
- * fresh temporary instead, and the reader reads a whole version. 0 locked
- * (or locks unsupported here: best effort), -EWOULDBLOCK a writer has it
- * (a spare being written, or a target whose writer has not closed yet),
- * -ESTALE the name leads elsewhere now: the caller opens the name again.
+ * fresh temporary instead, and the reader reads a whole version.
+ * Returns 0 when locked, or when locks are not supported here (best
+ * effort), or when the name leads to the file but someone holds an
+ * exclusive lock on it and patient is 0: a file a spare writer holds
+ * under the spare's name is never the one the target's name leads to
+ * (it swaps the names, then downgrades its lock), so that holder is not
+ * nvio and the file is read as it would be without locks. -EWOULDBLOCK:
+ * try again; -ESTALE: the name leads elsewhere now, open it again.
  */
-static int lock_shared(int fd, const char *path)
+static int lock_shared(int fd, const char *path, const struct stat *st, int patient)
 {
-	struct stat a, b;
+	struct stat now;
+	int busy = 0;
 
-	if (nvio__sys.flock(fd, LOCK_SH | LOCK_NB) < 0)
-		return errno == EWOULDBLOCK ? -EWOULDBLOCK : 0;
-	if (nvio__sys.fstat(fd, &a) < 0 || stat(path, &b) < 0 ||
-	    a.st_ino != b.st_ino || a.st_dev != b.st_dev)
+	if (nvio__sys.flock(fd, LOCK_SH | LOCK_NB) < 0) {
+		if (errno != EWOULDBLOCK)
+			return 0;
+		busy = 1;
+	}
+	if (stat(path, &now) < 0 || now.st_ino != st->st_ino || now.st_dev != st->st_dev)
 		return -ESTALE;
-	return 0;
+	return busy && patient ? -EWOULDBLOCK : 0;
 }
 
-/* How long a reader waits for a writer that holds the file it opened. */
-#define READ_LOCK_TRIES 2000	/* of 1 ms */
+/* How often a reader opens a name again that leads elsewhere each time
+ * (a spare save every millisecond), and how long it waits for a lock. */
+#define READ_OPEN_TRIES 2000	/* of 1 ms */
+#define READ_LOCK_PATIENCE 100
 
 /*
  * An open by path of an existing file or a new one (not ATOMIC): only a
@@ -445,9 +454,9 @@ static int open_plain(struct nvio_file *f, const char *path, const char **what)
 {
 	struct timespec ms = { 0, 1000000 };
 	struct stat st;
-	int fd = -EWOULDBLOCK, r, fl;
+	int fd = -EWOULDBLOCK, r;
 
-	for (int i = 0; i < READ_LOCK_TRIES && (fd == -EWOULDBLOCK || fd == -ESTALE); i++) {
+	for (int i = 0; i < READ_OPEN_TRIES && (fd == -EWOULDBLOCK || fd == -ESTALE); i++) {
 		if (i > 0)
 			nanosleep(&ms, NULL);
 		fd = open_path(f, path, f->flags);
@@ -457,21 +466,22 @@ static int open_plain(struct nvio_file *f, const char *path, const char **what)
 		if (fd < 0)
 			return fd;
 		r = nvio__sys.fstat(fd, &st) < 0 ? -errno : kind_of(st.st_mode, f->flags, what);
-		fl = fcntl(fd, F_GETFL);
-		if (!r && (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0))
+		/* the open set no other status flag (O_APPEND, O_DIRECT...) */
+		if (!r && fcntl(fd, F_SETFL, 0) < 0)
 			r = -errno;
 		if (!r && S_ISREG(st.st_mode) && !(f->flags & NVIO_FILE_WRITE))
-			r = lock_shared(fd, path);
+			r = lock_shared(fd, path, &st, i < READ_LOCK_PATIENCE);
 		if (r) {
 			nvio__sys.close(fd);
 			fd = r;
 		}
 	}
-	if (fd == -EWOULDBLOCK || fd == -ESTALE) {
-		*what = fd == -ESTALE ? "open (the file kept being replaced)" :
-			"open (locked by a writer for too long)";
+	if (fd == -ESTALE) {
+		*what = "open (the file kept being replaced)";
 		return -EBUSY;
 	}
+	if (fd >= 0)
+		f->st = st;	/* nvio__file_make need not fstat again */
 	return fd;
 }
 
@@ -594,7 +604,7 @@ int nvio__file_make(struct nvio_handle *h, const char *path, int fd,
 		f->own_fd = r >= 0;
 		r = r < 0 ? r : 0;
 	}
-	if (!r && nvio__sys.fstat(f->fd, &f->st) < 0) {
+	if (!r && !f->st.st_mode && nvio__sys.fstat(f->fd, &f->st) < 0) {
 		*what = "stat";
 		r = -errno;
 	}

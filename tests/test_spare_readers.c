@@ -5,7 +5,8 @@
  * A reader that opened the target keeps reading the version it opened
  * after two spare saves made that file the spare again: the second save
  * takes a fresh temporary instead (the reader's shared lock), and once
- * the reader closes, the next save reuses the spare. Threads spare-saving
+ * the reader closes, the next save reuses the spare; a target someone
+ * else holds an exclusive lock on is still read. Threads spare-saving
  * one path while others read it whole (nvio_read_file) always read one
  * complete version. A spare whose fallocate fails with ENOSPC after the
  * file system took part of it goes back to the size it had, and the error
@@ -18,6 +19,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -96,6 +98,19 @@ static void held(nvio_handle_t *h)
 	T_OK(save(h, buf, N, 5));		/* free again: used */
 	T_EQ_U64(ino_of(target), x);
 	T_OK(t_check_file_random(target, 0, N, 5, 0));
+
+	t_ctx("%s target locked by someone else", t_combo());
+	{
+		int fd = open(target, O_RDONLY);
+
+		T_TRUE(fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0);
+		r = nvio_file_open(h, target, NVIO_FILE_READ, &err);	/* read as before */
+		if (T_TRUE(r != NULL)) {
+			check_reader(r, N, 5);
+			T_OK(nvio_file_close(r));
+		}
+		close(fd);
+	}
 }
 
 struct stress {
