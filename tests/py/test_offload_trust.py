@@ -209,7 +209,7 @@ def test_index_that_is_no_object_is_a_swap_error(tmp_path, engine, text):
 # --- non-regular files, in a child under a timeout ---------------------------
 
 
-def _child(code, timeout=60):
+def _child(code, timeout=120):
     """Run code in a fresh interpreter; a hang fails the test after timeout."""
     env = dict(os.environ, PYTHONPATH=PY + os.pathsep + HERE)
     try:
@@ -567,3 +567,28 @@ def test_ctrl_c_lands_within_a_second_on_a_slow_device(slow_reads, engine):
             p.wait()
         os.unlink(path)
     assert all(t < 1.0 for t in took.values()), (engine, took)
+
+
+def test_fifo_among_the_weights_is_not_waited_for_by_the_page_cache_count(tmp_path):
+    """_room.cached_bytes (how much of the weights the page cache holds)
+    opened every path to mincore it: a FIFO blocked it forever."""
+    os.mkfifo(tmp_path / "w.bin")
+    reg = tmp_path / "r.bin"
+    reg.write_bytes(b"x" * 8192)
+    out = _child("""
+        from nvio.offload import _room
+        print(_room.cached_bytes([(%r, 0, 4096), (%r, 0, 8192)]))
+    """ % (str(tmp_path / "w.bin"), str(reg)))
+    assert 0 <= int(out) <= 8192       # the FIFO counts nothing
+
+
+def test_fifo_config_of_the_generate_command_is_refused(tmp_path):
+    os.mkfifo(tmp_path / "config.json")
+    env = dict(os.environ, PYTHONPATH=PY)
+    try:
+        r = subprocess.run([sys.executable, "-m", "nvio.offload.generate", "--config",
+                            str(tmp_path), "--dir", str(tmp_path / "s")], capture_output=True,
+                           text=True, timeout=120, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail("hung on the FIFO")
+    assert r.returncode != 0 and "FIFO" in r.stderr and str(tmp_path) in r.stderr, r.stderr

@@ -22,6 +22,7 @@ fake tree.
 from __future__ import annotations
 
 import os
+import stat
 
 __all__ = []
 
@@ -165,11 +166,14 @@ def cached_bytes(ranges):
     total = 0
     for path, rs in by_path.items():
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)    # a FIFO: no wait
         except OSError:
             continue
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                continue                 # only a regular file's pages are cached
+            size = st.st_size
             for off, n in rs:
                 a, end = off // page * page, min(off + n, size)
                 while a < end:

@@ -39,7 +39,8 @@ def _build(path, seed):
     cfg_path = path if os.path.isfile(path) else os.path.join(path, "config.json")
     if not os.path.exists(cfg_path):
         raise SystemExit("nvio: %s: no config.json" % path)
-    with open(cfg_path) as f:
+    from ._trust import open_regular
+    with open_regular(cfg_path, "r", lambda msg, field=None: SystemExit("nvio: " + msg)) as f:
         d = json.load(f)
     cfg = transformers.AutoConfig.for_model(**d)
     has_weights = os.path.isdir(path) and any(n.endswith(".safetensors") for n in os.listdir(path))
