@@ -6,6 +6,12 @@ Code written for DeepNVMe runs with an import change::
     from nvio.compat import AsyncIOBuilder
     h = AsyncIOBuilder().load().aio_handle(block_size=1048576, queue_depth=32)
 
+To make DeepSpeed itself use nvio's builder (ZeRO-Infinity's NVMe offload,
+FastPersist writers, ds_io), without editing its code:
+``nvio.integrations.deepspeed.use_nvio()``. The builders are complete op
+builders for DeepSpeed's registry (``name``, ``NAME``, ``BUILD_VAR``,
+``absolute_name``, ``is_compatible``, ``load``, ``jit_load``...).
+
 Provided: ``AsyncIOBuilder`` (op ``async_io``: ``aio_handle``, ``aio_read``,
 ``aio_write``, ``deepspeed_memcpy``), ``GDSBuilder`` (``gds_handle``),
 ``PinMemoryBuilder`` (``pin_handle``) and
