@@ -54,12 +54,9 @@ class Index:
 
     def reference(self, keys):
         """Set self.referenced: the distinct records of the storage keys."""
-        out = {}
-        for k in keys:
-            e = self.entries.get(self.prefix + "data/" + k)
-            if e is not None:
-                out[e.name] = e
-        self.referenced = list(out.values())
+        pre, entries = self.prefix + "data/", self.entries
+        names = [pre + k for k in dict.fromkeys(keys)]
+        self.referenced = [entries[n] for n in names if n in entries]
 
     def read_bytes(self, off, n):
         b = bytearray(n)
@@ -296,9 +293,6 @@ class _Span:
         return (data >= 1 << 20 and hi <= ix.size and
                 hi - lo <= data + len(recs) * 8192 + (1 << 20))
 
-    def covers(self, e):
-        return e.name in self.names
-
     def storage(self, e):
         if e.size == 0:
             return torch.UntypedStorage(0)
@@ -383,7 +377,7 @@ class _Reader:
         if t is None:
             t = self.targets[location] = _target(self.map_location, location)
         dev, restore = t
-        if dev == "cpu" and restore is None and self.span is not None and self.span.covers(e):
+        if dev == "cpu" and restore is None and self.span is not None and e.name in self.span.names:
             s = self.span.storage(e)
             self.spanned.append((s, e))
             ts = torch.storage.TypedStorage(wrap_storage=s, dtype=dtype, _internal=True)
