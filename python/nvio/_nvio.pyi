@@ -61,6 +61,13 @@ def persistent_id_filter(plain: set[type] | frozenset[type],
     """A persistent_id for a pickler: None for objects whose exact type is
     in plain, fn(obj) for the others."""
 
+def pickle_scan(data: bytes, roles: dict[bytes, int], /) -> tuple[bool, list[str]]:
+    """(fast, keys): whether nvio.load may unpickle data (a checkpoint's
+    data.pkl) with the C unpickler under torch's weights-only rules, and the
+    storage keys its persistent ids name. roles: {b"module\\nname": role}
+    of the globals the fast path knows (1 OrderedDict, 2 a tensor rebuild,
+    3 a storage type)."""
+
 # --- errors (errors.c) ----------------------------------------------------
 
 class NvioError(OSError):
