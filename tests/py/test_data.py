@@ -170,7 +170,12 @@ SHIM = r"""
 #include <unistd.h>
 static long nth = -1, calls;
 static char dir[4096];
-void data_fault_arm(long n, const char *under) { nth = n; calls = 0; snprintf(dir, sizeof(dir), "%s", under); }
+void data_fault_arm(long n, const char *under)
+{
+	nth = n;
+	calls = 0;
+	snprintf(dir, sizeof(dir), "%s", under);
+}
 static int hit(int fd)
 {
 	char link[64], target[4096];

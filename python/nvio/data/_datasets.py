@@ -17,7 +17,7 @@ import numpy as np
 
 from . import _buffers, _index
 from ._errors import DataFormatError, DataTruncatedError, SampleIndexError
-from ._read import BLOCK_SIZE, QUEUE_DEPTH, PendingBatch, Source, choose_direct
+from ._read import BLOCK_SIZE, QUEUE_DEPTH, PendingBatch, Source, choose_direct, read_error
 
 _OPTS = ("engine", "direct", "queue_depth", "block_size", "gds")
 
@@ -56,11 +56,7 @@ class _Reader:
             try:
                 self.source.file().pread(arr, int(offset))
             except OSError as e:
-                pb = PendingBatch.__new__(PendingBatch)
-                pb.source, pb.samples = self.source, [sample]
-                pb.offsets = np.array([offset], np.int64)
-                pb.nbytes = np.array([arr.nbytes], np.int64)
-                raise pb._error(e, [0]) from e
+                raise read_error(self.source, [sample], [int(offset)], [arr.nbytes], e, [0]) from e
         return arr
 
     def submit_batch(self, indices, *, device=None, buffer=None):

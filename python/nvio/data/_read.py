@@ -285,22 +285,28 @@ class PendingBatch:
         return self._result
 
     def _error(self, e, lane):
-        where = []
-        lo, hi = getattr(e, "offset", None), None
-        if lo is not None and getattr(e, "nbytes", None):
-            hi = lo + e.nbytes
-        hits = [i for i in lane if hi is None or
-                (self.offsets[i] < hi and self.offsets[i] + self.nbytes[i] > lo)] or list(lane)
-        for i in hits[:4]:
-            where.append("sample %s (bytes %d..%d)" % (self.samples[i], self.offsets[i],
-                                                        self.offsets[i] + self.nbytes[i]))
-        more = " and %d more" % (len(hits) - 4) if len(hits) > 4 else ""
-        first = hits[0] if hits else None
-        msg = "nvio.data: reading %s%s of %s failed: %s" % (
-            ", ".join(where) or "a batch", more, self.source.path,
-            getattr(e, "strerror", None) or e)
-        return DataReadError(msg, self.source.path,
-                             sample=None if first is None else self.samples[first],
-                             offset=None if first is None else int(self.offsets[first]),
-                             nbytes=None if first is None else int(self.nbytes[first]),
-                             errno=getattr(e, "errno", None))
+        return read_error(self.source, self.samples, self.offsets, self.nbytes, e, lane)
+
+
+def read_error(source, samples, offsets, nbytes, e, lane):
+    """The DataReadError of a failed read e (an NvioError) of the ranges at
+    positions lane: it names the file, the samples whose bytes the failed
+    request covers (all of the lane's where it says no range) and their
+    bytes; errno is e's."""
+    where = []
+    lo, hi = getattr(e, "offset", None), None
+    if lo is not None and getattr(e, "nbytes", None):
+        hi = lo + e.nbytes
+    hits = [i for i in lane if hi is None or
+            (offsets[i] < hi and offsets[i] + nbytes[i] > lo)] or list(lane)
+    for i in hits[:4]:
+        where.append("sample %s (bytes %d..%d)" % (samples[i], offsets[i], offsets[i] + nbytes[i]))
+    more = " and %d more" % (len(hits) - 4) if len(hits) > 4 else ""
+    first = hits[0] if hits else None
+    msg = "nvio.data: reading %s%s of %s failed: %s" % (
+        ", ".join(where) or "a batch", more, source.path, getattr(e, "strerror", None) or e)
+    return DataReadError(msg, source.path,
+                         sample=None if first is None else samples[first],
+                         offset=None if first is None else int(offsets[first]),
+                         nbytes=None if first is None else int(nbytes[first]),
+                         errno=getattr(e, "errno", None))
