@@ -16,7 +16,6 @@ import time
 
 import pytest
 
-import nvio
 from nvio_testutil import same
 
 torch = pytest.importorskip("torch")

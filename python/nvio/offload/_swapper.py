@@ -906,7 +906,8 @@ class Swapper:
 
     def checkpoint(self, path, *, chunk_bytes=None):
         """Write every key's committed value to directory ``path`` (made if
-        missing): ``data.bin`` then ``index.json``, each replacing an old one
+        missing): ``data.bin`` then ``index.json`` (format 2: each key's
+        dtype, shape, size, offset and CRC-32), each replacing an old one
         atomically; memory: one pool region of ``chunk_bytes`` (default: the
         pool, at most 64 MiB). :meth:`restore` reads it back."""
         self.wait()

@@ -20,7 +20,10 @@ Two sources:
   device can be filled from the store. The manifest carries a fingerprint
   (names, shapes, dtypes, block names, layout version) and a sample hash
   of the contents (64 bytes at the head, middle and tail of every tensor),
-  checked against the model and against the data file before reuse.
+  checked against the model and against the data file before reuse. It
+  also holds a CRC-32 of every block and of every tensor (stores written
+  before them have none), checked as blocks are read, and every field of
+  it is checked against what nvio writes (check_manifest) before use.
 
 Everything here is pure layout or small buffered reads of headers and
 samples; the bulk bytes move through libnvio in _stream.py.
