@@ -171,7 +171,8 @@ def child(args):
 
         def gen():
             for i in range(0, len(starts), args.batch):
-                yield torch.from_numpy(np.stack([data[s:s + per] for s in starts[i:i + args.batch]]))
+                batch = starts[i:i + args.batch]
+                yield torch.from_numpy(np.stack([data[s:s + per] for s in batch]))
         secs = loop(gen())
     elif name.startswith("nvio-indexed"):
         import nvio.data as nd

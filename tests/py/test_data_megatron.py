@@ -221,7 +221,8 @@ def test_index_past_bin_end(one):
 
 def test_wrong_dtype_code_and_bad_headers(one):
     raw = open(one + ".idx", "rb").read()
-    cases = [(raw[:17] + b"\x09" + raw[18:], nd.DataFormatError, "unknown dtype code 9 at offset 17"),
+    cases = [(raw[:17] + b"\x09" + raw[18:], nd.DataFormatError,
+              "unknown dtype code 9 at offset 17"),
              (raw[:17] + b"\x00" + raw[18:], nd.DataFormatError, "unknown dtype code 0"),
              (b"XXIDX\x00\x00\x00\x00" + raw[9:], nd.DataFormatError, "no Megatron index"),
              (raw[:9] + struct.pack("<Q", 2) + raw[17:], nd.DataFormatError, "index version 2"),

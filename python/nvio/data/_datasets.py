@@ -252,7 +252,8 @@ def token_layout(path, dtype=None, header="auto"):
         raise ValueError("nvio.data: header must be 'auto', 'llm.c' or 0, not %r" % (header,))
     tdt = np.dtype(np.uint16 if dtype is None else dtype)
     if tdt not in (np.dtype(np.uint16), np.dtype(np.uint32), np.dtype(np.int32)):
-        raise DataFormatError("%s: token dtype %s (uint16, uint32 or int32)" % (path, tdt.name), path)
+        raise DataFormatError("%s: token dtype %s (uint16, uint32 or int32)" % (path, tdt.name),
+                              path)
     if size % tdt.itemsize:
         raise DataTruncatedError("%s: %d bytes is no whole number of %s tokens"
                                  % (path, size, tdt.name), path, offset=size - size % tdt.itemsize)
@@ -301,7 +302,8 @@ class TokenWindows(_Reader):
         s = np.asarray(samples, dtype=np.int64)
         w = (self.seq_len + 1) * self.dtype.itemsize
         offsets = self.header + s * (self.stride * self.dtype.itemsize)
-        return offsets, np.full(len(s), w, np.int64), np.arange(len(s), dtype=np.int64) * w, len(s) * w
+        slots = np.arange(len(s), dtype=np.int64) * w
+        return offsets, np.full(len(s), w, np.int64), slots, len(s) * w
 
     def _views(self, t, samples, nbytes, slots):
         n = len(samples) * (self.seq_len + 1)

@@ -57,7 +57,8 @@ def read_index(path, multimodal=False, bin_size=None, bin_name=None):
         head = f.read(HEADER_SIZE)
     if len(head) < HEADER_SIZE:
         raise DataTruncatedError("%s: the index is truncated: %d bytes, its header needs %d"
-                                 % (path, len(head), HEADER_SIZE), path, offset=0, nbytes=HEADER_SIZE)
+                                 % (path, len(head), HEADER_SIZE), path, offset=0,
+                                 nbytes=HEADER_SIZE)
     if head[:9] != MAGIC:
         raise DataFormatError("%s: no Megatron index (magic %r, expected %r)"
                               % (path, head[:9], MAGIC), path, offset=0, nbytes=9)

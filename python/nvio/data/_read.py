@@ -62,7 +62,8 @@ def _cgroup_room():
         if ctrl == "":
             root, lim, use = "/sys/fs/cgroup", "memory.max", "memory.current"
         elif "memory" in ctrl.split(","):
-            root, lim, use = "/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes"
+            root = "/sys/fs/cgroup/memory"
+            lim, use = "memory.limit_in_bytes", "memory.usage_in_bytes"
         else:
             continue
         d = os.path.join(root, rel.lstrip("/"))
