@@ -62,9 +62,12 @@ def tensor(key, numel):
             glob("collections", "OrderedDict") + EMPTY_TUPLE + REDUCE + TUPLE + REDUCE)
 
 
-def write_zip(path, records, sparse=()):
-    """A stored zip archive of records {name: bytes or int size}; names in
-    sparse get that many bytes of hole (no data written: a sparse file)."""
+def write_zip(path, records, hack=None):
+    """A stored zip archive of records {name: bytes, or an int: that many
+    bytes of hole (no data written: a sparse file)}. hack: {name: {"lextra":
+    local extra field, "cextra": central extra field, "csize": the central
+    directory's size fields}} to make a record corrupt."""
+    hack = hack or {}
     with open(path, "wb") as f:
         central = []
         for name, data in records.items():
@@ -72,14 +75,16 @@ def write_zip(path, records, sparse=()):
             off = f.tell()
             size = data if isinstance(data, int) else len(data)
             crc = 0 if isinstance(data, int) else zlib.crc32(data)
+            h = hack.get(name, {})
+            lx, cx, cs = h.get("lextra", b""), h.get("cextra", b""), h.get("csize", size)
             f.write(struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, 0, 0, 0, crc, size, size,
-                                len(nb), 0) + nb)
+                                len(nb), len(lx)) + nb + lx)
             if isinstance(data, int):
                 f.seek(size, os.SEEK_CUR)
             else:
                 f.write(data)
             central.append(struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, 0, 0, 0, 0,
-                                       crc, size, size, len(nb), 0, 0, 0, 0, 0, off) + nb)
+                                       crc, cs, cs, len(nb), len(cx), 0, 0, 0, 0, off) + nb + cx)
         cd_off = f.tell()
         cd = b"".join(central)
         f.write(cd)
@@ -367,6 +372,32 @@ def test_overlapping_local_headers_and_bad_byteorder(tmp_path):
     with pytest.raises(nvio.CheckpointError) as ei:
         nvio.load(b)
     assert str(b) in str(ei.value) and "byteorder" in str(ei.value)
+
+
+def test_bad_zip64_fields(tmp_path):
+    """A directory entry announcing zip64 sizes whose zip64 extra field is
+    short or cut (struct.error and IndexError escaped), and a local header's
+    zip64 field cut short (verify's struct.error)."""
+    import contextlib
+    import io
+    from nvio.checkpoint.__main__ import main
+    base = {"ck/data.pkl": PROTO2 + EMPTY_DICT + STOP, "ck/byteorder": b"little",
+            "ck/data/0": FOUR, "ck/version": b"3\n"}
+    hacks = [{"cextra": b"\x01\x00\x10\x00" + b"\x00" * 4, "csize": 0xFFFFFFFF},
+             {"cextra": b"\x01\x00\x00\x00", "csize": 0xFFFFFFFF},
+             {"lextra": b"\x01\x00\x10\x00" + b"\x00" * 4}]
+    for i, h in enumerate(hacks):
+        p = tmp_path / ("z%d.pt" % i)
+        write_zip(p, base, {"ck/data/0": h})
+        if "cextra" in h:
+            with pytest.raises(nvio.CheckpointError) as ei:
+                nvio.load(p)
+            assert str(p) in str(ei.value) and "zip64" in str(ei.value)
+        for cmd in ("info", "verify"):
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                rc = main([cmd, str(p)])
+            assert rc in (0, 1) and "internal error" not in out.getvalue(), out.getvalue()
 
 
 def run_cli(*args, timeout=120):

@@ -620,7 +620,7 @@ def _zip64_sizes(extra):
     q = 0
     while q + 4 <= len(extra):
         hid, hlen = struct.unpack_from("<HH", extra, q)
-        if hid == _zip.ZIP64_EXTRA_ID and hlen >= 16:
+        if hid == _zip.ZIP64_EXTRA_ID and hlen >= 16 and q + 20 <= len(extra):
             return struct.unpack_from("<QQ", extra, q + 4)
         q += 4 + hlen
     return None

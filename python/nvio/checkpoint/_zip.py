@@ -247,7 +247,11 @@ def _zip64_fields(extra, usize, csize, off):
     while q + 4 <= len(extra):
         hid, hlen = struct.unpack_from("<HH", extra, q)
         if hid == ZIP64_EXTRA_ID:
-            vals = list(struct.unpack_from("<%dQ" % (hlen // 8), extra, q + 4))
+            need = 8 * ((usize == 0xFFFFFFFF) + (csize == 0xFFFFFFFF) + (off == 0xFFFFFFFF))
+            if hlen < need or q + 4 + hlen > len(extra):
+                raise ZipFormatError("zip64 extra field of %d bytes (%d present) where %d "
+                                     "are needed" % (hlen, len(extra) - q - 4, need))
+            vals = list(struct.unpack_from("<%dQ" % (need // 8), extra, q + 4))
             if usize == 0xFFFFFFFF:
                 usize = vals.pop(0)
             if csize == 0xFFFFFFFF:
