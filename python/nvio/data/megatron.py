@@ -95,6 +95,8 @@ class NvioGPTDataset(GPTDataset):
         submission: megatron's own __getitem__ then builds each sample, its
         reads served from the batch's buffer."""
         low = self.dataset
+        if not hasattr(self, "_query_document_sample_shuffle_indices"):
+            return [self[i] for i in indices]       # another megatron: sample by sample
         ranges = _Recorder(low.bin_reader)
         low.bin_reader = ranges
         try:
