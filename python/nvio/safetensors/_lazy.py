@@ -250,7 +250,7 @@ def _plain(index):
     return tuple(out)
 
 
-def _np_index(index, shape):
+def _np_index(index, shape, what=""):
     """The index safetensors takes for NumPy arrays as a tuple of ints and
     slices, with its errors (SafetensorsError, worded as safetensors words
     them, which callers of it may compare)."""
@@ -260,22 +260,35 @@ def _np_index(index, shape):
         items = (slice(0, 0),)
     else:
         items = index if isinstance(index, tuple) else (index,)
+    if sum(1 for i in items if i is Ellipsis) > 1:
+        raise SafetensorsError(what + "an index can only have one Ellipsis (...), not %r" % (index,))
+    if Ellipsis in items:
+        at = items.index(Ellipsis)
+        items = (items[:at] + (slice(None),) * max(len(shape) - (len(items) - 1), 0)
+                 + items[at + 1:])
     sel, shown = [], []
     for d, i in enumerate(items):
         n = shape[d] if d < len(shape) else None
         if isinstance(i, slice):
-            lo, hi = (None if v is None else _as_int(v) for v in (i.start, i.stop))
-            if (lo is None) != (i.start is None) or (hi is None) != (i.stop is None):
-                raise TypeError("slice bounds must be integers, not %r" % (i,))
+            lo, hi, step = (None if v is None else _as_int(v)
+                            for v in (i.start, i.stop, i.step))
+            if ((lo is None) != (i.start is None) or (hi is None) != (i.stop is None)
+                    or (step is None) != (i.step is None)):
+                raise TypeError(what + "index %d of %r: slice bounds and steps must be "
+                                "integers" % (d, index))
+            if step is not None and step <= 0:
+                raise SafetensorsError(what + "index %d of %r: a slice's step must be positive, not %d"
+                                       % (d, index, step))
             if (lo or 0) < 0 or (hi or 0) < 0:
                 raise SafetensorsError("negative slice bounds are not supported for NumPy "
                                        "slices: %r in dimension %d" % (i, d))
-            sel.append(slice(lo, hi, i.step))
+            sel.append(slice(lo, hi, step))
             shown.append("%s:%s" % ("" if lo is None else lo, "" if hi is None else hi))
         else:
             j = _as_int(i)
             if j is None:
-                raise TypeError("a NumPy slice index is ints and slices, not %r" % (i,))
+                raise SafetensorsError(what + "index %d of %r: a NumPy slice takes ints, slices and "
+                                       "one Ellipsis, not %r" % (d, index, i))
             if j < 0 and n is not None:
                 if j + n < 0:
                     raise SafetensorsError("Invalid index %d for dimension %d of size %d"
@@ -320,7 +333,8 @@ class _Slice:
         o._open_header()
         if o.framework == "np":
             _np_dtype(e, o.path)
-            return self._read(_np_index(index, e.shape)).numpy()
+            what = "nvio.safetensors: %s: tensor %r: " % (o.path, e.name)
+            return self._read(_np_index(index, e.shape, what)).numpy()
         plain = _plain(index)
         if plain is None:                 # torch's full indexing, on the whole tensor
             return o.get_tensor(e.name)[index]
