@@ -253,13 +253,16 @@ cfg = transformers.GPT2Config(n_embd=d, n_layer=layers, n_head=16, vocab_size=vo
                               n_positions=128, bos_token_id=0, eos_token_id=0)
 model = transformers.GPT2LMHeadModel(cfg)
 big = max(p.numel() for p in model.parameters())
+# a buffer for every parameter DeepSpeed swaps (1 MiB and more in bf16): its
+# prefetch may have them all in flight
+swappable = sum(1 for p in model.parameters() if p.numel() * 2 >= 1 << 20)
 config = {
     "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
     "zero_force_ds_cpu_optimizer": False, "bf16": {"enabled": True},
     "zero_optimization": {
         "stage": 3, "stage3_param_persistence_threshold": 0, "sub_group_size": 50000000,
         "offload_param": {"device": "nvme", "nvme_path": nvme, "pin_memory": False,
-                          "buffer_count": 8, "buffer_size": big + 4096, "max_in_cpu": 0},
+                          "buffer_count": swappable + 4, "buffer_size": big + 4096, "max_in_cpu": 0},
         "offload_optimizer": {"device": "nvme", "nvme_path": nvme, "pin_memory": False,
                               "buffer_count": 4}},
     "aio": {"block_size": 1048576, "queue_depth": 32, "single_submit": False,
