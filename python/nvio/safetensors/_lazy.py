@@ -261,7 +261,8 @@ def _np_index(index, shape, what=""):
     else:
         items = index if isinstance(index, tuple) else (index,)
     if sum(1 for i in items if i is Ellipsis) > 1:
-        raise SafetensorsError(what + "an index can only have one Ellipsis (...), not %r" % (index,))
+        raise SafetensorsError(what + "an index can only have one Ellipsis (...), not %r"
+                               % (index,))
     if Ellipsis in items:
         at = items.index(Ellipsis)
         items = (items[:at] + (slice(None),) * max(len(shape) - (len(items) - 1), 0)
@@ -277,18 +278,18 @@ def _np_index(index, shape, what=""):
                 raise TypeError(what + "index %d of %r: slice bounds and steps must be "
                                 "integers" % (d, index))
             if step is not None and step <= 0:
-                raise SafetensorsError(what + "index %d of %r: a slice's step must be positive, not %d"
-                                       % (d, index, step))
+                raise SafetensorsError(what + "index %d of %r: a slice's step must be "
+                                       "positive, not %d" % (d, index, step))
             if (lo or 0) < 0 or (hi or 0) < 0:
-                raise SafetensorsError("negative slice bounds are not supported for NumPy "
+                raise SafetensorsError(what + "negative slice bounds are not supported for NumPy "
                                        "slices: %r in dimension %d" % (i, d))
             sel.append(slice(lo, hi, step))
             shown.append("%s:%s" % ("" if lo is None else lo, "" if hi is None else hi))
         else:
             j = _as_int(i)
             if j is None:
-                raise SafetensorsError(what + "index %d of %r: a NumPy slice takes ints, slices and "
-                                       "one Ellipsis, not %r" % (d, index, i))
+                raise SafetensorsError(what + "index %d of %r: a NumPy slice takes ints, "
+                                       "slices and one Ellipsis, not %r" % (d, index, i))
             if j < 0 and n is not None:
                 if j + n < 0:
                     raise SafetensorsError("Invalid index %d for dimension %d of size %d"
