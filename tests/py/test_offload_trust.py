@@ -25,8 +25,12 @@ from nvio.offload import (NVMeOptimizer, StreamError, SwapCorruptError,  # noqa:
                           SwapError, Swapper, stream_model, unstream)
 from nvio.offload._weights import StoreCorruptError  # noqa: E402
 
+import nvio  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-PY = os.path.join(os.path.dirname(os.path.dirname(HERE)), "python")
+# Children import the nvio this test imported (installed by pip in CI, the
+# source tree's python/ after an in-place build), never python/ by path.
+PY = os.path.dirname(os.path.dirname(os.path.abspath(nvio.__file__)))
 
 
 @pytest.fixture(autouse=True, scope="module")
