@@ -1022,9 +1022,12 @@ class FileSystemReader(_fs.FileSystemReader):
       opcodes plain values need: a pickle that would run code is refused
       with :class:`UnsafeCheckpointError` before anything runs), and a data
       file must lie inside the directory (an absolute path, ``..`` or a
-      symbolic link resolving outside it is refused). ``trusted=True``
-      reads as torch's reader does: plain ``pickle.load`` and any path. Use
-      it only for directories no one else can write.
+      symbolic link resolving outside it is refused), and a bytes item is
+      handed to the planner (DCP's default one unpickles it with
+      ``weights_only=False``) only if ``torch.load(weights_only=True)``
+      takes it. ``trusted=True`` reads as torch's reader does: plain
+      ``pickle.load``, any path, any bytes item. Use it only for
+      directories no one else can write.
     - ``safe_globals``: classes or functions (a custom planner's
       ``planner_data``) to admit in ``.metadata`` besides the allowlist.
 
