@@ -281,6 +281,22 @@ def test_unreferenced_records_are_not_read(tmp_path, layout):
     assert growth < 64 << 20, "peak RSS grew by %d MiB" % (growth >> 20)
 
 
+def test_storages_past_where_the_scan_lost_track(tmp_path):
+    """A sparse memo index (torch accepts it) stops the scan: the storages
+    named before it are read by the one big read, the later ones one by one
+    as torch's unpickler asks; both hold the file's bytes."""
+    g = torch.Generator().manual_seed(3)
+    n = 300000
+    a, b = torch.randn(n, generator=g), torch.randn(n, generator=g)
+    pkl = PROTO2 + EMPTY_DICT + uni("a") + tensor("0", n) + SETITEM + put(1 << 20) + \
+        uni("b") + tensor("1", n) + SETITEM + STOP
+    p = checkpoint(tmp_path / "m.pt", pkl, {"0": a.numpy().tobytes(), "1": b.numpy().tobytes()})
+    assert _load._scan(pkl) == (False, ["0"])
+    got = nvio.load(p)
+    assert torch.equal(got["a"], a) and torch.equal(got["b"], b)
+    assert torch.equal(torch.load(p, weights_only=True)["b"], b)
+
+
 # --- corrupt zips -------------------------------------------------------------
 
 
