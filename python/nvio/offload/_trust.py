@@ -7,7 +7,8 @@ happened to them: a flipped byte, a hand edit, a FIFO or a device node
 left at the name. So:
 
 * a path is opened only if it is a regular file (:func:`open_regular`,
-  :func:`check_regular`): a FIFO would block open(2) or read(2) forever;
+  :func:`check_regular`; nvio._regular, shared with nvio.safetensors): a
+  FIFO would block open(2) or read(2) forever;
 * an index is checked field by field against an allowlist before anything
   is read or allocated by it (:class:`Fields`), dtypes come from an
   explicit table (:data:`DTYPES`), never from ``getattr(torch, name)``;
@@ -17,11 +18,12 @@ Errors name the file and the field (``keys[3].shape[1]``).
 """
 from __future__ import annotations
 
-import fcntl
 import os
 import stat
 
 import torch
+
+from .. import _regular
 
 __all__ = []
 
@@ -41,14 +43,8 @@ DTYPES = {n: getattr(torch, n) for n in _DTYPE_NAMES
           if isinstance(getattr(torch, n, None), torch.dtype)}
 
 
-def kind_of(mode):
-    """What a non-regular file is, in words."""
-    for test, what in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return what
-    return "not a regular file"
+kind_of = _regular.kind
+open_regular = _regular.open_regular
 
 
 def check_regular(path, error):
@@ -63,38 +59,9 @@ def check_regular(path, error):
         raise error("%s is %s, not a regular file" % (path, kind_of(st.st_mode)))
 
 
-def open_regular(path, mode, error):
-    """open(path, mode) ("r", "rb", "w") of a regular file only, without
-    blocking: O_NONBLOCK for the open (a FIFO opens at once, or fails with
-    ENXIO for writing), fstat, then blocking again. error(message) is
-    raised for anything else; OSError from open(2) passes through."""
-    flags = os.O_CLOEXEC | os.O_NONBLOCK
-    flags |= os.O_WRONLY | os.O_CREAT | os.O_TRUNC if "w" in mode else os.O_RDONLY
-    try:
-        fd = os.open(path, flags, 0o666)
-    except OSError as e:
-        if e.errno == getattr(os, "ENXIO", 6):      # a FIFO with no reader
-            raise error("%s is a FIFO, not a regular file" % path) from None
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise error("%s is %s, not a regular file" % (path, kind_of(st.st_mode)))
-        fl = fcntl.fcntl(fd, fcntl.F_GETFL)
-        fcntl.fcntl(fd, fcntl.F_SETFL, fl & ~os.O_NONBLOCK)
-        return os.fdopen(fd, mode)
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 def read_index(path, error, limit=INDEX_MAX):
     """The bytes of an index file (regular, at most limit bytes)."""
-    with open_regular(path, "rb", error) as f:
-        size = os.fstat(f.fileno()).st_size
-        if size > limit:
-            raise error("%s has %d bytes; an index may have %d at most" % (path, size, limit))
-        return f.read(limit + 1)
+    return _regular.read_small(path, limit, error)
 
 
 def is_int(v):

@@ -11,14 +11,13 @@ from __future__ import annotations
 import collections
 import json
 import os
-import stat
 
 import torch
 
-from .. import _nvio
+from .. import _nvio, _regular
 from ..checkpoint._save import default_handle
 from ._format import SafetensorsError, _Dup, _no_dups
-from ._io import (_kind, _open_error, _path, check_torch, open_file, pin_flag, read_header,
+from ._io import (_open_error, _path, check_torch, open_file, pin_flag, read_header,
                   read_runs, runs, submit_run, target_device, tensors_of_runs, view, wait_all)
 
 INDEX = "model.safetensors.index.json"
@@ -36,25 +35,17 @@ def _read_index(index_path):
     bytes. Opened without blocking and checked before reading, so that a
     FIFO, a device or a directory in its place is an error, never a hang."""
     try:
-        fd = os.open(index_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return _regular.read_small(index_path, MAX_INDEX, lambda msg: SafetensorsError(
+            "nvio.safetensors: the index " + msg, index_path))
+    except SafetensorsError:
+        raise
     except OSError as e:
         raise _open_error(e, index_path) from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _err(index_path, "the index is not a regular file (%s)" % _kind(st.st_mode))
-        if st.st_size > MAX_INDEX:
-            raise _err(index_path, "index file of %d bytes is over the limit of %d"
-                       % (st.st_size, MAX_INDEX))
-        return f.read(MAX_INDEX + 1)
 
 
 def _index_shards(index_path, root):
     """[shard path] (sorted) and {tensor: shard path} from an index file."""
     raw = _read_index(index_path)
-    if len(raw) > MAX_INDEX:
-        raise _err(index_path, "index file grew past the limit of %d bytes while read"
-                   % MAX_INDEX)
     try:
         obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_dups)
     except _Dup as e:

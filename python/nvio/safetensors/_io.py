@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from .. import _device, _nvio
+from .. import _device, _nvio, _regular
 from ..checkpoint._load import _alloc_host, _read_pieces
 from ..checkpoint._plan import u8
 from ..checkpoint._save import atomic_flags, default_handle, reserve_space, write_device
@@ -94,14 +94,7 @@ def _open_error(e, path):
     return sub(e.errno, what, path)
 
 
-def _kind(mode):
-    """What a file of this st_mode is, in words."""
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "file type %o" % stat.S_IFMT(mode)
+_kind = _regular.kind
 
 
 def open_file(h, path, flags):
