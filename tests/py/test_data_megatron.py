@@ -212,6 +212,15 @@ def test_index_past_bin_end(one):
         f.write(struct.pack("<q", 1 << 40))
     with pytest.raises(nd.DataTruncatedError, match=r"sequence 2 \(bytes %d\.\." % (1 << 40)):
         nd.IndexedDataset(one)
+    # pointer + bytes past INT64_MAX wraps negative: still past the end
+    n = int(ds.sequence_lengths[2]) * 4                # int32 tokens
+    assert n > 0
+    with open(one + ".idx", "r+b") as f:
+        f.seek(34 + 4 * s + 8 * 2)
+        f.write(struct.pack("<q", (1 << 63) - n // 2 - 1))
+    with pytest.raises(nd.DataTruncatedError, match=r"sequence 2 \(bytes %d\.\.%d,"
+                       % ((1 << 63) - n // 2 - 1, (1 << 63) - n // 2 - 1 + n)):
+        nd.IndexedDataset(one)
     with open(one + ".idx", "r+b") as f:
         f.seek(34 + 4 * s + 8 * 2)
         f.write(struct.pack("<q", -8))

@@ -111,12 +111,16 @@ def _check(path, dtype, lengths, pointers, documents, bin_size, bin_name):
                               path)
     if bin_size is None or len(lengths) == 0:
         return
-    ends = pointers + lengths.astype(np.int64) * dtype.itemsize
-    bad = np.flatnonzero(ends > bin_size)
+    # compared as room left after the pointer: pointer + bytes can pass
+    # INT64_MAX and wrap negative, which "end > size" would let through
+    sizes = lengths.astype(np.int64) * dtype.itemsize
+    room = bin_size - np.minimum(pointers, bin_size)
+    bad = np.flatnonzero((pointers > bin_size) | (sizes > room))
     if bad.size:
         i = int(bad[0])
+        end = int(pointers[i]) + int(sizes[i])
         raise DataTruncatedError(
             "%s: sequence %d (bytes %d..%d, %d tokens of %s) lies past the end of %s (%d bytes)%s"
-            % (path, i, pointers[i], ends[i], lengths[i], dtype.name, bin_name, bin_size,
+            % (path, i, pointers[i], end, lengths[i], dtype.name, bin_name, bin_size,
                "; %d sequences do" % bad.size if bad.size > 1 else ""),
-            bin_name, sample=i, offset=int(pointers[i]), nbytes=int(ends[i] - pointers[i]))
+            bin_name, sample=i, offset=int(pointers[i]), nbytes=int(sizes[i]))
