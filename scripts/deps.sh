@@ -39,9 +39,9 @@ fi
 if [ "${NVIO_NO_TORCH:-0}" != 1 ] && ! $PY -c "import safetensors, transformers, sys; sys.exit(safetensors.__version__ != '0.8.0' or transformers.__version__ != '5.23.0')" 2>/dev/null; then
 	$PY -m pip install -q "safetensors==0.8.0" "transformers==5.23.0" "torch==2.13.0" || echo "deps.sh: safetensors/transformers not installed; their tests will skip" >&2
 fi
-# nvio.data's Megatron tests, the DCP stream-extension tests, and the
-# integrations' tests compare with these (torch pinned so that pip cannot
+# nvio.data's Megatron tests, the DCP stream-extension tests, the
+# property tests (hypothesis) and the integrations' tests compare with these (torch pinned so that pip cannot
 # replace it); each test skips cleanly where its package is missing.
-if [ "${NVIO_NO_TORCH:-0}" != 1 ] && ! $PY -c "import megatron.core, zstandard, expecttest" 2>/dev/null; then
-	$PY -m pip install -q "torch==2.13.0" "megatron-core==0.16.1" "zstandard==0.25.0" "expecttest==0.3.0" || echo "deps.sh: megatron-core/zstandard/expecttest not installed; their tests will skip" >&2
+if [ "${NVIO_NO_TORCH:-0}" != 1 ] && ! $PY -c "import megatron.core, zstandard, expecttest, hypothesis" 2>/dev/null; then
+	$PY -m pip install -q "torch==2.13.0" "megatron-core==0.16.1" "zstandard==0.25.0" "expecttest==0.3.0" "hypothesis==6.155.2" || echo "deps.sh: megatron-core/zstandard/expecttest/hypothesis not installed; their tests will skip" >&2
 fi
