@@ -451,6 +451,22 @@ def test_save_model_refuses_non_contiguous_like_safetensors(tmp_path):
     assert "force_contiguous=True" in str(got[1])
 
 
+@pytest.mark.parametrize("force", [True, False])
+def test_save_model_other_refusals_keep_their_error(tmp_path, force):
+    """A tensor refused for another reason than contiguity (a dtype
+    safetensors lacks) keeps its ValueError, naming the tensor, with
+    no advice to pass force_contiguous=True (given, or beside the point)."""
+    m = torch.nn.Module()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")         # torch: ComplexHalf is experimental
+        m.register_buffer("c", torch.zeros(4, dtype=torch.complex32))
+    with pytest.raises(ValueError) as ei:
+        nst.save_model(m, tmp_path / "n.safetensors", force_contiguous=force)
+    assert "'c'" in str(ei.value) and "complex32" in str(ei.value)
+    assert "force_contiguous" not in str(ei.value)
+    assert not (tmp_path / "n.safetensors").exists()
+
+
 @pytest.mark.parametrize("src,dst", [(Tied, Tied), (Untied, Untied), (Tied, Untied),
                                      (Untied, Tied)])
 @pytest.mark.parametrize("strict", [True, False])

@@ -30,11 +30,15 @@ def save_model(model, filename, metadata=None, force_contiguous=True, **kwargs):
                 del state_dict[name]
     if force_contiguous:
         state_dict = {k: v.contiguous() for k, v in state_dict.items()}
-    try:
         save_file(state_dict, filename, metadata=metadata, **kwargs)
-    except ValueError as e:
-        raise ValueError("%s. Or use save_model(..., force_contiguous=True), which saves "
-                         "contiguous copies of such tensors." % e) from None
+        return
+    bad = sorted(k for k, v in state_dict.items() if not v.is_contiguous())
+    if bad:
+        raise ValueError("nvio.safetensors: tensors %s of the module are not contiguous, "
+                         "which safetensors cannot store: use save_model(..., "
+                         "force_contiguous=True), which saves contiguous copies of them."
+                         % bad)
+    save_file(state_dict, filename, metadata=metadata, **kwargs)
 
 
 def load_model(model, filename, strict=True, device="cpu", *, backend="mmap", **kwargs):
