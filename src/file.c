@@ -22,6 +22,14 @@
  * names of spare and target (RENAME_EXCHANGE). The target is still never
  * written: it changes only by that swap, made after the spare's data is
  * durable, so a crash at any moment leaves the old target or the new.
+ * A read-only open holds a shared flock on its file, which a spare save
+ * must lock exclusively to take it: a file being read is never written
+ * in place after the swap made it the spare (the save takes an ordinary
+ * temporary then).
+ *
+ * Links at an atomic target are followed by the kernel (an O_PATH open),
+ * so fs.protected_symlinks applies as to any open(2). Opens by path never
+ * block on a FIFO: they check the kind of file with O_NONBLOCK first.
  */
 #include <errno.h>
 #include <fcntl.h>

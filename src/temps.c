@@ -37,6 +37,8 @@
  * waiting, and still the file its name leads to once locked. A writer
  * swaps names with the target only while it holds that lock, so a lock
  * on the file the spare name leads to means nobody else is using it.
+ * Readers (read-only opens, file.c) hold a shared lock on the file they
+ * read, so a spare someone still reads is "in use" too.
  */
 #include <dirent.h>
 #include <errno.h>
