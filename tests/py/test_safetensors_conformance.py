@@ -8,6 +8,7 @@ library's own test suite runs in tests/peers/safetensors_suite.py.
 import errno
 import json
 import os
+import pickle
 import threading
 import warnings
 
@@ -307,6 +308,10 @@ def test_missing_file_names_path_and_errno(tmp_path):
         assert str(e) == str(ref[1]) == "No such file or directory: %s" % p
         assert e.errno == errno.ENOENT and e.filename == p
         assert "offset" not in str(e) and "op 0" not in str(e)
+        # it crosses process boundaries whole (multiprocessing, executors pickle it)
+        back = pickle.loads(pickle.dumps(e))
+        assert isinstance(back, type(ref[1])) and type(back).__mro__[1:] == type(e).__mro__[1:]
+        assert (str(back), back.errno, back.filename) == (str(e), e.errno, e.filename)
 
 
 def test_other_open_failures_name_the_path(tmp_path):

@@ -84,14 +84,23 @@ def _open_error(e, path):
         mode = stat.S_IFREG
     if not stat.S_ISREG(mode):
         what += " (%s, not a regular file)" % _kind(mode)
-    cls = type(e)
+    return _open_error_of(type(e), e.errno, what, path)
+
+
+def _open_error_of(cls, err, what, path):
+    """cls's subclass (made once) that reads "WHAT: PATH", instantiated.
+    It pickles as a call of this function (the subclass is made at run
+    time, so pickle cannot name it): the error crosses process boundaries
+    (multiprocessing, executors) whole."""
     sub = _OPEN_ERRORS.get(cls)
     if sub is None:
         sub = type(cls.__name__, (cls,), {
             "__str__": lambda self: "%s: %s" % (self.strerror, self.filename),
+            "__reduce__": lambda self: (_open_error_of, (cls, self.errno, self.strerror,
+                                                         self.filename)),
             "__module__": cls.__module__})
         _OPEN_ERRORS[cls] = sub
-    return sub(e.errno, what, path)
+    return sub(err, what, path)
 
 
 _kind = _regular.kind
