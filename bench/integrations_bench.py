@@ -250,7 +250,8 @@ if mode == "nvio":
 deepspeed.init_distributed(dist_backend="gloo")
 torch.manual_seed(0)
 cfg = transformers.GPT2Config(n_embd=d, n_layer=layers, n_head=16, vocab_size=vocab,
-                              n_positions=128, bos_token_id=0, eos_token_id=0)
+                              n_positions=128, bos_token_id=0, eos_token_id=0,
+                              tie_word_embeddings=False)  # tied: DeepSpeed asserts "already assigned swap buffer"
 model = transformers.GPT2LMHeadModel(cfg)
 big = max(p.numel() for p in model.parameters())
 # a buffer for every parameter DeepSpeed swaps (1 MiB and more in bf16): its
@@ -261,6 +262,7 @@ config = {
     "zero_force_ds_cpu_optimizer": False, "bf16": {"enabled": True},
     "zero_optimization": {
         "stage": 3, "stage3_param_persistence_threshold": 0, "sub_group_size": 50000000,
+        "stage3_prefetch_bucket_size": 0,  # with prefetch DeepSpeed asserts "already assigned swap buffer" here
         "offload_param": {"device": "nvme", "nvme_path": nvme, "pin_memory": False,
                           "buffer_count": swappable + 4, "buffer_size": big + 4096, "max_in_cpu": 0},
         "offload_optimizer": {"device": "nvme", "nvme_path": nvme, "pin_memory": False,
