@@ -189,6 +189,25 @@ def test_a_global_as_a_value_is_torchs_object(tmp_path):
     assert got["cls"] is want["cls"] and got["st"] == want["st"]
 
 
+# Pickles cut short in an opcode's argument (torch's unpickler unpacks it
+# with struct: struct.error), after an opcode the scan refuses.
+TRUNCATED = {
+    "binint": b"J\x00\x00",
+    "binfloat_after_sparse_memo": EMPTY_DICT + put(5) + b"G\x00",
+    "binunicode_length": EMPTY_DICT + put(5) + b"X\x00",
+    "long_binget": b"j\x00",
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRUNCATED))
+def test_truncated_opcode_argument_is_a_checkpoint_error(name, tmp_path):
+    p = checkpoint(tmp_path / "t.pt", PROTO2 + TRUNCATED[name], {"0": FOUR})
+    (tv, _), (nv, ne) = verdicts(p)
+    assert tv == nv == "refused"
+    assert isinstance(ne, (pickle.UnpicklingError, nvio.CheckpointError)), repr(ne)
+    assert str(p) in str(ne)
+
+
 def peak_rss_growth(code, timeout=120):
     """Run code in a fresh interpreter (nvio and torch imported, warmed up);
     the growth of its peak RSS (VmHWM) in bytes across code, and its stdout."""

@@ -15,6 +15,7 @@ import io
 import mmap as _mmap
 import os
 import pickle
+import struct
 import sys
 
 import torch
@@ -328,9 +329,10 @@ def _target(map_location, location):
 
 
 #: What unpickling a corrupt data.pkl raises (beyond UnpicklingError), made
-#: into one CheckpointError that names the file.
+#: into one CheckpointError that names the file (struct.error: torch's
+#: unpickler unpacks a truncated BININT, BINFLOAT or length with struct).
 _UNPICKLE_ERRORS = (KeyError, EOFError, IndexError, UnicodeDecodeError, TypeError,
-                    ValueError, AttributeError, RuntimeError)
+                    ValueError, AttributeError, RuntimeError, OverflowError, struct.error)
 
 
 class _Reader:
