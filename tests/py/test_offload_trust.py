@@ -79,6 +79,36 @@ def test_checkpoint_keeps_a_crc_per_key_and_restores(tmp_path, engine, direct):
             assert same(sw.swap_in(k, out=torch.empty_like(t)), t), k
 
 
+def test_every_dtype_a_swapper_takes_restores(tmp_path, engine):
+    """restore's dtype table covers whatever checkpoint() writes: bit
+    containers and quantized integers were written, then refused as a
+    corrupt index (the checkpoint could never be restored)."""
+    dtypes = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
+    taken = []
+    for dt in dtypes:
+        try:
+            raw = torch.arange(64, dtype=torch.uint8)
+            raw = raw % 2 if dt is torch.bool else raw
+            t = raw.view(dt).reshape(4, -1)
+        except (RuntimeError, TypeError):
+            continue
+        sw_dir = tmp_path / ("swap_" + str(dt)[6:])
+        sw_dir.mkdir()
+        ck = tmp_path / ("ck_" + str(dt)[6:])
+        with Swapper([str(sw_dir)], 1 << 20, engine=engine) as sw:
+            try:
+                sw.swap_out("a", t)
+            except (SwapError, TypeError, ValueError, RuntimeError):
+                continue                # refused on the way in: nothing to restore
+            sw.checkpoint(str(ck))
+        taken.append(dt)
+        with Swapper.restore(str(ck), [str(sw_dir)], 1 << 20, engine=engine) as sw:
+            back = sw.swap_in("a")
+        assert back.dtype == dt and tuple(back.shape) == tuple(t.shape), (dt, back.dtype)
+        assert same(back.view(torch.uint8), t.view(torch.uint8)), dt
+    assert torch.float32 in taken and torch.quint8 in taken and torch.bits8 in taken, taken
+
+
 def test_flipped_byte_in_swapper_data_is_caught(tmp_path, engine, direct):
     ck, want = _checkpoint(tmp_path, engine, direct)
     idx = json.loads((ck / "index.json").read_text())

@@ -37,7 +37,11 @@ KEY_DEPTH_MAX = 32
 _DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16", "complex128", "complex64",
                 "complex32", "int64", "int32", "int16", "int8", "uint64", "uint32", "uint16",
                 "uint8", "bool", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
-                "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2")
+                "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2",
+                # raw bit containers and quantized integers: a Swapper keeps
+                # their bytes like any other's (and must restore what it wrote)
+                "bits8", "bits16", "bits1x8", "bits2x4", "bits4x2", "qint8", "quint8",
+                "qint32", "quint4x2", "quint2x4")
 #: The dtypes an index may name: {name as nvio writes it: torch.dtype}.
 DTYPES = {n: getattr(torch, n) for n in _DTYPE_NAMES
           if isinstance(getattr(torch, n, None), torch.dtype)}
