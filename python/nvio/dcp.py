@@ -880,10 +880,25 @@ def _read_regular(path, limit, err):
         os.close(fd)
 
 
+#: Opcodes that act on an object below their arguments, and how deep it lies:
+#: it must be a value the pickle built, never a global (a class or function
+#: of the allowlist): BUILD with slot state on a class runs setattr on it,
+#: changing that class for the whole process, as torch's weights_only
+#: unpickler never allows. REDUCE and NEWOBJ must call a global.
+#: (SETITEMS and APPENDS: counted once their marked items are popped.)
+_ON_VALUE = {"BUILD": 2, "SETITEM": 3, "APPEND": 2, "SETITEMS": 1, "APPENDS": 1}
+_ON_GLOBAL = {"REDUCE": 2, "NEWOBJ": 2, "NEWOBJ_EX": 3}
+_MARK = object()
+
+
 def _check_pickle(data, where):
-    """Refuse a pickle that uses an opcode outside _SAFE_OPS or a memo index
-    the pickle has not reached (the C unpickler allocates up to the index)."""
-    memo = 0
+    """Refuse a pickle that uses an opcode outside _SAFE_OPS, a memo index
+    the pickle has not reached (the C unpickler allocates up to the index),
+    or BUILD/SETITEM(S)/APPEND(S) on a global or REDUCE/NEWOBJ on anything
+    else. The stack is followed by kind only (global or value), as
+    pickletools.dis follows it; a stack the opcodes do not fit is corrupt."""
+    memo = {}
+    stack = []
     try:
         for op, arg, pos in pickletools.genops(data):
             name = op.name
@@ -892,17 +907,50 @@ def _check_pickle(data, where):
                     "nvio.dcp: %s: pickle opcode %s at byte %d is not one DCP's metadata "
                     "needs: refused (FileSystemReader(..., trusted=True) loads it as torch's "
                     "reader does)" % (where, name, pos), where)
-            if name == "MEMOIZE":
-                memo += 1
-            elif name in _PUTS:
-                if arg > memo:
-                    raise UnsafeCheckpointError(
-                        "nvio.dcp: %s: memo index %d at byte %d, past the %d entries stored "
-                        "so far: refused" % (where, arg, pos, memo), where)
-                memo += arg == memo
-            elif name in _GETS and arg >= memo:
+            if name in _PUTS and arg > len(memo):
+                raise UnsafeCheckpointError(
+                    "nvio.dcp: %s: memo index %d at byte %d, past the %d entries stored "
+                    "so far: refused" % (where, arg, pos, len(memo)), where)
+            if name in _GETS and arg not in memo:
                 raise CheckpointError("nvio.dcp: %s: memo index %d at byte %d was never "
                                       "stored: the file is corrupt" % (where, arg, pos), where)
+            before, kind = op.stack_before, "value"
+            if pickletools.markobject in before or (name == "POP" and stack and
+                                                    stack[-1] is _MARK):
+                if _MARK not in stack:
+                    raise ValueError("%s at byte %d without a MARK" % (name, pos))
+                while stack[-1] is not _MARK:
+                    stack.pop()
+                stack.pop()
+                pops = before.index(pickletools.markobject) if name != "POP" else 0
+            else:
+                pops = len(before)
+            if len(stack) < pops:
+                raise ValueError("%s at byte %d: the stack holds %d items, it takes %d"
+                                 % (name, pos, len(stack), pops))
+            deep = _ON_VALUE.get(name)
+            if deep and stack[-deep] == "global":
+                raise UnsafeCheckpointError(
+                    "nvio.dcp: %s: pickle opcode %s at byte %d acts on a class or function, "
+                    "not on a value: refused" % (where, name, pos), where)
+            deep = _ON_GLOBAL.get(name)
+            if deep and stack[-deep] != "global":
+                raise UnsafeCheckpointError(
+                    "nvio.dcp: %s: pickle opcode %s at byte %d calls something that is not "
+                    "an allowed global: refused" % (where, name, pos), where)
+            if name in _GETS:
+                kind = memo[arg]
+            elif name in ("GLOBAL", "STACK_GLOBAL"):
+                kind = "global"
+            if name in _PUTS or name == "MEMOIZE":
+                if not stack or stack[-1] is _MARK:
+                    raise ValueError("%s at byte %d with nothing to store" % (name, pos))
+                memo[len(memo) if name == "MEMOIZE" else arg] = stack[-1]
+                continue
+            if pops:
+                del stack[-pops:]
+            for item in op.stack_after:
+                stack.append(_MARK if item is pickletools.markobject else kind)
     except ValueError as e:         # pickletools: a truncated or malformed opcode
         if isinstance(e, CheckpointError):
             raise

@@ -139,6 +139,36 @@ def test_a_memo_index_far_past_the_pickle_is_refused_before_allocating(tmp_path)
     refused(nd.FileSystemReader(d).read_metadata, match="memo index 16777216")
 
 
+@pytest.mark.parametrize("via_memo", [False, True], ids=["direct", "memo"])
+def test_build_on_an_allowed_class_is_refused_and_changes_nothing(tmp_path, via_memo):
+    """BUILD with slot state on a class runs setattr on the class itself:
+    an allowlisted class (pathlib's, DCP's own) would be changed for the
+    whole process, then the real metadata follows and loads. torch's
+    weights_only unpickler refuses BUILD on anything but a built value."""
+    import pathlib
+    d = tmp_path / "ck"
+    sd = save(d)
+    good = (d / ".metadata").read_bytes()
+    cls = b"\x80\x02" + b"cpathlib\nPurePosixPath\n"
+    if via_memo:                    # PUT 0; POP; GET 0: the class from the memo
+        cls += b"q\x000h\x00"
+    # (None, {"__truediv__": OrderedDict}) BUILD; POP; then the real pickle
+    evil = cls + b"N}" + _u("__truediv__") + b"ccollections\nOrderedDict\ns\x86b0"
+    (d / ".metadata").write_bytes(evil + good)
+    assert "__truediv__" not in vars(pathlib.PurePosixPath)     # PurePath's
+    try:
+        refused(nd.FileSystemReader(d).read_metadata, match="BUILD at byte")
+        assert "__truediv__" not in vars(pathlib.PurePosixPath)
+    finally:
+        if "__truediv__" in vars(pathlib.PurePosixPath):
+            del pathlib.PurePosixPath.__truediv__
+    (d / ".metadata").write_bytes(good)
+    assert torch.equal(load(d)["w"], sd["w"])
+    # REDUCE must call a global: here a value (a tuple) is called
+    (d / ".metadata").write_bytes(b"\x80\x02)" + b")R.")
+    refused(nd.FileSystemReader(d).read_metadata, match="REDUCE at byte")
+
+
 def test_a_global_outside_the_allowlist_names_it_and_safe_globals_admits_it(tmp_path):
     import collections
     d = tmp_path / "ck"
