@@ -382,6 +382,34 @@ def test_direct_auto_decides(tmp_path, monkeypatch):
     assert ds.direct_why and ds.source.direct == ds.direct
 
 
+def test_cached_bytes_memory_does_not_grow_with_the_file(tmp_path, monkeypatch):
+    """direct="auto" asks mincore what of the corpus is cached: one page
+    flag per page of a corpus of terabytes must not be held at once."""
+    import tracemalloc
+    import nvio.data._read as r
+    page = os.sysconf("SC_PAGE_SIZE")
+    small = str(tmp_path / "small.bin")
+    with open(small, "wb") as f:
+        f.write(os.urandom(10 * page + 100))            # written: in the page cache
+    with open(small, "rb") as f:
+        f.read()
+    whole = r.cached_bytes(small)
+    assert whole == 11 * page
+    monkeypatch.setattr(r, "MINCORE_PAGES", 3, raising=False)  # chunk edges: 3,3,3,2
+    assert r.cached_bytes(small) == whole
+    monkeypatch.undo()
+    big = str(tmp_path / "sparse.bin")
+    with open(big, "wb") as f:
+        f.truncate(64 << 30)                            # 16 Mi pages, none cached
+    tracemalloc.start()
+    try:
+        assert r.cached_bytes(big) == 0
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 << 20, "cached_bytes of a 64 GiB file held %d bytes" % peak
+
+
 # --- device memory (a real GPU or the simulator) ---------------------------------------
 
 

@@ -83,9 +83,15 @@ def _cgroup_room():
     return best
 
 
+#: Pages per mincore call: its vector is this many bytes (256 KiB for each
+#: GiB of the file), so the check of a corpus of terabytes costs no more
+#: memory than that of one GiB.
+MINCORE_PAGES = 1 << 18
+
+
 def cached_bytes(path):
-    """Bytes of path in the page cache now (mincore of a read-only mapping;
-    0 where that cannot be checked)."""
+    """Bytes of path in the page cache now (mincore of a read-only mapping,
+    MINCORE_PAGES at a time; 0 where that cannot be checked)."""
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -96,16 +102,25 @@ def cached_bytes(path):
         return 0
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
         page = mmap.PAGESIZE
-        vec = ctypes.create_string_buffer((size + page - 1) // page)
+        pages = (size + page - 1) // page
+        step = max(1, min(MINCORE_PAGES, pages))
+        vec = (ctypes.c_ubyte * step)()
+        flags = np.frombuffer(vec, np.uint8)
         view = np.frombuffer(m, dtype=np.uint8)
+        resident = 0
         try:
-            if libc.mincore(view.ctypes.data, size, vec) != 0:
-                return 0
+            base = view.ctypes.data
+            for first in range(0, pages, step):
+                n = min(step, pages - first)
+                if libc.mincore(base + first * page, min(n * page, size - first * page),
+                                ctypes.addressof(vec)) != 0:
+                    return 0
+                resident += int(np.count_nonzero(flags[:n] & 1))
         finally:
             del view
-        return int(np.count_nonzero(np.frombuffer(vec.raw, np.uint8) & 1)) * page
+        return resident * page
     except (OSError, AttributeError, TypeError):
         return 0
     finally:
