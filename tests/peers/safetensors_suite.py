@@ -48,9 +48,20 @@ FILES = ["test_pt_comparison.py", "test_simple.py", "test_pt_model.py",
          "test_threadable.py"]
 
 
+def _import_nvio():
+    """nvio as installed (pip install .), else the source tree's python/
+    (an in-place build): never the source tree over an installed nvio,
+    whose python/ has no built extension."""
+    try:
+        import nvio  # noqa: F401
+    except ImportError:
+        sys.path.insert(0, PYTHON)
+        import nvio  # noqa: F401
+
+
 def swap():
     """Put nvio's modules where the tests import safetensors' from."""
-    sys.path.insert(0, PYTHON)
+    _import_nvio()
     import safetensors
     import safetensors.numpy  # noqa: F401  (loaded first, then replaced)
     import safetensors.torch  # noqa: F401
