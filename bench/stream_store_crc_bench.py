@@ -19,7 +19,10 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+try:
+    import nvio  # noqa: F401  (installed: pip install .)
+except ImportError:    # an in-place build of this source tree
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
 
 
 def main():
