@@ -237,6 +237,20 @@ def test_numpy_slicing_ellipsis_and_refusals_like_safetensors(tmp_path, i):
         assert str(p) in str(got[1]) or "Error during slicing" in str(got[1]), got
 
 
+@pytest.mark.parametrize("fw", ["pt", "np"])
+@pytest.mark.parametrize("name", [3, None, b"w", ("w",)])
+def test_non_str_tensor_name_is_a_type_error(model_file, fw, name):
+    """get_tensor/get_slice of a name that is no str: TypeError as the
+    library raises (code catching it missed nvio's SafetensorsError)."""
+    p, _ = model_file
+    with nst.safe_open(p, fw) as f, safetensors.safe_open(str(p), fw) as g:
+        for call in ("get_tensor", "get_slice"):
+            ref = outcome(lambda: getattr(g, call)(name))
+            got = outcome(lambda: getattr(f, call)(name))
+            same_outcome(ref, got, None)
+            assert str(p) in str(got[1]), got
+
+
 def test_slice_reads_rows_not_the_tensor(model_file, monkeypatch):
     """A plain index still reads only its rows: the whole-tensor fallback
     is for the indexes nvio cannot cut into byte runs."""

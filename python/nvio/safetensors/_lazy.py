@@ -97,6 +97,9 @@ class safe_open:  # noqa: N801  (the safetensors library's name)
         return self._header
 
     def _entry(self, name):
+        if not isinstance(name, str):      # TypeError, as safetensors raises
+            raise TypeError("nvio.safetensors: %s: a tensor name is a str, not %s (%r)"
+                            % (self.path, type(name).__name__, name))
         e = self._open_header().entries.get(name)
         if e is None:
             raise SafetensorsError("nvio.safetensors: %s: no tensor named %r"
@@ -143,9 +146,10 @@ class safe_open:  # noqa: N801  (the safetensors library's name)
         of ints, slices with positive steps and Ellipsis. With framework
         "pt" any other index torch takes (None, lists, bools, tensors,
         negative steps) works too, on the whole tensor read into memory.
-        With "np" the index is what safetensors takes for NumPy: ints and
-        slices (or a tuple of them), an empty list, out-of-range bounds
-        refused with SafetensorsError, as the safetensors library does."""
+        With "np" the index is what safetensors takes for NumPy: ints,
+        slices with positive steps and one Ellipsis (or a tuple of them), an
+        empty list; anything else and out-of-range bounds are refused with
+        SafetensorsError, as the safetensors library does."""
         return _Slice(self, self._entry(name))
 
 
