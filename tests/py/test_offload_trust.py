@@ -132,6 +132,7 @@ def test_format_1_checkpoints_without_crcs_still_restore(tmp_path, engine):
     ck, want = _checkpoint(tmp_path, engine)
     idx = json.loads((ck / "index.json").read_text())
     idx["format"] = 1
+    del idx["crc32"]
     for it in idx["keys"]:
         del it["crc32"]
     (ck / "index.json").write_text(json.dumps(idx))
@@ -142,6 +143,17 @@ def test_format_1_checkpoints_without_crcs_still_restore(tmp_path, engine):
     (ck / "index.json").write_text(json.dumps(idx))
     with pytest.raises(SwapCorruptError, match=r"keys\[0\]\.crc32"):
         _restore(ck, tmp_path, engine)
+
+
+def test_format_2_index_without_its_own_crc_still_restores(tmp_path, engine):
+    """The first format 2 files had CRC-32s per key only: they restore."""
+    ck, want = _checkpoint(tmp_path, engine)
+    idx = json.loads((ck / "index.json").read_text())
+    assert isinstance(idx.pop("crc32"), int)
+    (ck / "index.json").write_text(json.dumps(idx))
+    with _restore(ck, tmp_path, engine) as sw:
+        for k, t in want.items():
+            assert same(sw.swap_in(k, out=torch.empty_like(t)), t), k
 
 
 def _set(path, value):
@@ -209,6 +221,11 @@ INDEX_CASES = [
     (_set(("format",), "2"), "format"),
     (_set(("extra",), None), "extra"),
     (_delete(("keys",)), "keys"),
+    # plausible on their own: only the index's CRC-32 tells
+    (_set(("keys", 0, "dtype"), "int32"), "crc32"),
+    (_set(("keys", 0, "shape"), [1000, 3]), "crc32"),
+    (_set(("keys", 0, "key"), {"s": "x"}), "crc32"),
+    (_set(("crc32",), 1 << 32), "crc32"),
 ]
 
 

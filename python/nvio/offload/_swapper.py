@@ -60,7 +60,8 @@ STRIPE_MIN = 1 << 20
 GROW = 64 << 20
 _INDEX = "index.json"
 _DATA = "data.bin"
-#: 2: each key's CRC-32 in the index; 1 (still read): none.
+#: 2: each key's CRC-32 in the index, and the index's own over its keys
+#: (absent in the first format 2 files); 1 (still read): none.
 _FORMAT = 2
 #: Keys in one checkpoint at most (a limit on what an index may make restore allocate).
 _KEYS_MAX = 1 << 24
@@ -907,7 +908,8 @@ class Swapper:
     def checkpoint(self, path, *, chunk_bytes=None):
         """Write every key's committed value to directory ``path`` (made if
         missing): ``data.bin`` then ``index.json`` (format 2: each key's
-        dtype, shape, size, offset and CRC-32), each replacing an old one
+        dtype, shape, size, offset and CRC-32, and the CRC-32 of all those
+        fields), each replacing an old one
         atomically; memory: one pool region of ``chunk_bytes`` (default: the
         pool, at most 64 MiB). :meth:`restore` reads it back."""
         self.wait()
@@ -946,7 +948,7 @@ class Swapper:
                         self._free_pieces(e.pieces)
         tmp = os.path.join(path, ".%s.tmp" % _INDEX)
         with _trust.open_regular(tmp, "w", _ck_error) as fp:
-            json.dump({"format": _FORMAT, "keys": index}, fp)
+            json.dump({"format": _FORMAT, "keys": index, "crc32": _index_crc(index)}, fp)
             fp.flush()
             os.fsync(fp.fileno())
         os.replace(tmp, os.path.join(path, _INDEX))
@@ -964,9 +966,10 @@ class Swapper:
 
         The index is checked completely before anything is allocated by it
         (every field of every key: dtypes from a table, shapes, sizes,
-        offsets inside the data file, no two keys' bytes overlapping), and
-        each key's bytes against the CRC-32 the index holds (checkpoints of
-        format 1, without CRCs, are read unchecked). A failed check raises
+        offsets inside the data file, no two keys' bytes overlapping), then
+        against the index's own CRC-32 (where it has one), and each key's
+        bytes against the CRC-32 the index holds (checkpoints of format 1,
+        without CRCs, are read unchecked). A failed check raises
         :class:`SwapCorruptError` naming the file and the field or key."""
         path = os.fsdecode(path)
         ipath = os.path.join(path, _INDEX)
@@ -1028,7 +1031,7 @@ def _check_index(meta, ipath, dpath, size):
     def err(msg, field=None):
         return SwapCorruptError(errno.EINVAL, "nvio.offload: " + msg, ipath, field=field)
     F = _trust.Fields(ipath, err)
-    F.dict(meta, "", ("format", "keys"))
+    F.dict(meta, "", ("format", "keys"), ("crc32",))
     fmt = F.int(meta["format"], "format", 1, _FORMAT)
     items = F.list(meta["keys"], "keys", limit=_KEYS_MAX)
     fields = ("key", "dtype", "shape", "nbytes", "offset") + (("crc32",) if fmt >= 2 else ())
@@ -1056,7 +1059,21 @@ def _check_index(meta, ipath, dpath, size):
         ranges.append((off, off + nb, i))
         out.append((key, dtype, shape, nb, off, crc))
     _trust.no_overlap(F, ranges, lambda i: "keys[%d].offset" % i)
+    if "crc32" in meta:             # last: a field out of bounds is named first
+        if fmt < 2:
+            F.fail("crc32", "is not a field of format %d" % fmt)
+        want, got = F.crc(meta["crc32"], "crc32"), _index_crc(items)
+        if got != want:
+            F.fail("crc32", "the keys' fields have CRC-32 %08x, the index says %08x: a "
+                   "dtype, shape, key or offset was changed" % (got, want))
     return out
+
+
+def _index_crc(keys):
+    """CRC-32 of an index's keys (their canonical JSON): a changed dtype,
+    shape or name that keeps every field plausible (float32 read as int32)
+    fails it. Optional in format 2 (the first of its files lack it)."""
+    return _nvio.crc32(json.dumps(keys, sort_keys=True, separators=(",", ":")).encode())
 
 
 def _dec_key_checked(F, d, field, depth):
