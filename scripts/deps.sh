@@ -45,3 +45,8 @@ fi
 if [ "${NVIO_NO_TORCH:-0}" != 1 ] && ! $PY -c "import megatron.core, zstandard, expecttest, hypothesis" 2>/dev/null; then
 	$PY -m pip install -q "torch==2.13.0" "megatron-core==0.16.1" "zstandard==0.25.0" "expecttest==0.3.0" "hypothesis==6.155.2" || echo "deps.sh: megatron-core/zstandard/expecttest/hypothesis not installed; their tests will skip" >&2
 fi
+# The integrations' tests (nvio.integrations: Lightning, the HF Trainer,
+# DeepSpeed's ZeRO-Infinity); torch pinned as above.
+if [ "${NVIO_NO_TORCH:-0}" != 1 ] && ! $PY -c "import lightning, deepspeed, accelerate" 2>/dev/null; then
+	$PY -m pip install -q "lightning==2.6.6" "deepspeed==0.19.8" "accelerate==1.15.0" "transformers==5.23.0" "torch==2.13.0" || echo "deps.sh: lightning/deepspeed/accelerate not installed; the integration tests will skip" >&2
+fi
