@@ -10,6 +10,7 @@
 #   make install         header, libraries, nvio.pc, man pages and the tool
 #                        under DESTDIR/PREFIX (default /usr/local); make uninstall
 #   make check-symbols   libnvio.so exports exactly include/nvio.h's functions
+#   (make check also runs tests/cycles_check.sh: no file cycles in src/, tools/)
 #
 # liburing and libaio are used when their headers are found; an engine
 # whose library is missing reports so (nvio report) instead of failing
@@ -128,6 +129,7 @@ sim: $(SIM_CUDA) $(SIM_CUFILE)
 
 check: all $(TEST_BIN) $(SIM_CUDA) $(SIM_CUFILE)
 	@sh tests/run.sh $(BUILD)
+	@CC="$(CC)" sh tests/cycles_check.sh $(BUILD)
 
 check-symbols: $(BUILD)/libnvio.so
 	@sh tests/symbols_check.sh $(BUILD)/libnvio.so include/nvio.h
