@@ -53,32 +53,94 @@
 			  NVIO_FILE_NOSYNC | NVIO_FILE_SPARE)
 
 /*
- * The name a dangling link leads to, followed in user space (a link's
- * relative target is relative to the link's directory): the name open
- * would create. Only called once the kernel has followed the same links
- * as far as they go (follow_links), so its rules were applied to each.
+ * Whether open(2) would follow the link fd (O_PATH|O_NOFOLLOW) has open,
+ * which sits in the directory dir: fs.protected_symlinks' rule (a link
+ * in a sticky world-writable directory is followed only by its owner,
+ * or when it and the directory have one owner). 0, or -EACCES as the
+ * kernel says it. The sysctl is read through nvio__sys.open, so tests
+ * can set it for the library alone.
+ */
+static int may_follow(int fd, const char *dir)
+{
+	struct stat l, d;
+	char v = '0';
+	int sfd;
+
+	if (nvio__sys.fstat(fd, &l) < 0 || stat(dir, &d) < 0)
+		return -errno;
+	if (!(d.st_mode & S_ISVTX) || !(d.st_mode & S_IWOTH) ||
+	    l.st_uid == geteuid() || l.st_uid == d.st_uid)
+		return 0;
+	sfd = nvio__open("/proc/sys/fs/protected_symlinks", O_RDONLY, 0);
+	if (sfd >= 0) {
+		if (read(sfd, &v, 1) != 1)
+			v = '1';	/* unknown: as the kernel's default */
+		nvio__sys.close(sfd);
+	}
+	return v == '0' ? 0 : -EACCES;
+}
+
+/*
+ * One link of a dangling chain: its target, read from the link itself
+ * (O_PATH|O_NOFOLLOW, then readlinkat on it: the link checked is the link
+ * read, whatever is renamed over its name meanwhile), once open's rule
+ * allows following it. 1 and link set, 0 cur is no link, or -errno.
+ */
+static int read_link(const char *cur, char *link, ssize_t *n)
+{
+	char *dir = strdup(cur), *slash;
+	struct stat st;
+	int fd, r;
+
+	if (!dir)
+		return -ENOMEM;
+	slash = strrchr(dir, '/');
+	if (!slash)
+		snprintf(dir, 2, ".");
+	else if (slash == dir)
+		slash[1] = 0;
+	else
+		*slash = 0;
+	fd = nvio__open(cur, O_PATH | O_NOFOLLOW, 0);
+	r = fd < 0 ? 0 : nvio__sys.fstat(fd, &st) < 0 ? -errno :
+	    !S_ISLNK(st.st_mode) ? 0 : may_follow(fd, dir);
+	if (fd >= 0 && r == 0 && S_ISLNK(st.st_mode)) {
+		*n = readlinkat(fd, "", link, PATH_MAX);
+		r = *n < 0 ? -errno : *n == PATH_MAX ? -ENAMETOOLONG : 1;
+	}
+	if (fd >= 0)
+		nvio__sys.close(fd);
+	free(dir);
+	return r;
+}
+
+/*
+ * The name a dangling link leads to, followed here (a link's relative
+ * target is relative to the link's directory): the name open would
+ * create. Called once the kernel found the chain dangling, but the links
+ * may have been replaced since (another user renaming a link to root's
+ * file over the name), so each link is checked again by open's rule as it
+ * is followed (may_follow). Sets *out to a malloc'd name.
  */
 static int follow_dangling(const char *path, char **out)
 {
 	char *cur = strdup(path), *link = malloc(PATH_MAX), *next;
-	struct stat st;
 	int err = -ENOMEM;
 
 	for (int hops = 0; cur && link; hops++) {
-		ssize_t n;
+		ssize_t n = 0;
 		size_t dlen;
 
-		if (lstat(cur, &st) < 0 || !S_ISLNK(st.st_mode)) {
+		err = read_link(cur, link, &n);
+		if (err == 0) {
 			free(link);
 			*out = cur;	/* errors are open's to report */
 			return 0;
 		}
+		if (err < 0)
+			break;
 		err = -ELOOP;	/* open's limit on links in a name */
 		if (hops == 40)
-			break;
-		n = readlink(cur, link, PATH_MAX);
-		err = n < 0 ? -errno : -ENAMETOOLONG;
-		if (n < 0 || n == PATH_MAX)
 			break;
 		link[n] = 0;
 		/* relative: beside the link, after cur's last '/' */
