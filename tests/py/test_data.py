@@ -9,6 +9,7 @@ import json
 import os
 import pickle
 import shutil
+import struct
 import subprocess
 import sys
 import textwrap
@@ -380,6 +381,44 @@ def test_direct_auto_decides(tmp_path, monkeypatch):
         nd.choose_direct("maybe", [])
     ds = nd.TokenWindows(p, 9)
     assert ds.direct_why and ds.source.direct == ds.direct
+
+
+def test_a_fifo_or_directory_in_place_of_a_data_file_is_an_error_not_a_hang(tmp_path):
+    """open(2) of a FIFO waits for a writer: a dataset must refuse it at
+    once, naming it, for a token file, a Megatron .idx and its .bin."""
+    import threading
+    p = str(tmp_path / "t.bin")
+    tokens_file(p, 1000)
+    idx = tmp_path / "m.idx"           # a valid index of one empty sequence
+    idx.write_bytes(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 4, 1, 2) +
+                    struct.pack("<iqqq", 0, 0, 0, 1))
+    cases = []
+    for name, make in (("fifo.bin", lambda q: nd.TokenWindows(q, 8)),
+                       ("n.idx", lambda q: nd.IndexedDataset(q[:-4])),
+                       ("m.bin", lambda q: nd.IndexedDataset(q[:-4]))):
+        q = str(tmp_path / name)
+        os.mkfifo(q)
+        cases.append((q, make, "is a FIFO, not a regular file"))
+    os.mkdir(tmp_path / "dir.bin")
+    cases.append((str(tmp_path / "dir.bin"), lambda q: nd.TokenWindows(q, 8), "is a directory"))
+    (tmp_path / "n.bin").write_bytes(b"")
+    for q, make, what in cases:
+        got = []
+
+        def run():
+            try:
+                make(q)
+            except Exception as e:     # noqa: BLE001
+                got.append(e)
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        t.join(20)
+        if t.is_alive():              # release the reader blocked in open/read
+            os.close(os.open(q, os.O_WRONLY | os.O_NONBLOCK))
+            t.join(5)
+            pytest.fail("%s: the dataset waited on it" % q)
+        assert got and isinstance(got[0], nd.DataFormatError), got
+        assert q in str(got[0]) and what in str(got[0]), str(got[0])
 
 
 def test_cached_bytes_memory_does_not_grow_with_the_file(tmp_path, monkeypatch):

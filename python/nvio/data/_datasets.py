@@ -118,7 +118,7 @@ class IndexedDataset(_Reader):
         self.multimodal = bool(multimodal)
         self.mmap = mmap
         bin_path = _index.bin_path(self.path_prefix)
-        size = os.path.getsize(bin_path)
+        size = _index.regular_size(bin_path)
         self.index = _index.read_index(_index.idx_path(self.path_prefix), self.multimodal,
                                        size, bin_path)
         self._open(bin_path, [(bin_path, size)], engine, direct, queue_depth, block_size, gds)
@@ -225,11 +225,9 @@ def token_layout(path, dtype=None, header="auto"):
     (nanoGPT's np.uint16 .bin; header=0) or llm.c's (header="llm.c", found
     by its magic with "auto"). DataFormatError / DataTruncatedError name
     what does not fit."""
-    size = os.path.getsize(path)
-    head = b""
-    if header in ("auto", "llm.c"):
-        with open(path, "rb") as f:
-            head = f.read(LLMC_HEADER)
+    f, size = _index.open_regular(path)
+    with f:
+        head = f.read(LLMC_HEADER) if header in ("auto", "llm.c") else b""
     words = np.frombuffer(head[:12], "<i4") if len(head) >= 12 else None
     known = words is not None and (int(words[0]), int(words[1])) in LLMC
     if header == "llm.c" or (header == "auto" and known):
@@ -282,7 +280,7 @@ class TokenWindows(_Reader):
             raise DataFormatError("%s: %d tokens, fewer than one window of %d"
                                   % (path, self.ntokens, self.seq_len + 1), path)
         self._len = (self.ntokens - self.seq_len - 1) // self.stride + 1
-        self._open(path, [(path, os.path.getsize(path))], engine, direct, queue_depth,
+        self._open(path, [(path, _index.regular_size(path))], engine, direct, queue_depth,
                    block_size, gds)
 
     def __len__(self):

@@ -13,6 +13,7 @@ import struct
 
 import numpy as np
 
+from .. import _regular
 from ._errors import DataFormatError, DataTruncatedError
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -21,6 +22,22 @@ HEADER_SIZE = 34
 DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64,
           6: np.float64, 7: np.float32, 8: np.uint16}
 CODES = {np.dtype(v): k for k, v in DTYPES.items()}
+
+
+def open_regular(path):
+    """(binary file object, size) of the regular file at path; a FIFO, a
+    device or a directory is a DataFormatError naming it (opened without
+    blocking: a FIFO's open or read would wait for a writer forever)."""
+    f = _regular.open_regular(path, "rb", lambda msg: DataFormatError(
+        "nvio.data: %s" % msg, path))
+    return f, os.fstat(f.fileno()).st_size
+
+
+def regular_size(path):
+    """The size of the regular file at path (see open_regular)."""
+    f, size = open_regular(path)
+    f.close()
+    return size
 
 
 def idx_path(prefix):
@@ -52,8 +69,8 @@ def read_index(path, multimodal=False, bin_size=None, bin_name=None):
     """Parse and check the .idx at path; with bin_size, also that every
     sequence lies inside a .bin of that many bytes. DataFormatError /
     DataTruncatedError name the file and what is wrong."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
+    f, size = open_regular(path)
+    with f:
         head = f.read(HEADER_SIZE)
     if len(head) < HEADER_SIZE:
         raise DataTruncatedError("%s: the index is truncated: %d bytes, its header needs %d"

@@ -20,6 +20,7 @@ import nvio
 from nvio import _nvio
 
 from ._errors import DataReadError
+from ._index import regular_size
 
 #: Default requests in flight (the handle's queue_depth).
 QUEUE_DEPTH = 128
@@ -170,7 +171,7 @@ class Source:
     def __init__(self, path, *, engine="auto", direct=False, queue_depth=QUEUE_DEPTH,
                  block_size=BLOCK_SIZE, gds=False):
         self.path = os.fspath(path)
-        self.size = os.path.getsize(self.path)
+        self.size = regular_size(self.path)
         self.engine = engine
         self.direct = bool(direct)
         self.queue_depth = queue_depth
