@@ -506,6 +506,14 @@ static int spare_lock(int dfd, const char *path, unsigned how)
 		   now.st_ino != st.st_ino || now.st_dev != st.st_dev))
 		r = -ESTALE;
 	if (r) {
+		/* one this call made and could not lock (a file system
+		 * without flock): not left beside the target, if its name
+		 * still leads to it */
+		if ((how & SPARE_CREATE) && r != -ESTALE &&
+		    nvio__sys.fstat(fd, &st) == 0 &&
+		    fstatat(dfd, path, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
+		    now.st_ino == st.st_ino && now.st_dev == st.st_dev)
+			(void)unlinkat(dfd, path, 0);
 		nvio__sys.close(fd);
 		return r;
 	}
