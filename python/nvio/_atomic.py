@@ -64,16 +64,47 @@ def follow_links(path):
     raise OSError(errno.ESTALE, "the symbolic link's target kept moving", path)
 
 
+def _protected_symlinks():
+    """fs.protected_symlinks as the kernel applies it (1, its default, if
+    it cannot be read)."""
+    try:
+        with open("/proc/sys/fs/protected_symlinks", "rb") as f:
+            return f.read(1) != b"0"
+    except OSError:
+        return True
+
+
+def _read_link(cur):
+    """The target of the link at cur, read from the link itself (an
+    ``O_PATH | O_NOFOLLOW`` descriptor: the link checked is the link read),
+    once open(2)'s rule allows following it; None if cur is no link."""
+    try:
+        fd = os.open(cur, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISLNK(st.st_mode):
+            return None
+        d = os.stat(os.path.dirname(cur) or ".")
+        if (d.st_mode & stat.S_ISVTX) and (d.st_mode & stat.S_IWOTH) and \
+                st.st_uid not in (os.geteuid(), d.st_uid) and _protected_symlinks():
+            raise PermissionError(errno.EACCES, "cannot follow the symbolic link (refused "
+                                  "as the kernel would: fs.protected_symlinks)", cur)
+        return os.readlink("", dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
 def _follow_dangling(path):
-    """The name a dangling link leads to, followed here once the kernel has
-    followed the same links as far as they go (follow_links)."""
+    """The name a dangling link leads to, followed here after the kernel
+    found the chain dangling. The links may have been replaced since
+    (another user renaming a link to root's file over the name), so each
+    is checked again by open(2)'s rule as it is followed (_read_link)."""
     cur = path
     for _ in range(40):         # open's limit on links in a name
-        try:
-            if not stat.S_ISLNK(os.lstat(cur).st_mode):
-                return cur
-            link = os.readlink(cur)
-        except FileNotFoundError:
+        link = _read_link(cur)
+        if link is None:
             return cur
         cur = os.path.join(os.path.dirname(cur), link)
     raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)

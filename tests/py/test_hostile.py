@@ -125,6 +125,49 @@ def test_own_link_followed(handle, tmp_path, protected_symlinks):
     os.unlink(tmp)
 
 
+def test_dangling_flip_refused(tmp_path, monkeypatch):
+    """Another user flips the name between the kernel's follow (nothing
+    there: ENOENT) and the user-space follow of the dangling chain (now
+    their link to root's file): refused by open(2)'s rule all the same
+    (the race made certain, the sysctl shown as on)."""
+    if os.geteuid() != 0:
+        pytest.skip("a link owned by another user needs root")
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)
+    victim = tmp_path / "victim"
+    link = str(sticky / "ck.pt")
+    real_open = os.open
+    flips = []
+
+    def flipping_open(p, flags, *a, **k):
+        if p == link and flags & os.O_PATH and not flags & os.O_NOFOLLOW:
+            flips.append(p)
+            os.unlink(link)
+            os.symlink(str(victim), link)
+            os.lchown(link, NOBODY, -1)
+            raise FileNotFoundError(errno.ENOENT, "gone", p)
+        return real_open(p, flags, *a, **k)
+
+    monkeypatch.setattr(_atomic, "_protected_symlinks", lambda: True, raising=False)
+    for call in (lambda: _atomic.follow_links(link), lambda: _atomic.create_temp(link, 4096)):
+        victim.write_bytes(b"root's")
+        if os.path.lexists(link):
+            os.unlink(link)
+        os.symlink("gone", link)
+        os.lchown(link, NOBODY, -1)
+        monkeypatch.setattr(os, "open", flipping_open)
+        try:
+            with pytest.raises(PermissionError) as ei:
+                call()
+        finally:
+            monkeypatch.setattr(os, "open", real_open)
+        assert flips and ei.value.errno == errno.EACCES
+        assert victim.read_bytes() == b"root's"
+        assert sorted(os.listdir(tmp_path)) == ["sticky", "victim"]
+        assert os.listdir(sticky) == ["ck.pt"]
+
+
 # --- spare saves and readers ------------------------------------------------------
 
 
