@@ -1040,13 +1040,18 @@ class _MetaUnpickler:
         self.keys = {}
 
     def __call__(self, saved_id):
+        if not isinstance(saved_id, tuple) or len(saved_id) != 5:
+            raise pickle.UnpicklingError("persistent id %r is no storage record" % (saved_id,))
         typename, stype, key, _location, numel = saved_id
         if isinstance(typename, bytes):
             typename = typename.decode("ascii")
         if typename != "storage":
             raise pickle.UnpicklingError("unknown persistent id type %r" % (typename,))
+        dtype = torch.uint8 if stype is torch.UntypedStorage else getattr(stype, "dtype", None)
+        if not isinstance(dtype, torch.dtype) or type(numel) is not int or numel < 0:
+            raise pickle.UnpicklingError("storage record %r: %r is no storage type, or %r no "
+                                         "element count" % (key, stype, numel))
         key = str(key)
-        dtype = torch.uint8 if stype is torch.UntypedStorage else stype.dtype
         if key not in self.keys:
             nbytes = numel * torch._utils._element_size(dtype)
             s = torch.UntypedStorage(nbytes, device="meta")
@@ -1366,7 +1371,7 @@ class FileSystemReader(_fs.FileSystemReader):
             try:
                 out[(name, off, length)] = self._parse(img)
             except (_zip.ZipFormatError, pickle.UnpicklingError, ValueError, KeyError,
-                    TypeError, EOFError) as e:
+                    TypeError, EOFError, AttributeError, IndexError, RuntimeError) as e:
                 raise self._err("%s: the item at offset %d (%d bytes) is no torch.save image "
                                 "of a tensor: %s" % (name, off, length, e)) from None
         return out
@@ -1404,6 +1409,19 @@ class FileSystemReader(_fs.FileSystemReader):
         if not isinstance(t, torch.Tensor) or len(meta.keys) != 1:
             raise ValueError("it holds %s, not one tensor" % type(t).__name__)
         key, (_, nbytes) = next(iter(meta.keys.items()))
+        # the view must lie inside its storage (torch.load's set_ checks it on
+        # real storage; a meta one takes any): else the read would take the
+        # bytes that follow the record in the file
+        if t.numel():
+            if any(st < 0 for st in t.stride()) or t.storage_offset() < 0:
+                raise ValueError("the tensor has negative strides %s or storage offset %d"
+                                 % (tuple(t.stride()), t.storage_offset()))
+            last = t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+            if (last + 1) * t.element_size() > nbytes:
+                raise ValueError("the tensor (size %s, stride %s, storage offset %d) reaches "
+                                 "element %d of a storage of %d bytes"
+                                 % (tuple(t.shape), tuple(t.stride()), t.storage_offset(),
+                                    last, nbytes))
         e = entries.get(prefix + "data/" + key)
         if e is None:
             raise ValueError("record data/%s is missing" % key)

@@ -8,6 +8,7 @@ nvio's reader refuses each of these (UnsafeCheckpointError, or a
 CheckpointError naming the path and its type); ``trusted=True`` reads as
 torch does. The crafted pickles are built here opcode by opcode.
 """
+import collections
 import copyreg
 import io
 import os
@@ -266,6 +267,81 @@ def test_every_metadata_torch_writes_reads_as_torch_reads_it(tmp_path):
 
 
 # --- storage paths ------------------------------------------------------------------
+
+
+class _FakeStorage:
+    pass
+
+
+class _FakeTensor:
+    """Pickles as torch.save pickles a tensor, with its storage offset and
+    its persistent id's storage type and element count chosen."""
+
+    def __init__(self, offset, stype, numel):
+        self.args = offset, ("storage", stype, "0", "cpu", numel)
+
+    def __reduce__(self):
+        st = _FakeStorage()
+        st.pid = self.args[1]
+        return (torch._utils._rebuild_tensor_v2,
+                (st, self.args[0], (4,), (1,), False, collections.OrderedDict()))
+
+
+class _PidPickler(pickle.Pickler):
+    def persistent_id(self, obj):
+        return obj.pid if isinstance(obj, _FakeStorage) else None
+
+
+def _tensor_image(offset, stype, numel):
+    """A torch.save zip of one float tensor of 4 elements over a record of
+    16 bytes, its data.pkl built with the given storage offset and id."""
+    import zipfile
+    pkl = io.BytesIO()
+    _PidPickler(pkl, protocol=2).dump(_FakeTensor(offset, stype, numel))
+    z = io.BytesIO()
+    with zipfile.ZipFile(z, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("archive/data.pkl", pkl.getvalue())
+        zf.writestr("archive/byteorder", "little")
+        zf.writestr("archive/data/0", struct.pack("<4f", 1, 2, 3, 4))
+        zf.writestr("archive/version", "3\n")
+    return z.getvalue()
+
+
+@pytest.mark.parametrize("offset,stype,match", [
+    (0, "FloatStorage", None),
+    (2, "FloatStorage", "reaches element 5 of a storage of 16 bytes"),
+    (0, "float32", "torch.float32 is no storage type"),
+], ids=["good", "view-past-its-storage", "dtype-as-storage-type"])
+def test_a_tensor_image_is_checked_against_its_storage_record(tmp_path, handle, offset, stype,
+                                                              match):
+    """A view reaching past its storage record read the bytes after the
+    record (a zip header) into the tensor; a persistent id whose type is no
+    storage type escaped as AttributeError."""
+    d = tmp_path / "ck"
+    save(d)
+    md = dcp.FileSystemReader(d).read_metadata()
+    idx = next(k for k in md.storage_data if k.fqn == "w")
+    info = md.storage_data[idx]
+    md.state_dict_metadata["w"].size = torch.Size([4])
+    md.state_dict_metadata["w"].chunks[0].sizes = torch.Size([4])
+    img = _tensor_image(offset, getattr(torch, stype), 4)
+    data = d / info.relative_path
+    info.offset, info.length = data.stat().st_size, len(img)
+    with open(data, "ab") as f:
+        f.write(img)
+    (d / ".metadata").write_bytes(pickle.dumps(md))
+    out = {"w": torch.zeros(4), "n": 0}
+
+    def run():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.load(out, storage_reader=nd.FileSystemReader(d, handle=handle), no_dist=True)
+    if match is None:
+        run()
+        assert torch.equal(out["w"], torch.tensor([1.0, 2, 3, 4]))
+        return
+    e = refused(run, nvio.CheckpointError, match)
+    assert "no torch.save image of a tensor" in str(e) and info.relative_path in str(e)
 
 
 def _retarget(d, new_path):
