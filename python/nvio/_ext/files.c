@@ -274,7 +274,11 @@ static uint64_t sync_chunk(nvio_handle_t *h)
 {
 	uint64_t per = nvio_get_engine(h) == NVIO_ENGINE_PSYNC ? 1 : nvio_get_queue_depth(h);
 	uint64_t c = 2 * nvio_get_block_size(h) * per * nvio_get_intra_op_parallelism(h);
-	return c < EXT_CHUNK_MIN ? EXT_CHUNK_MIN : c > EXT_CHUNK ? EXT_CHUNK : c;
+
+	c = c < EXT_CHUNK_MIN ? EXT_CHUNK_MIN : c > EXT_CHUNK ? EXT_CHUNK : c;
+	/* whole MiBs: an odd block_size must not put chunk edges off the
+	 * alignment O_DIRECT needs (each edge would go through the page cache) */
+	return c & ~(uint64_t)((1u << 20) - 1);
 }
 
 int ext_run_sync(ext_handle *hd, nvio_file_t *f, const char *path, int is_write,
