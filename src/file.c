@@ -42,6 +42,7 @@
 #include <sys/ioctl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -493,11 +494,12 @@ static int kind_of(mode_t m, unsigned flags, const char **what)
  * under the spare's name is never the one the target's name leads to
  * (it swaps the names, then downgrades its lock), so that holder is not
  * nvio and the file is read as it would be without locks. -EWOULDBLOCK:
- * try again; -ESTALE: the name leads elsewhere now, open it again.
+ * try again; -ESTALE: the name leads elsewhere now (or is gone), open it
+ * again; another -errno: the name could not be looked at.
  */
 static int lock_shared(int fd, const char *path, const struct stat *st, int patient)
 {
-	struct stat now;
+	struct statx now;
 	int busy = 0;
 
 	if (nvio__sys.flock(fd, LOCK_SH | LOCK_NB) < 0) {
@@ -505,7 +507,11 @@ static int lock_shared(int fd, const char *path, const struct stat *st, int pati
 			return 0;
 		busy = 1;
 	}
-	if (stat(path, &now) < 0 || now.st_ino != st->st_ino || now.st_dev != st->st_dev)
+	/* through the table (statx), so tests can fail it */
+	if (nvio__sys.statx(AT_FDCWD, path, 0, STATX_INO, &now) < 0)
+		return errno == ENOENT ? -ESTALE : -errno;
+	if (now.stx_ino != st->st_ino ||
+	    makedev(now.stx_dev_major, now.stx_dev_minor) != st->st_dev)
 		return -ESTALE;
 	return busy && patient ? -EWOULDBLOCK : 0;
 }
@@ -539,8 +545,11 @@ static int open_plain(struct nvio_file *f, const char *path, const char **what)
 		/* the open set no other status flag (O_APPEND, O_DIRECT...) */
 		if (!r && fcntl(fd, F_SETFL, 0) < 0)
 			r = -errno;
-		if (!r && S_ISREG(st.st_mode) && !(f->flags & NVIO_FILE_WRITE))
+		if (!r && S_ISREG(st.st_mode) && !(f->flags & NVIO_FILE_WRITE)) {
 			r = lock_shared(fd, path, &st, i < READ_LOCK_PATIENCE);
+			if (r && r != -EWOULDBLOCK && r != -ESTALE)
+				*what = "stat (the name, to lock the file)";
+		}
 		if (r) {
 			nvio__sys.close(fd);
 			fd = r;
@@ -747,7 +756,6 @@ static void remove_created(struct nvio_file *f)
 		nvio__sys.unlink(f->path);
 }
 
-/* Frees a file; an uncommitted atomic file is abandoned. */
 /*
  * An abandoned spare that writes grew (a full disk, a failed save) goes
  * back to its size: its old blocks kept for the next save, the rest
@@ -762,6 +770,7 @@ static void spare_give_back(struct nvio_file *f)
 		(void)nvio__sys.ftruncate(f->fd, (off_t)f->spare_size);
 }
 
+/* Frees a file; an uncommitted atomic file is abandoned. */
 void nvio__file_free(struct nvio_file *f)
 {
 	if (!f)

@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -218,6 +219,49 @@ static void rollback(nvio_handle_t *h)
 	T_OK(t_check_file_random(target, 0, N, 7, 0));
 }
 
+static atomic_int statx_calls;
+
+static int h_statx_path_fails(int dfd, const char *p, int fl, unsigned mask, struct statx *sx)
+{
+	if (p[0]) {	/* a name, not the descriptor's own statx */
+		atomic_fetch_add(&statx_calls, 1);
+		errno = EACCES;
+		return -1;
+	}
+	return statx(dfd, p, fl, mask, sx);
+}
+
+/*
+ * The reader's look at the name (is it still the file opened?) goes
+ * through the nvio__sys table: failed there, the open fails at once with
+ * that errno and the step named, its descriptor closed (it was a plain
+ * stat no test could fail).
+ */
+static void name_check_fails(nvio_handle_t *h)
+{
+	nvio_error_t le = { .struct_size = sizeof(le) };
+	nvio_file_t *r;
+	int err = 0, fds;
+
+	t_ctx("%s the reader's name check failed", t_combo());
+	t_fill_random(buf, 4096, 9);
+	T_OK(t_write_file(target, buf, 4096));
+	fds = t_count_fds();
+	atomic_store(&statx_calls, 0);
+	nvio__sys.statx = h_statx_path_fails;
+	r = nvio_file_open(h, target, NVIO_FILE_READ, &err);
+	nvio__sys_reset();
+	T_EQ_INT(r == NULL, 1);
+	T_EQ_INT(err, -EACCES);
+	T_EQ_INT(atomic_load(&statx_calls), 1);
+	T_EQ_INT(nvio_last_error(h, &le), -EACCES);
+	T_EQ_INT(strncmp(le.what, "stat", 4), 0);
+	T_EQ_INT(strcmp(le.path, target), 0);
+	if (r)
+		nvio_file_close(r);
+	T_EQ_INT(t_count_fds(), fds);
+}
+
 int main(void)
 {
 	t_init("spare_readers");
@@ -233,6 +277,7 @@ int main(void)
 		held(h);
 		stress(h);
 		rollback(h);
+		name_check_fails(h);
 		unlink(target);
 		unlink(spare);
 		nvio_handle_destroy(h);
