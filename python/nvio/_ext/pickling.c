@@ -87,8 +87,9 @@ static PyObject *m_persistent_id_filter(PyObject *m, PyObject *args)
  * memo index): a caller must treat any other key it is asked for as
  * possible too.
  *
- * Memory: the scan's stack and memo hold one small item per opcode at
- * most: bounded by len(data).
+ * Memory: the scan's stack and memo hold one 8-byte item per opcode at
+ * most, as torch's unpickler holds one pointer per stack item (a pickle of
+ * a million Nones costs no more to scan than to unpickle).
  */
 enum {
 	ROLE_ODICT = 1,		/* collections.OrderedDict */
@@ -101,11 +102,16 @@ enum {
 	K_ODICT, K_SET, K_GLOBAL, K_PID, K_STORAGE, K_TENSOR,
 };
 
+/* 8 bytes, like the unpicklers' stack slots: a string's length is read
+ * back from the opcode's argument before its bytes (scan_len). */
 typedef struct {
-	unsigned char kind;
-	unsigned char role;		/* K_GLOBAL: ROLE_* */
-	Py_ssize_t off, len;		/* K_STR: its bytes; K_PID: its key's */
+	uint64_t kind : 5;		/* K_* */
+	uint64_t role : 2;		/* K_GLOBAL: ROLE_* */
+	uint64_t shortstr : 1;		/* K_STR, K_PID: SHORT_BINSTRING (1-byte length) */
+	uint64_t off : 56;		/* K_STR: its bytes' offset; K_PID: its key's */
 } scan_item;
+
+#define SCAN_MAX_LEN ((Py_ssize_t)1 << 56)
 
 typedef struct {
 	const unsigned char *p;
@@ -143,9 +149,7 @@ static int scan_push(scan_state *s, unsigned char kind)
 	if (scan_grow((void **)&s->stack, &s->cap, s->depth + 1, sizeof(scan_item)) < 0)
 		return -1;
 	scan_item *it = &s->stack[s->depth++];
-	it->kind = kind;
-	it->role = 0;
-	it->off = it->len = 0;
+	*it = (scan_item){ .kind = kind };
 	return 0;
 }
 
@@ -163,10 +167,25 @@ static int scan_tainted(const scan_item *it)
 	return it->kind == K_GLOBAL || it->kind == K_PID;
 }
 
+static unsigned scan_u32(const unsigned char *q)
+{
+	return (unsigned)q[0] | (unsigned)q[1] << 8 | (unsigned)q[2] << 16 | (unsigned)q[3] << 24;
+}
+
+/* The length of a K_STR's (or a K_PID key's) bytes: the argument of the
+ * BINUNICODE or SHORT_BINSTRING just before them. */
+static Py_ssize_t scan_len(scan_state *s, const scan_item *it)
+{
+	if (it->shortstr)
+		return s->p[it->off - 1];
+	return (Py_ssize_t)scan_u32(s->p + it->off - 4);
+}
+
 static int scan_is_str(scan_state *s, const scan_item *it, const char *want)
 {
 	size_t n = strlen(want);
-	return it->kind == K_STR && (size_t)it->len == n && !memcmp(s->p + it->off, want, n);
+	return it->kind == K_STR && (size_t)scan_len(s, it) == n &&
+	       !memcmp(s->p + it->off, want, n);
 }
 
 /* A tuple of the items [from, depth): a K_PID when it is the persistent id
@@ -178,13 +197,13 @@ static int scan_tuple(scan_state *s, Py_ssize_t from)
 		return -1;
 	scan_item *a = &s->stack[from];
 	Py_ssize_t n = s->depth - from;
-	scan_item t = { K_TUPLE, 0, 0, 0 };
+	scan_item t = { .kind = K_TUPLE };
 	if (n == 5 && scan_is_str(s, &a[0], "storage") && a[1].kind == K_GLOBAL &&
 	    a[1].role == ROLE_STORAGE && a[2].kind == K_STR && a[3].kind == K_STR &&
 	    a[4].kind == K_INT) {
 		t.kind = K_PID;
 		t.off = a[2].off;
-		t.len = a[2].len;
+		t.shortstr = a[2].shortstr;
 	} else {
 		for (Py_ssize_t i = 0; i < n; i++)
 			if (scan_tainted(&a[i]))
@@ -216,11 +235,6 @@ static const unsigned char *scan_line(scan_state *s, Py_ssize_t *len)
 	return q;
 }
 
-static unsigned scan_u32(const unsigned char *q)
-{
-	return (unsigned)q[0] | (unsigned)q[1] << 8 | (unsigned)q[2] << 16 | (unsigned)q[3] << 24;
-}
-
 /* GLOBAL: its role from roles, or not fast. 0, or -1 with an exception. */
 static int scan_global(scan_state *s, int *stop)
 {
@@ -249,13 +263,14 @@ static int scan_global(scan_state *s, int *stop)
 		s->fast = 0;
 	if (scan_push(s, K_GLOBAL) < 0)
 		return -1;
-	s->stack[s->depth - 1].role = (unsigned char)(role > 0 && role < 256 ? role : 0);
+	if (role >= ROLE_ODICT && role <= ROLE_STORAGE)
+		s->stack[s->depth - 1].role = (unsigned)role & 3;
 	return 0;
 }
 
 static int scan_key(scan_state *s, const scan_item *pid)
 {
-	PyObject *k = PyUnicode_DecodeUTF8((const char *)s->p + pid->off, pid->len,
+	PyObject *k = PyUnicode_DecodeUTF8((const char *)s->p + pid->off, scan_len(s, pid),
 					   "surrogatepass");
 	if (!k) {
 		if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
@@ -330,8 +345,8 @@ static int scan_op(scan_state *s)
 			return 1;
 		if (scan_push(s, K_STR) < 0)
 			return -1;
-		s->stack[s->depth - 1].off = off;
-		s->stack[s->depth - 1].len = len;
+		s->stack[s->depth - 1].off = (uint64_t)off;
+		s->stack[s->depth - 1].shortstr = op == 'U';
 		return 0;
 	}
 	case ')':
@@ -413,7 +428,7 @@ static int scan_op(scan_state *s)
 			kind = K_TENSOR;
 		else
 			s->fast = 0;
-		s->stack[s->depth - 1] = (scan_item){ kind, 0, 0, 0 };
+		s->stack[s->depth - 1] = (scan_item){ .kind = kind };
 		return 0;
 	}
 	case 0x81:			/* NEWOBJ: torch's rules, not the fast path's */
@@ -421,7 +436,7 @@ static int scan_op(scan_state *s)
 			return 1;
 		s->fast = 0;
 		s->depth -= 1;
-		s->stack[s->depth - 1] = (scan_item){ K_OTHER, 0, 0, 0 };
+		s->stack[s->depth - 1] = (scan_item){ .kind = K_OTHER };
 		return 0;
 	case 'b':			/* BUILD */
 		if (avail < 2)
@@ -485,6 +500,10 @@ static PyObject *m_pickle_scan(PyObject *m, PyObject *args)
 	s.roles = roles;
 	s.fast = 1;
 	s.keys = PyList_New(0);
+	if (s.n >= SCAN_MAX_LEN) {	/* offsets past what an item holds: not fast */
+		s.fast = 0;
+		s.n = 0;
+	}
 	int rc = s.keys ? 0 : -1;
 	while (rc == 0)
 		rc = scan_op(&s);
