@@ -179,6 +179,29 @@ def test_gpt_and_blended_datasets_read_through_nvio(corpora):
     assert k == len(sub)
 
 
+def test_non_integer_indices_are_refused(one):
+    """megatron's __getitem__ raises TypeError for 3.0 and its get NumPy's
+    IndexError; nvio.data read it as sample 3. Now SampleTypeError (both),
+    for bools too, and for a float token offset or length."""
+    ref = mid.IndexedDataset(one)
+    ours = nd.IndexedDataset(one)
+    for bad in (3.0, np.float64(3), True, np.True_):
+        with pytest.raises(TypeError):
+            ref[3.0]
+        with pytest.raises(IndexError):
+            ref.get(3.0)
+        for read in (lambda: ours[bad], lambda: ours.get(bad), lambda: ours.read_batch([bad])):
+            with pytest.raises(nd.SampleTypeError, match=r"one.bin: sample index .* is no "
+                                                         r"integer"):
+                read()
+    n = int(ref.sequence_lengths[2])
+    assert n > 1
+    for kw in ({"offset": 1.0}, {"offset": 0, "length": 1.0}, {"length": True}):
+        with pytest.raises(nd.SampleTypeError, match="token (offset|length) .* is no integer"):
+            ours.get(2, **kw)
+    assert same_array(ours.get(np.int32(2), offset=np.int64(1)), ref.get(2, offset=1))
+
+
 # --- bad input ---------------------------------------------------------------------
 
 
@@ -272,3 +295,54 @@ def test_index_out_of_range(one):
     with pytest.raises(nd.SampleIndexError, match="lie outside its"):
         nm.NvioIndexedDataset(one).bin_reader.read(np.int32, 10, os.path.getsize(one + ".bin"))
     assert sum(1 for _ in ds) == n       # iteration by __getitem__ stops at IndexError
+
+
+def test_split_batches_from_two_threads_share_one_low_level_dataset(corpora):
+    """train/valid/test GPTDatasets share one low-level dataset: batches read
+    from two threads at once each equal megatron's own samples (the batch
+    reader was once swapped on the shared dataset in place, so one thread's
+    samples were read through another's recording pass: zeros)."""
+    import sys
+    import threading
+    sizes = [120, 60, 60]
+    cfg = lambda: GPTDatasetConfig(random_seed=5, sequence_length=32, blend=([corpora[0]], None),
+                                   split="50,25,25", tokenizer=Tok(), reset_position_ids=False,
+                                   reset_attention_mask=False, eod_mask_loss=True,
+                                   path_to_cache=None, mmap_bin_files=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, cfg()).build()
+        ours = BlendedMegatronDatasetBuilder(nm.NvioGPTDataset, sizes, lambda: True,
+                                             cfg()).build()
+    train, valid = ours[0], ours[1]
+    assert train.dataset is valid.dataset and isinstance(train, nm.NvioGPTDataset)
+    want = [[ref[k][i] for i in range(len(ref[k]))] for k in (0, 1)]
+    bad, errors = [], []
+    go = threading.Barrier(2)
+
+    def reader(k, ds):
+        try:
+            go.wait(timeout=60)
+            rng = np.random.default_rng(k)
+            for _ in range(200):
+                idx = [int(i) for i in rng.integers(0, len(ds), 8)]
+                for i, s in zip(idx, ds.__getitems__(idx)):
+                    if not torch.equal(s["tokens"], torch.as_tensor(want[k][i]["tokens"])):
+                        bad.append((k, i))
+        except Exception as e:                  # noqa: BLE001 (reported below)
+            errors.append(repr(e))
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        ts = [threading.Thread(target=reader, args=(k, ds)) for k, ds in enumerate((train, valid))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors and not bad, (errors, bad[:5], len(bad))
+    assert isinstance(train.dataset.bin_reader, nm.NvioBinReader)
+    for i in range(len(train)):                 # nothing left swapped in
+        assert same_sample(want[0][i], train[i]), i

@@ -13,6 +13,7 @@ import errno as _errno
 import heapq
 import mmap
 import os
+import threading
 
 import numpy as np
 
@@ -163,6 +164,12 @@ def choose_direct(direct, paths_sizes):
 # --- one file per process ------------------------------------------------------
 
 
+#: Held while a Source opens this process's handle (threads share it); made
+#: anew in a forked child, where another thread may have held it.
+_open_lock = [threading.Lock()]
+os.register_at_fork(after_in_child=lambda: _open_lock.__setitem__(0, threading.Lock()))
+
+
 class Source:
     """A file nvio.data reads, opened on first use in each process: a forked
     or spawned DataLoader worker opens its own handle (a parent's handle is
@@ -187,7 +194,14 @@ class Source:
         return s
 
     def file(self):
-        """This process's open file (an nvio File of its own handle)."""
+        """This process's open file (an nvio File of its own handle; threads
+        share it, the first opens it)."""
+        if self._pid == os.getpid():
+            return self._file
+        with _open_lock[0]:
+            return self._open()
+
+    def _open(self):
         if self._pid != os.getpid():
             cls = nvio.GdsHandle if self.gds else nvio.AioHandle
             h = cls(block_size=self.block_size, queue_depth=self.queue_depth,

@@ -23,6 +23,9 @@ Nothing is patched: megatron's classes are subclassed, never modified.
 nvio's options come from :data:`options` (engine, direct, queue_depth,
 block_size, gds), read when a dataset is built.
 """
+import contextlib
+import threading
+
 import numpy as np
 from megatron.core.datasets import indexed_dataset as _mid
 from megatron.core.datasets.gpt_dataset import GPTDataset
@@ -39,12 +42,36 @@ __all__ = ["NvioBinReader", "NvioIndexedDataset", "NvioGPTDataset", "options"]
 
 
 class NvioBinReader(_mid._BinReader):
-    """megatron's _BinReader over an nvio.data IndexedDataset's reader."""
+    """megatron's _BinReader over an nvio.data IndexedDataset's reader.
+
+    A batch (NvioGPTDataset.__getitems__) serves its reads through a
+    per-thread override (:meth:`batch`), never by swapping the dataset's
+    ``bin_reader``: train/valid/test GPTDatasets share one low-level
+    dataset, and a batch read in one thread must not be served by
+    another's."""
 
     def __init__(self, reader):
         self.reader = reader
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def batch(self, serve):
+        """Serve this thread's reads through serve (a _BinReader) meanwhile."""
+        before = getattr(self._local, "serve", None)
+        self._local.serve = serve
+        try:
+            yield serve
+        finally:
+            self._local.serve = before
 
     def read(self, dtype, count, offset):
+        serve = getattr(self._local, "serve", None)
+        if serve is not None:
+            return serve.read(dtype, count, offset)
+        return self.read_file(dtype, count, offset)
+
+    def read_file(self, dtype, count, offset):
+        """read() from the file itself (no batch's override)."""
         src = self.reader.source
         dt = np.dtype(dtype)
         count, offset = int(count), int(offset)
@@ -93,24 +120,19 @@ class NvioGPTDataset(GPTDataset):
     def __getitems__(self, indices):
         """The samples at indices, their token ranges read in ONE vectored
         submission: megatron's own __getitem__ then builds each sample, its
-        reads served from the batch's buffer."""
-        low = self.dataset
-        if not hasattr(self, "_query_document_sample_shuffle_indices"):
+        reads served from the batch's buffer (through this thread's
+        override of the reader: see NvioBinReader.batch)."""
+        reader = getattr(self.dataset, "bin_reader", None)
+        if (not hasattr(self, "_query_document_sample_shuffle_indices")
+                or not isinstance(reader, NvioBinReader)):
             return [self[i] for i in indices]       # another megatron: sample by sample
-        ranges = _Recorder(low.bin_reader)
-        low.bin_reader = ranges
-        try:
+        ranges = _Recorder(reader)
+        with reader.batch(ranges):
             for i in indices:
                 if i is not None:
                     self._query_document_sample_shuffle_indices(int(i))
-        finally:
-            low.bin_reader = ranges.inner
-        served = ranges.fetch()
-        low.bin_reader = served
-        try:
+        with reader.batch(ranges.fetch()):
             return [self[i] for i in indices]
-        finally:
-            low.bin_reader = ranges.inner
 
 
 class _Recorder(_mid._BinReader):
@@ -158,7 +180,7 @@ class _Served(_mid._BinReader):
         dt = np.dtype(dtype)
         hit = self.got.get((int(offset), int(count) * dt.itemsize))
         if hit is None:
-            return self.inner.read(dtype, count, offset)
+            return self.inner.read_file(dtype, count, offset)
         s, mv = hit
         return np.frombuffer(mv, dtype=dt, count=int(count), offset=s)
 
