@@ -72,6 +72,28 @@ def test_token_windows_equal_the_file(kind, engine, direct, tmp_path):
     assert s.read_batch([3])[0].numpy().tobytes() == toks[192:256].tobytes()
 
 
+def test_non_integer_indices_are_refused(tmp_path):
+    """3.0 was read as window 3 (int(3.0) == 3.0); NumPy refuses a float
+    index, so nvio.data does: SampleTypeError, a TypeError and an
+    IndexError, naming the file; bools too (NumPy takes them for masks)."""
+    import torch
+    p = str(tmp_path / "t.bin")
+    toks = tokens_file(p, 1000)
+    ds = nd.TokenWindows(p, 15)
+    for bad in (3.0, np.float64(3), np.float32(2), True, np.True_, "3", None, 2.5,
+                torch.tensor(3.0)):
+        for read in (lambda: ds[bad], lambda: ds.read_batch([1, bad]),
+                     lambda: ds.__getitems__([bad])):
+            with pytest.raises(nd.SampleTypeError, match=r"t.bin: sample index .* is no "
+                                                         r"integer") as e:
+                read()
+            assert isinstance(e.value, TypeError) and isinstance(e.value, IndexError)
+            assert e.value.path == p
+    for good in (3, np.int64(3), np.uint8(3), torch.tensor(3), np.array(3)):
+        assert ds[good].numpy().tobytes() == toks[3:19].tobytes()
+        assert ds.read_batch([good])[0].numpy().tobytes() == toks[3:19].tobytes()
+
+
 def test_batch_is_one_submission_into_one_locked_buffer(tmp_path, monkeypatch):
     p = str(tmp_path / "t.bin")
     tokens_file(p, 100_000)

@@ -20,10 +20,11 @@ megatron.
 """
 from ._datasets import IndexedDataset, TokenWindows, token_layout
 from ._errors import (DataError, DataFormatError, DataReadError, DataTruncatedError,
-                      SampleIndexError)
+                      SampleIndexError, SampleTypeError)
 from ._loader import BatchLoader, collate
 from ._read import choose_direct, plan_lanes
 
 __all__ = ["IndexedDataset", "TokenWindows", "BatchLoader", "collate", "DataError",
            "DataFormatError", "DataTruncatedError", "DataReadError", "SampleIndexError",
+           "SampleTypeError",
            "choose_direct", "plan_lanes", "token_layout"]

@@ -11,12 +11,13 @@ DistributedSampler, a BatchLoader) and read:
   when the dataset has it (pass ``collate_fn=nvio.data.collate`` to keep the
   views: the default collate copies them into a new tensor).
 """
+import operator
 import os
 
 import numpy as np
 
 from . import _buffers, _index
-from ._errors import DataFormatError, DataTruncatedError, SampleIndexError
+from ._errors import DataFormatError, DataTruncatedError, SampleIndexError, SampleTypeError
 from ._read import BLOCK_SIZE, QUEUE_DEPTH, PendingBatch, Source, choose_direct, read_error
 
 _OPTS = ("engine", "direct", "queue_depth", "block_size", "gds")
@@ -40,13 +41,23 @@ class _Reader:
         raise SampleIndexError("%s: sample %r out of range: the dataset has %d samples"
                                % (self.source.path, idx, len(self)), self.source.path, sample=idx)
 
+    def _integer(self, v, what):
+        """v as an int where it is one (int, NumPy or torch integer), else
+        SampleTypeError: 3.0 is refused, not read as sample 3, and so is a
+        bool (NumPy takes it for a mask, megatron reads garbage)."""
+        if not isinstance(v, (bool, np.bool_)):
+            try:
+                return operator.index(v)
+            except TypeError:
+                pass
+        raise SampleTypeError("%s: %s %r (%s) is no integer" % (self.source.path, what, v,
+                                                                 type(v).__name__),
+                              self.source.path)
+
     def _position(self, idx):
         n = len(self)
-        try:
-            i = int(idx)
-        except (TypeError, ValueError):
-            raise TypeError("nvio.data: a sample index is an integer, not %r" % (idx,)) from None
-        if i != idx or not -n <= i < n:
+        i = self._integer(idx, "sample index")
+        if not -n <= i < n:
             self._fail_index(idx)
         return i + n if i < 0 else i
 
@@ -168,7 +179,8 @@ class IndexedDataset(_Reader):
         """Tokens [offset, offset + length) of sequence idx (to its end by
         default); with multimodal, (array, mode)."""
         i = self._position(idx)
-        off, n = self._range(i, int(offset), None if length is None else int(length))
+        off, n = self._range(i, self._integer(offset, "token offset"),
+                             None if length is None else self._integer(length, "token length"))
         arr = self._read_into(np.empty(n, self.index.dtype), off, i)
         return (arr, self.index.sequence_modes[i]) if self.multimodal else arr
 

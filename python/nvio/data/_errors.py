@@ -29,6 +29,14 @@ class SampleIndexError(DataError, IndexError):
     iteration by __getitem__ stops as Python expects)."""
 
 
+class SampleTypeError(DataError, TypeError, IndexError):
+    """A sample index (or a token offset or length) that is no integer: a
+    float such as 3.0, a bool, a string. A TypeError, as megatron's
+    IndexedDataset.__getitem__ raises, and an IndexError, as NumPy's indexing
+    (and so megatron's ``get``) raises; never read as the integer it
+    equals."""
+
+
 class DataReadError(DataError, OSError):
     """A read failed; ``errno`` and ``__cause__`` are the nvio.NvioError's."""
 
