@@ -46,13 +46,15 @@ def open_regular(path, mode, error):
         raise
 
 
-def read_small(path, limit, error):
+def read_small(path, limit, error, limit_name=None):
     """The bytes of a regular file of at most limit bytes (an index, a
-    manifest): error(message) for anything else, naming path and sizes."""
+    manifest): error(message) for anything else, naming path and sizes
+    (and limit_name, the setting that holds limit, where given)."""
     with open_regular(path, "rb", error) as f:
         size = os.fstat(f.fileno()).st_size
         if size > limit:
-            raise error("%s has %d bytes; it may have %d at most" % (path, size, limit))
+            raise error("%s has %d bytes; it may have %d at most%s" % (
+                path, size, limit, " (%s)" % limit_name if limit_name else ""))
         raw = f.read(limit + 1)
     if len(raw) > limit:
         raise error("%s grew past %d bytes while it was read" % (path, limit))

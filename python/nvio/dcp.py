@@ -83,7 +83,7 @@ from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from . import _atomic, _device, _nvio
+from . import _atomic, _device, _nvio, _regular
 from .checkpoint import _zip
 from .checkpoint._plan import DEFAULT_ALIGN, CheckpointError, Plan, _executor, crc_submit
 from .checkpoint._save import _crc_device, atomic_flags, reserve_space, write_device
@@ -846,40 +846,6 @@ _PUTS = frozenset(("PUT", "BINPUT", "LONG_BINPUT"))
 _GETS = frozenset(("GET", "BINGET", "LONG_BINGET"))
 
 
-def _kind(mode):
-    """What a file that is not a regular file is, for an error message."""
-    for test, what in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"),
-                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
-                       (stat.S_ISSOCK, "socket"), (stat.S_ISLNK, "symbolic link")):
-        if test(mode):
-            return what
-    return "file of type %o" % stat.S_IFMT(mode)
-
-
-def _read_regular(path, limit, err):
-    """The bytes of the regular file at path, at most ``limit`` of them.
-    Opened without blocking (a FIFO's open would wait for a writer) and
-    checked by its descriptor before any byte is read."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise err("%s is a %s, not a regular file" % (path, _kind(st.st_mode)))
-        if st.st_size > limit:
-            raise err("%s holds %d bytes, more than METADATA_MAX_BYTES (%d): refused"
-                      % (path, st.st_size, limit))
-        parts, n = [], 0
-        while n < st.st_size:
-            b = os.read(fd, st.st_size - n)
-            if not b:
-                break
-            parts.append(b)
-            n += len(b)
-        return b"".join(parts)
-    finally:
-        os.close(fd)
-
-
 #: Opcodes that act on an object below their arguments, and how deep it lies:
 #: it must be a value the pickle built, never a global (a class or function
 #: of the allowlist): BUILD with slot state on a class runs setattr on it,
@@ -1103,7 +1069,8 @@ class FileSystemReader(_fs.FileSystemReader):
         path = os.fspath(self._get_metadata_path(kwargs.get("rank")))
         name = os.path.basename(path)
         try:
-            data = _read_regular(path, METADATA_MAX_BYTES, self._err)
+            data = _regular.read_small(path, METADATA_MAX_BYTES, self._err,
+                                       limit_name="METADATA_MAX_BYTES")
         except FileNotFoundError:
             raise self._err("no %s file: not a DCP checkpoint directory, or its save "
                             "never completed" % name) from None
@@ -1157,8 +1124,8 @@ class FileSystemReader(_fs.FileSystemReader):
         except OSError as e:
             raise self._err("data file %s: %s" % (path, e)) from None
         if not stat.S_ISREG(st.st_mode):
-            raise self._err("data file %s is a %s, not a regular file"
-                            % (path, _kind(st.st_mode)))
+            raise self._err("data file %s is %s, not a regular file"
+                            % (path, _regular.kind(st.st_mode)))
         return path
 
     def read_data(self, plan, planner):
@@ -1505,12 +1472,63 @@ def _disjoint(vec):
 # --- dcp.save / async_save / load with nvio's storage ---------------------------
 
 
-def _named(writer, e):
-    """The error to raise for e, the one dcp.save raised: when a rank died,
-    DCP's next collective fails with the transport's error ("connection
-    closed"), and the error that names the rank is the writer's."""
-    f = getattr(writer, "failure", None)
-    return f if f is not None and f is not e else e
+def _gloo_group(group):
+    """group (None: the default one) where a dead rank can be named from
+    its store: initialized, gloo, two ranks or more; else None."""
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    g = group if group is not None else dist.group.WORLD
+    try:
+        if dist.get_world_size(g) < 2 or dist.get_backend(g) != "gloo":
+            return None
+    except (RuntimeError, ValueError):
+        return None
+    return g
+
+
+def _watch(group, timeout):
+    """The group helper of nvio.checkpoint._dist for ``group``, which makes
+    this process beat its heartbeat in the group's store from here on (a
+    death inside DCP's collectives can then be told); None where there is
+    no such group."""
+    g = _gloo_group(group)
+    if g is None:
+        return None
+    from .checkpoint._dist import _Group
+    if timeout is not None and not isinstance(timeout, datetime.timedelta):
+        timeout = datetime.timedelta(seconds=timeout)
+    try:
+        return _Group(g, None, timeout)
+    except Exception:   # noqa: BLE001 - naming the dead is best effort; DCP runs anyway
+        return None
+
+
+def _named(store, e, path, what, watch=None):
+    """The error to raise for e, the one dcp.save/load raised. When a rank
+    died, DCP's next collective fails with the transport's error
+    ("connection closed") on the others: the error that names the rank is
+    the writer's (``store.failure``, set by its barrier) or, where the rank
+    died inside DCP's own collectives (gathering or scattering plans,
+    metadata, results), the group's store's, asked here: a CheckpointError
+    saying "Rank N died ..." on every surviving rank."""
+    f = getattr(store, "failure", None)
+    if f is not None and f is not e:
+        return f
+    if watch is None or isinstance(e, CheckpointError) and "died" in str(e):
+        return e
+    from .checkpoint._dist import GroupFailure
+    try:
+        c = watch.cause(what, e)
+    except Exception:   # noqa: BLE001 - best effort: the original error stands
+        return e
+    if not isinstance(c, GroupFailure) or not c.dead:
+        return e
+    return CheckpointError("nvio.dcp: %s: %s failed on rank %d: %s; %s"
+                           % (path, what, watch.rank, c,
+                              "the directory keeps the previous checkpoint (if any) unless "
+                              "rank 0 had written the new .metadata" if what.startswith("dcp.save")
+                              else "the state_dict may be partly loaded"),
+                           str(path))
 
 
 def _group_of(process_group, kwargs):
@@ -1527,18 +1545,24 @@ def save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
     """``dcp.save`` with nvio's :class:`FileSystemWriter` (on
     ``checkpoint_id``, with ``process_group``) unless ``storage_writer`` is
     given. The one difference from calling ``dcp.save`` yourself: when a rank
-    dies during the save, the exception raised here is the writer's
-    :class:`~nvio.checkpoint.CheckpointError` naming that rank (chained to
-    the transport's error that ``dcp.save`` raises)."""
+    dies during the save, whatever the moment (in the writes, or inside
+    DCP's own collectives), the exception raised here on every surviving
+    rank is a :class:`~nvio.checkpoint.CheckpointError` naming that rank
+    ("Rank N died ..."), from the heartbeats every rank beats in the
+    group's store (gloo groups; chained to the transport's error that
+    ``dcp.save`` raises)."""
+    group = _group_of(process_group, kwargs)
     w = storage_writer if storage_writer is not None else \
-        FileSystemWriter(checkpoint_id, process_group=_group_of(process_group, kwargs))
+        FileSystemWriter(checkpoint_id, process_group=group)
     if isinstance(w, FileSystemWriter):
         w.failure = None        # not a previous save's
+    watch = _watch(group, getattr(w, "timeout", None))
+    where = getattr(w, "path", checkpoint_id)
     try:
         return _dcp.save(state_dict, checkpoint_id=checkpoint_id, storage_writer=w,
                          planner=planner, process_group=process_group, **kwargs)
     except Exception as e:
-        n = _named(w, e)
+        n = _named(w, e, where, "dcp.save", watch)
         if n is e:
             raise
         raise n from e
@@ -1548,15 +1572,18 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=N
                process_group=None, **kwargs):
     """``dcp.async_save`` with nvio's writer, as :func:`save`: the returned
     future's exception names a rank that died (when DCP returns a future)."""
+    group = _group_of(process_group, kwargs)
     w = storage_writer if storage_writer is not None else \
-        FileSystemWriter(checkpoint_id, process_group=_group_of(process_group, kwargs))
+        FileSystemWriter(checkpoint_id, process_group=group)
     if isinstance(w, FileSystemWriter):
         w.failure = None        # not a previous save's
+    watch = _watch(group, getattr(w, "timeout", None))
+    where = getattr(w, "path", checkpoint_id)
     try:
         fut = _dcp.async_save(state_dict, checkpoint_id=checkpoint_id, storage_writer=w,
                               planner=planner, process_group=process_group, **kwargs)
     except Exception as e:
-        n = _named(w, e)
+        n = _named(w, e, where, "dcp.save (async)", watch)
         if n is e:
             raise
         raise n from e
@@ -1569,7 +1596,7 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=N
         if e is None:
             out.set_result(f.result())
         else:
-            n = _named(w, e)
+            n = _named(w, e, where, "dcp.save (async)", watch)
             if n is not e:
                 n.__cause__ = e
             out.set_exception(n)
@@ -1580,7 +1607,15 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=N
 def load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None,
          process_group=None, **kwargs):
     """``dcp.load`` with nvio's :class:`FileSystemReader` on ``checkpoint_id``
-    unless ``storage_reader`` is given."""
+    unless ``storage_reader`` is given. As :func:`save`, a rank that dies
+    during the load is named on every surviving rank (gloo groups)."""
     r = storage_reader if storage_reader is not None else FileSystemReader(checkpoint_id)
-    return _dcp.load(state_dict, checkpoint_id=checkpoint_id, storage_reader=r,
-                     planner=planner, process_group=process_group, **kwargs)
+    watch = _watch(_group_of(process_group, kwargs), None)
+    try:
+        return _dcp.load(state_dict, checkpoint_id=checkpoint_id, storage_reader=r,
+                         planner=planner, process_group=process_group, **kwargs)
+    except Exception as e:
+        n = _named(r, e, getattr(r, "path", checkpoint_id), "dcp.load", watch)
+        if n is e:
+            raise
+        raise n from e
