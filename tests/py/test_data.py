@@ -72,6 +72,52 @@ def test_token_windows_equal_the_file(kind, engine, direct, tmp_path):
     assert s.read_batch([3])[0].numpy().tobytes() == toks[192:256].tobytes()
 
 
+def test_pool_keeps_a_dropped_buffer_until_the_cuda_stream_passes(monkeypatch):
+    """A batch copied with .to("cuda", non_blocking=True) and dropped: its
+    buffer is not reused until an event recorded on the current stream once
+    it was found dropped has passed. torch here has no CUDA (nor has the
+    simulator a torch), so torch.cuda is faked: is_initialized, Event."""
+    import torch
+    from nvio.data._loader import _Pool
+    events = []
+
+    class Event:
+        def __init__(self):
+            self.done = False
+            self.recorded = False
+            events.append(self)
+
+        def record(self):
+            self.recorded = True
+
+        def query(self):
+            return self.done
+
+    pool = _Pool()
+    b = pool.take(4096)
+    first = id(b)
+    del b
+    held = pool.take(4096)                       # no CUDA in use: reused at once
+    assert id(held) == first
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    assert not events
+    del held                                     # the caller copies it non_blocking, drops it
+    other = pool.take(4096)
+    assert id(other) != first                    # the copy may still run: not reused
+    assert len(events) == 1 and events[0].recorded
+    assert id(pool.take(4096)) != first and len(events) == 1    # same event, still pending
+    events[0].done = True
+    again = pool.take(4096)
+    assert id(again) == first and first not in pool.fences
+    # trimming never frees a buffer whose copy may still run
+    del again
+    bufs = [pool.take(4096) for _ in range(20)]
+    assert any(id(x) == first for x in pool.free)
+    del bufs
+
+
 def test_non_integer_indices_are_refused(tmp_path):
     """3.0 was read as window 3 (int(3.0) == 3.0); NumPy refuses a float
     index, so nvio.data does: SampleTypeError, a TypeError and an

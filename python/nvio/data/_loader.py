@@ -17,22 +17,47 @@ def collate(batch):
 
 class _Pool:
     """Host buffers for a loader's batches, reused once nothing outside the
-    pool refers to them (a batch the caller still holds keeps its buffer)."""
+    pool refers to them (a batch the caller still holds keeps its buffer)
+    and, where torch.cuda is in use, once the current CUDA stream has passed
+    an event recorded when the pool first found the buffer unreferenced: a
+    ``.to("cuda", non_blocking=True)`` copy of a batch the caller enqueued
+    and then dropped may still be reading the buffer. (A copy on another
+    stream is not covered: synchronise it, or keep the batch until it is
+    done.)"""
 
     def __init__(self):
         self.free = []
+        self.fences = {}        # id(buffer) -> CUDA event recorded once it was dropped
+
+    def _settled(self, b):
+        """Whether no CUDA copy of b's last batch can still be running."""
+        torch = sys.modules.get("torch")
+        cuda = getattr(torch, "cuda", None)
+        if cuda is None or not cuda.is_available() or not cuda.is_initialized():
+            return True         # no CUDA in this process: nothing copies from b
+        ev = self.fences.get(id(b))
+        if ev is None:
+            ev = self.fences[id(b)] = cuda.Event()
+            ev.record()         # after every copy enqueued on the current stream so far
+        return ev.query()
 
     def take(self, nbytes):
         for b in self.free:
             # references: the list, b, getrefcount's argument
-            if len(b) >= max(nbytes, 1) and sys.getrefcount(b) <= 3:
+            if len(b) >= max(nbytes, 1) and sys.getrefcount(b) <= 3 and self._settled(b):
+                self.fences.pop(id(b), None)
                 return b
         if _buffers.in_worker():
             return _buffers.host(nbytes)
         b = _buffers.host(nbytes)
         self.free.append(b)
         if len(self.free) > 16:
-            self.free = [x for x in self.free if sys.getrefcount(x) > 3 or x is b]
+            keep = [x for x in self.free
+                    if sys.getrefcount(x) > 3 or x is b or not self._settled(x)]
+            for x in self.free:
+                if not any(x is k for k in keep):
+                    self.fences.pop(id(x), None)
+            self.free = keep
         return b
 
 
@@ -48,7 +73,11 @@ class BatchLoader:
     (device memory with ``device="cuda"``); what a batch is depends on the
     dataset (TokenWindows: a tensor [batch, seq_len + 1]; IndexedDataset:
     a list of tensors). A batch stays valid while the caller holds it: its
-    buffer is reused only once nothing refers to it.
+    buffer is reused only once nothing refers to it and, where torch.cuda is
+    in use, once the current CUDA stream has passed the point where the
+    batch was dropped, so ``batch.to("cuda", non_blocking=True)`` on the
+    current stream may drop the batch at once; a copy on another stream
+    must be synchronised (or the batch kept) until it is done.
     """
 
     def __init__(self, dataset, batch_size=1, shuffle=False, sampler=None, batch_sampler=None,
