@@ -75,6 +75,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as _dcp
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint import filesystem as _fs
+from torch.distributed.checkpoint.api import CheckpointException as _DCPException
 from torch.distributed.checkpoint._extension import StreamTransformExtension as _StreamTransform
 from torch.distributed.checkpoint.filesystem import SerializationFormat
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
@@ -1516,6 +1517,8 @@ def _named(store, e, path, what, watch=None):
         return f
     if watch is None or isinstance(e, CheckpointError) and "died" in str(e):
         return e
+    if isinstance(e, _DCPException):
+        return e    # every rank's own error, gathered: each rank came, none died
     from .checkpoint._dist import GroupFailure
     try:
         c = watch.cause(what, e)
