@@ -58,8 +58,10 @@ from ._plan import DEFAULT_ALIGN, CheckpointError, Plan, crc32_combine, crc_subm
 
 __all__ = ["save_group", "load_group", "split_shares", "GroupFailure"]
 
-#: how often a process beats its heartbeat in the store (seconds)
-BEAT_S = 0.2
+#: how often a process beats its heartbeat in the store (seconds): one small
+#: request to rank 0's store per rank per second for the life of the process
+#: (1,000 ranks: 1,000 a second), five beats inside STALE_S
+BEAT_S = 1.0
 #: a heartbeat that has not moved for this long: its process is dead (seconds;
 #: at most half the group's timeout)
 STALE_S = 5.0
