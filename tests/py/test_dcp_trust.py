@@ -31,7 +31,7 @@ import nvio  # noqa: E402
 import nvio.dcp as nd  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PYTHON = os.path.join(HERE, "..", "..", "python")
+PYTHON = os.path.dirname(nvio.__path__[0])     # the nvio this test imported
 
 
 def cause(e):

@@ -19,7 +19,8 @@ import nvio.compat  # noqa: E402
 from nvio_testutil import free_port  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PYTHON = os.path.join(HERE, "..", "..", "python")
+# the nvio this test imported (installed, or the source tree's in-place build)
+PYTHON = os.path.dirname(nvio.__path__[0])
 SWAPPERS = ("deepspeed.runtime.swap_tensor.partitioned_param_swapper",
             "deepspeed.runtime.swap_tensor.partitioned_optimizer_swapper",
             "deepspeed.runtime.swap_tensor.pipelined_optimizer_swapper",
