@@ -142,6 +142,30 @@ def is_active():
     return _active is not None
 
 
+def _python_script(name):
+    """(path, source) of the Python script ``name``: first in this
+    interpreter's scripts folders (a venv's, then its base's), then on PATH,
+    passing over what is not a Python script (pyenv's shell shims)."""
+    import shutil
+    import sysconfig
+    dirs = [sysconfig.get_path("scripts"), os.path.dirname(sys.executable),
+            os.path.join(sys.base_prefix, "bin")]
+    dirs += os.environ.get("PATH", "").split(os.pathsep)
+    seen = set()
+    for d in dirs:
+        if not d or d in seen:
+            continue
+        seen.add(d)
+        path = shutil.which(name, path=d)
+        if path is None:
+            continue
+        with open(path, "rb") as f:
+            source = f.read()
+        if source.startswith(b"#!") and b"python" in source.split(b"\n", 1)[0]:
+            return path, source
+    return None, None
+
+
 def _command(name):
     """A console script's function (an entry point), or a Python script on
     PATH (DeepSpeed's ds_io, ds_report... are such scripts) as a function."""
@@ -149,13 +173,8 @@ def _command(name):
     for ep in entry_points(group="console_scripts"):
         if ep.name == name:
             return ep.load()
-    import shutil
-    path = shutil.which(name)
+    path, source = _python_script(name)
     if path is None:
-        return None
-    with open(path, "rb") as f:
-        source = f.read()
-    if not source.startswith(b"#!") or b"python" not in source.split(b"\n", 1)[0]:
         return None
     code = compile(source, path, "exec")
 
