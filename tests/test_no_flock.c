@@ -34,15 +34,7 @@ static int h_flock(int fd, int op)
 /* Entries of dir other than . and .. */
 static int entries(void)
 {
-	DIR *d = opendir(dir);
-	struct dirent *e;
-	int n = 0;
-
-	while (d && (e = readdir(d)))
-		n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-	if (d)
-		closedir(d);
-	return n;
+	return t_dir_count(dir);
 }
 
 static int save(nvio_handle_t *h, uint64_t seed)

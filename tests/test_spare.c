@@ -38,15 +38,7 @@ static int fail_calls;
 /* Entries of dir other than . and .. */
 static int entries(void)
 {
-	DIR *d = opendir(dir);
-	struct dirent *e;
-	int n = 0;
-
-	while (d && (e = readdir(d)))
-		n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-	if (d)
-		closedir(d);
-	return n;
+	return t_dir_count(dir);
 }
 
 static ino_t ino_of(const char *path)

@@ -65,15 +65,7 @@ static void restore_sysctl(void)
 /* Entries of victim_dir other than . and .. */
 static int entries(void)
 {
-	DIR *d = opendir(victim_dir);
-	struct dirent *e;
-	int n = 0;
-
-	while (d && (e = readdir(d)))
-		n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-	if (d)
-		closedir(d);
-	return n;
+	return t_dir_count(victim_dir);
 }
 
 static ino_t ino_of(const char *path)
