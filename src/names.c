@@ -105,7 +105,7 @@ int nvio_direct_from_name(const char *name)
 	return -EINVAL;
 }
 
-/* 0.2 layout of nvio_error_t; the 0.1 one is in compat.c. */
+/* 0.2 layout of nvio_error_t; the 0.1 one is in abi_old.c. */
 #ifdef NVIO_SYMVER
 __asm__(".symver nvio_format_error, nvio_format_error@@@NVIO_0.2");
 #endif

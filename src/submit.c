@@ -760,7 +760,7 @@ int nvio_queue_submit(nvio_queue_t *q, const nvio_op_t *ops, unsigned n)
 	return nvio__queue_submit(q, ops, n);
 }
 
-/* 0.3 layout of nvio_op_t (reserved[]); 0.2's is in compat.c. */
+/* 0.3 layout of nvio_op_t (reserved[]); 0.2's is in abi_old.c. */
 #ifdef NVIO_SYMVER
 __asm__(".symver nvio_submit, nvio_submit@@@NVIO_0.3");
 #endif

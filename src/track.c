@@ -371,7 +371,7 @@ int nvio_wait_idle(nvio_handle_t *h, int64_t timeout_ns)
 	return r;
 }
 
-/* 0.3 layout of nvio_completion_t; 0.2's is in compat.c. */
+/* 0.3 layout of nvio_completion_t; 0.2's is in abi_old.c. */
 #ifdef NVIO_SYMVER
 __asm__(".symver nvio_reap, nvio_reap@@@NVIO_0.3");
 __asm__(".symver nvio_completion_error, nvio_completion_error@@@NVIO_0.3");
@@ -603,7 +603,7 @@ int nvio__error_publish(struct nvio_handle *h, const nvio_error_t *e)
 	return e->err;
 }
 
-/* 0.2 layout of nvio_error_t; the 0.1 one is in compat.c. */
+/* 0.2 layout of nvio_error_t; the 0.1 one is in abi_old.c. */
 #ifdef NVIO_SYMVER
 __asm__(".symver nvio_last_error, nvio_last_error@@@NVIO_0.2");
 #endif

@@ -1,5 +1,5 @@
 /*
- * compat.c - the old ABIs of calls whose structs changed: 0.1's
+ * abi_old.c - the old ABIs of calls whose structs changed: 0.1's
  * nvio_error_t (changed in 0.2), 0.2's nvio_op_t and nvio_completion_t
  * (changed in 0.3).
  *
