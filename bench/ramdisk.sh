@@ -1,13 +1,16 @@
 #!/bin/sh
-# bench/ramdisk.sh up [SIZE] | down | status
+# bench/ramdisk.sh up [SIZE [FS]] | down | status
 #
 # A RAM-backed block device with a real file system on it, standing in for a
 # fast NVMe RAID (see ../shared/BENCHMARKING.md rule 4): a tmpfs, one image
-# file on it, a loop device over the file, ext4 on the loop device, mounted.
+# file on it, a loop device over the file, ext4 (or FS: ext4, xfs; also
+# $NVIO_RAMDISK_FS) on the loop device, mounted.
 # O_DIRECT works there (the loop device takes it; tmpfs alone would not).
 #
 #   sudo bench/ramdisk.sh up 10G     # mounts at $NVIO_RAMDISK (/mnt/nvio-ram)
 #   sudo bench/ramdisk.sh down       # unmounts, detaches, frees the memory
+#   sudo NVIO_RAMDISK=/mnt/r-xfs NVIO_RAMDISK_BACKING=/mnt/r-xfs-b bench/ramdisk.sh up 8G xfs
+#                                    # a second one beside it (its own names)
 #
 # The tmpfs only uses memory for what is written into it, so SIZE is a
 # ceiling, not an allocation; keep it (plus the buffers the benchmark
@@ -26,6 +29,11 @@ loopdev() { losetup -j "$IMG" 2>/dev/null | cut -d: -f1 | head -n 1; }
 
 up() {
 	size=${1:-10G}
+	fs=${2:-${NVIO_RAMDISK_FS:-ext4}}
+	case "$fs" in
+	ext4|xfs) ;;
+	*) die "file system $fs: ext4 or xfs" ;;
+	esac
 	[ "$(id -u)" = 0 ] || die "must run as root"
 	if mountpoint -q "$MNT"; then
 		echo "$MNT already mounted"
@@ -41,11 +49,16 @@ up() {
 	[ -e "$IMG" ] || truncate -s "${img_mb}M" "$IMG"
 	dev=$(loopdev)
 	[ -n "$dev" ] || dev=$(losetup --find --show "$IMG")
-	# lazy_itable_init=0: no background zeroing thread to disturb the runs.
-	mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$dev"
-	mount -t ext4 "$dev" "$MNT"
+	if [ "$fs" = xfs ]; then
+		command -v mkfs.xfs >/dev/null || die "mkfs.xfs missing (apt-get install -y xfsprogs)"
+		mkfs.xfs -q -f "$dev"
+	else
+		# lazy_itable_init=0: no background zeroing thread to disturb the runs.
+		mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$dev"
+	fi
+	mount -t "$fs" "$dev" "$MNT"
 	chmod 1777 "$MNT"
-	echo "$MNT: ext4 on $dev (loop over $IMG on tmpfs $size)"
+	echo "$MNT: $fs on $dev (loop over $IMG on tmpfs $size)"
 }
 
 down() {
