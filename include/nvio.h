@@ -463,8 +463,8 @@ NVIO_API int nvio_config_save_tuned(const nvio_config_t *cfg, const char *dir,
  *                      file system without RENAME_EXCHANGE.
  *                      Abandoning keeps the spare (its content is then
  *                      garbage; only its blocks matter).
- * Unknown flags, no READ/WRITE/ATOMIC, TRUNC/EXCL with ATOMIC, NOSYNC
- * or SPARE without ATOMIC, or EXCL without CREATE are -EINVAL (CREATE with ATOMIC is allowed: implied). Returns the file, or NULL with *err set (the open's errno, or
+ * Unknown flags, no READ/WRITE/ATOMIC, TRUNC/EXCL with ATOMIC, NOSYNC,
+ * SPARE or SHARED without ATOMIC, or EXCL without CREATE are -EINVAL (CREATE with ATOMIC is allowed: implied). Returns the file, or NULL with *err set (the open's errno, or
  * -EISDIR for a directory); the failure is also the calling thread's
  * nvio_last_error() for the handle.
  */
@@ -476,6 +476,7 @@ NVIO_API int nvio_config_save_tuned(const nvio_config_t *cfg, const char *dir,
 #define NVIO_FILE_ATOMIC	(1u << 5)
 #define NVIO_FILE_NOSYNC	(1u << 6)
 #define NVIO_FILE_SPARE		(1u << 7)
+#define NVIO_FILE_SHARED	(1u << 8)	/* 0.3: see nvio_file_join(3) */
 
 typedef struct nvio_file nvio_file_t;
 
@@ -548,6 +549,49 @@ NVIO_API const char *nvio_file_path(const nvio_file_t *f);
  * valid until the file is committed or closed.
  */
 NVIO_API const char *nvio_file_temp_path(const nvio_file_t *f);
+
+/*
+ * Files written by several processes (0.3): shares of ONE file that
+ * appears under its name only when its creator commits. The creator
+ * opens path with NVIO_FILE_ATOMIC | NVIO_FILE_SHARED: the temporary is
+ * always a named one (an exclusive hidden temporary beside path, or the
+ * spare with NVIO_FILE_SPARE), never an unnamed O_TMPFILE, which no other
+ * process could open. It publishes nvio_file_temp_path(f) and what
+ * nvio_file_share fills (the temporary's identity) to its writers, which
+ * open it with nvio_file_join and write their ranges (nvio_file_pwrite,
+ * ops, streams). The creator then commits as for any ATOMIC file (fsync
+ * of the data, which is the whole file's whoever wrote it, rename over
+ * path, fsync of the directory) or abandons it by closing it uncommitted
+ * (the temporary is removed; writers still writing write to a nameless
+ * file). Commit does not wait for the writers: the creator commits once
+ * each writer has said it is done (closed its file) and none failed.
+ * Its size is what the creator knows: set it with nvio_file_truncate or
+ * nvio_file_allocate before commit (a spare is cut to it).
+ *
+ * nvio_file_share fills out->struct_size bytes (the caller sets it) of
+ * the identity of f's temporary; -EINVAL unless f is ATOMIC | SHARED and
+ * not committed. nvio_file_join opens temp_path for writing (flags:
+ * NVIO_FILE_WRITE, and NVIO_FILE_READ if wanted) and refuses anything
+ * but that temporary: a name not of an nvio temporary or spare (-EINVAL),
+ * a symbolic link (-ELOOP; never followed), a FIFO, socket, device or
+ * directory (-EINVAL; a FIFO's open never blocks), another user's file
+ * or one with other names (-EPERM), a file other than the creator's,
+ * say one put at the name after the creator abandoned (-ESTALE). It
+ * never creates or truncates. A joined file is a plain file: close never
+ * removes it and nvio_file_commit is -EINVAL. share's struct_size must
+ * cover dev and ino and its reserved fields must be 0 (-EINVAL).
+ */
+typedef struct nvio_share {
+	uint32_t struct_size;	/* sizeof(nvio_share_t) */
+	uint32_t reserved0;	/* 0 */
+	uint64_t dev;		/* the temporary's st_dev */
+	uint64_t ino;		/* its st_ino */
+	uint64_t reserved[5];	/* 0; later versions may fill them */
+} nvio_share_t;
+
+NVIO_API int nvio_file_share(const nvio_file_t *f, nvio_share_t *out);
+NVIO_API nvio_file_t *nvio_file_join(nvio_handle_t *h, const char *temp_path,
+				     const nvio_share_t *share, unsigned flags, int *err);
 
 /*
  * Synchronous (or, with NVIO_ASYNC, nvio_wait-reported) range I/O on an

@@ -35,6 +35,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
+#include <stddef.h>
 #include <linux/fs.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,7 +52,7 @@
 
 #define KNOWN_FILE_FLAGS (NVIO_FILE_READ | NVIO_FILE_WRITE | NVIO_FILE_CREATE | \
 			  NVIO_FILE_EXCL | NVIO_FILE_TRUNC | NVIO_FILE_ATOMIC | \
-			  NVIO_FILE_NOSYNC | NVIO_FILE_SPARE)
+			  NVIO_FILE_NOSYNC | NVIO_FILE_SPARE | NVIO_FILE_SHARED)
 
 /*
  * Whether open(2) would follow the link fd (O_PATH|O_NOFOLLOW) has open,
@@ -67,7 +68,7 @@ static int may_follow(int fd, const char *dir)
 	char v = '0';
 	int sfd;
 
-	if (nvio__sys.fstat(fd, &l) < 0 || stat(dir, &d) < 0)
+	if (nvio__sys.fstat(fd, &l) < 0 || nvio__sys.stat(dir, &d) < 0)
 		return -errno;
 	if (!(d.st_mode & S_ISVTX) || !(d.st_mode & S_IWOTH) ||
 	    l.st_uid == geteuid() || l.st_uid == d.st_uid)
@@ -106,7 +107,7 @@ static int read_link(const char *cur, char *link, ssize_t *n)
 	r = fd < 0 ? 0 : nvio__sys.fstat(fd, &st) < 0 ? -errno :
 	    !S_ISLNK(st.st_mode) ? 0 : may_follow(fd, dir);
 	if (fd >= 0 && r == 0 && S_ISLNK(st.st_mode)) {
-		*n = readlinkat(fd, "", link, PATH_MAX);
+		*n = nvio__sys.readlinkat(fd, "", link, PATH_MAX);
 		r = *n < 0 ? -errno : *n == PATH_MAX ? -ENAMETOOLONG : 1;
 	}
 	if (fd >= 0)
@@ -175,13 +176,13 @@ static int name_of_fd(int fd, char **out)
 	if (!name)
 		return -ENOMEM;
 	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
-	n = readlink(proc, name, PATH_MAX);
+	n = nvio__sys.readlinkat(AT_FDCWD, proc, name, PATH_MAX);
 	if (n <= 0 || n == PATH_MAX || name[0] != '/') {
 		free(name);
 		return n < 0 ? -errno : -ENAMETOOLONG;
 	}
 	name[n] = 0;
-	if (nvio__sys.fstat(fd, &a) < 0 || stat(name, &b) < 0 ||
+	if (nvio__sys.fstat(fd, &a) < 0 || nvio__sys.stat(name, &b) < 0 ||
 	    a.st_ino != b.st_ino || a.st_dev != b.st_dev) {
 		free(name);
 		return -ESTALE;
@@ -206,7 +207,7 @@ static int follow_links(const char *path, char **out)
 	struct stat st;
 	int fd, r = -ESTALE;
 
-	if (lstat(path, &st) < 0 || !S_ISLNK(st.st_mode)) {
+	if (nvio__sys.lstat(path, &st) < 0 || !S_ISLNK(st.st_mode)) {
 		*out = strdup(path);	/* errors are open's to report */
 		return *out ? 0 : -ENOMEM;
 	}
@@ -378,7 +379,7 @@ static int open_temp(struct nvio_file *f, const char **what)
 		*what = "follow symlink (kernel refused: protected_symlinks)";
 	if (r < 0)
 		return r;
-	if (stat(f->target, &st) == 0) {
+	if (nvio__sys.stat(f->target, &st) == 0) {
 		if (S_ISDIR(st.st_mode))
 			return -EISDIR;
 		if (!S_ISREG(st.st_mode)) {
@@ -399,7 +400,9 @@ static int open_temp(struct nvio_file *f, const char **what)
 		free(dir);
 		return fd;
 	}
-	fd = nvio__open(dir, O_TMPFILE | O_RDWR, mode);
+	/* SHARED: other processes open it by name, so it needs one now */
+	fd = f->flags & NVIO_FILE_SHARED ? -EOPNOTSUPP :
+	     nvio__open(dir, O_TMPFILE | O_RDWR, mode);
 	if (fd >= 0) {
 		free(dir);
 		f->tmpfile = 1;
@@ -537,13 +540,13 @@ static int open_plain(struct nvio_file *f, const char *path, const char **what)
 			nanosleep(&ms, NULL);
 		fd = open_path(f, path, f->flags);
 		/* a FIFO opened write-only with no reader: ENXIO */
-		if (fd == -ENXIO && stat(path, &st) == 0 && kind_of(st.st_mode, f->flags, what))
+		if (fd == -ENXIO && nvio__sys.stat(path, &st) == 0 && kind_of(st.st_mode, f->flags, what))
 			return -EINVAL;
 		if (fd < 0)
 			return fd;
 		r = nvio__sys.fstat(fd, &st) < 0 ? -errno : kind_of(st.st_mode, f->flags, what);
 		/* the open set no other status flag (O_APPEND, O_DIRECT...) */
-		if (!r && fcntl(fd, F_SETFL, 0) < 0)
+		if (!r && nvio__sys.fcntl(fd, F_SETFL, 0) < 0)
 			r = -errno;
 		if (!r && S_ISREG(st.st_mode) && !(f->flags & NVIO_FILE_WRITE)) {
 			r = lock_shared(fd, path, &st, i < READ_LOCK_PATIENCE);
@@ -571,7 +574,7 @@ static int open_plain(struct nvio_file *f, const char *path, const char **what)
  */
 static int adopt_fd(struct nvio_file *f, int fd, const char **what)
 {
-	int fl = fcntl(fd, F_GETFL), acc;
+	int fl = nvio__sys.fcntl(fd, F_GETFL, 0), acc;
 
 	*what = "fd";
 	if (fl < 0)
@@ -629,12 +632,74 @@ static int check_flags(unsigned flags, int by_fd)
 		return -EINVAL;
 	if ((flags & NVIO_FILE_ATOMIC) && (flags & (NVIO_FILE_EXCL | NVIO_FILE_TRUNC)))
 		return -EINVAL;	/* CREATE is what ATOMIC does anyway */
-	if ((flags & (NVIO_FILE_NOSYNC | NVIO_FILE_SPARE)) && !(flags & NVIO_FILE_ATOMIC))
+	if ((flags & (NVIO_FILE_NOSYNC | NVIO_FILE_SPARE | NVIO_FILE_SHARED)) &&
+	    !(flags & NVIO_FILE_ATOMIC))
 		return -EINVAL;
 	if ((flags & NVIO_FILE_EXCL) && !(flags & NVIO_FILE_CREATE))
 		return -EINVAL;
 	return 0;
 }
+
+/*
+ * Whether the file name of path is one nvio gives a temporary or a spare
+ * (".<name>.nvio-..."): nvio_file_join opens nothing else.
+ */
+static int temp_like(const char *path)
+{
+	const char *base = base_of(path), *n = strstr(base, ".nvio-");
+
+	return base[0] == '.' && n && n != base && n[6] != 0;
+}
+
+/*
+ * nvio_file_join: the shared temporary at f->path, and only it. Opened
+ * without following a link, creating or truncating, and without blocking
+ * (a FIFO planted at the name); then it must be a regular file of one
+ * name, the caller's, with the identity its creator published.
+ */
+static int open_joined(struct nvio_file *f, const nvio_share_t *sh, const char **what)
+{
+	int fd, r = 0;
+
+	*what = "join (not the name of an nvio temporary)";
+	if (!temp_like(f->path))
+		return -EINVAL;
+	*what = "join (open the shared temporary)";
+	fd = nvio__open(f->path, open_flags(f->flags) | O_NOFOLLOW | O_NONBLOCK, 0);
+	if (fd == -ELOOP)
+		*what = "join (a symbolic link at the temporary's name: not followed)";
+	if (fd == -ENXIO) {		/* a FIFO without reader, a socket */
+		*what = "join (not a regular file)";
+		return -EINVAL;
+	}
+	if (fd < 0)
+		return fd;
+	if (nvio__sys.fstat(fd, &f->st) < 0) {
+		*what = "join (stat)";
+		r = -errno;
+	} else if (!S_ISREG(f->st.st_mode)) {
+		*what = "join (not a regular file)";
+		r = -EINVAL;
+	} else if (f->st.st_uid != geteuid() || f->st.st_nlink != 1) {
+		*what = f->st.st_nlink != 1 ? "join (a file with other names)" :
+			"join (another user's file)";
+		r = -EPERM;
+	} else if ((uint64_t)f->st.st_dev != sh->dev || (uint64_t)f->st.st_ino != sh->ino) {
+		*what = "join (not the creator's temporary: replaced or abandoned)";
+		r = -ESTALE;
+	} else if (nvio__sys.fcntl(fd, F_SETFL, 0) < 0) {
+		*what = "join (fcntl)";
+		r = -errno;
+	}
+	if (r) {
+		nvio__sys.close(fd);
+		return r;
+	}
+	return fd;
+}
+
+static int file_make(struct nvio_handle *h, const char *path, int fd, unsigned flags,
+		     const nvio_share_t *share, struct nvio_file **out, const char **what);
 
 /*
  * Opens a file object: by path (fd < 0) or over the caller's fd. On
@@ -643,6 +708,13 @@ static int check_flags(unsigned flags, int by_fd)
  */
 int nvio__file_make(struct nvio_handle *h, const char *path, int fd,
 		    unsigned flags, struct nvio_file **out, const char **what)
+{
+	return file_make(h, path, fd, flags, NULL, out, what);
+}
+
+/* nvio__file_make, or with share (and path) nvio_file_join's open. */
+static int file_make(struct nvio_handle *h, const char *path, int fd, unsigned flags,
+		     const nvio_share_t *share, struct nvio_file **out, const char **what)
 {
 	struct nvio_file *f;
 	uint64_t size = 0;
@@ -677,7 +749,8 @@ int nvio__file_make(struct nvio_handle *h, const char *path, int fd,
 	if (!r && !path) {
 		r = adopt_fd(f, fd, what);
 	} else if (!r) {
-		r = flags & NVIO_FILE_ATOMIC ? open_temp(f, what) :
+		r = share ? open_joined(f, share, what) :
+		    flags & NVIO_FILE_ATOMIC ? open_temp(f, what) :
 		    open_plain(f, path, what);
 		f->fd = r;
 		f->own_fd = r >= 0;
@@ -751,7 +824,7 @@ static void remove_created(struct nvio_file *f)
 	struct stat st;
 
 	if (f->private && f->created && atomic_load(&f->failed) && f->by_path &&
-	    stat(f->path, &st) == 0 && st.st_dev == f->st.st_dev &&
+	    nvio__sys.stat(f->path, &st) == 0 && st.st_dev == f->st.st_dev &&
 	    st.st_ino == f->st.st_ino)
 		nvio__sys.unlink(f->path);
 }
@@ -803,11 +876,11 @@ int nvio__file_dfd(struct nvio_file *f)
 		return state;
 	pthread_mutex_lock(&f->lock);
 	if (atomic_load(&f->dfd_state) == 0) {
-		fl = f->caller_fd >= 0 ? fcntl(f->caller_fd, F_GETFL) : 0;
+		fl = f->caller_fd >= 0 ? nvio__sys.fcntl(f->caller_fd, F_GETFL, 0) : 0;
 		if (fl > 0 && (fl & O_DIRECT) && !(fl & O_APPEND)) {
 			f->dfd = f->caller_fd;
 		} else {
-			acc = fcntl(f->fd, F_GETFL) & O_ACCMODE;
+			acc = nvio__sys.fcntl(f->fd, F_GETFL, 0) & O_ACCMODE;
 			name = f->tmpfile ? NULL : f->tmp_path ? f->tmp_path :
 			       f->by_path ? f->path : NULL;
 			f->dfd = nvio__reopen(f->fd, name, acc | O_DIRECT, &f->st);
@@ -950,7 +1023,7 @@ static int swap_spare(struct nvio_file *f, int *plain, const char **what)
 	struct stat st;
 	int r;
 
-	if (lstat(f->tmp_path, &st) < 0 || st.st_ino != f->st.st_ino ||
+	if (nvio__sys.lstat(f->tmp_path, &st) < 0 || st.st_ino != f->st.st_ino ||
 	    st.st_dev != f->st.st_dev) {
 		free(f->tmp_path);
 		f->tmp_path = NULL;
@@ -995,7 +1068,7 @@ static int commit(struct nvio_file *f, int durable, const char **what)
 		*what = "fsync";
 		return -errno;
 	}
-	if (f->keep_mode && fchmod(f->fd, f->tmp_mode) < 0) {
+	if (f->keep_mode && nvio__sys.fchmod(f->fd, f->tmp_mode) < 0) {
 		*what = "chmod";
 		return -errno;
 	}
@@ -1200,4 +1273,52 @@ const char *nvio_file_path(const nvio_file_t *f)
 const char *nvio_file_temp_path(const nvio_file_t *f)
 {
 	return f && f->tmp_path && !f->committed ? f->tmp_path : NULL;
+}
+
+int nvio_file_share(const nvio_file_t *f, nvio_share_t *out)
+{
+	nvio_share_t s;
+
+	if (!f || !out || !(f->flags & NVIO_FILE_SHARED) || f->committed || !f->tmp_path)
+		return -EINVAL;
+	memset(&s, 0, sizeof(s));
+	s.struct_size = sizeof(s);
+	s.dev = (uint64_t)f->st.st_dev;
+	s.ino = (uint64_t)f->st.st_ino;
+	return nvio__struct_out(out, &s, sizeof(s));
+}
+
+/* A share from a caller built against this or a later header: it covers
+ * dev and ino, and what this library does not know of is 0. */
+static int share_valid(const nvio_share_t *sh)
+{
+	const unsigned char *p = (const unsigned char *)sh;
+	size_t need = offsetof(nvio_share_t, ino) + sizeof(sh->ino);
+
+	if (!sh || sh->struct_size < need || sh->reserved0)
+		return 0;
+	for (size_t i = offsetof(nvio_share_t, reserved); i < sh->struct_size; i++)
+		if (p[i])
+			return 0;
+	return 1;
+}
+
+nvio_file_t *nvio_file_join(nvio_handle_t *h, const char *temp_path,
+			    const nvio_share_t *share, unsigned flags, int *err)
+{
+	struct nvio_file *f = NULL;
+	const char *what = "join (flags: WRITE, and READ if wanted)";
+	int r = -EINVAL;
+
+	if (!h || !temp_path)
+		what = !h ? "join (handle NULL)" : "path (NULL)";
+	else if (!share_valid(share))
+		what = "join (share: struct_size, reserved fields)";
+	else if ((flags & NVIO_FILE_WRITE) && !(flags & ~(NVIO_FILE_WRITE | NVIO_FILE_READ)))
+		r = file_make(h, temp_path, -1, flags, share, &f, &what);
+	if (r)
+		file_error(NULL, h, r, what, temp_path);
+	if (err)
+		*err = r;
+	return f;
 }

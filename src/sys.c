@@ -20,6 +20,11 @@ static int sys_open(const char *path, int flags, mode_t mode)
 	return open(path, flags, mode);
 }
 
+static int sys_fcntl(int fd, int cmd, int arg)
+{
+	return fcntl(fd, cmd, arg);
+}
+
 static ssize_t identity_result(int is_write, int fd, uint64_t off, size_t n,
 			       ssize_t res)
 {
@@ -37,7 +42,8 @@ static int no_reap_fault(void)
 	.fstat = fstat, .fsync = fsync, .rename = rename, .unlink = unlink, \
 	.mlock = mlock, .fallocate = fallocate, .statx = statx, \
 	.ftruncate = ftruncate, .linkat = linkat, .eventfd = eventfd, \
-	.renameat2 = renameat2, .flock = flock, \
+	.renameat2 = renameat2, .flock = flock, .fcntl = sys_fcntl, \
+	.lstat = lstat, .stat = stat, .readlinkat = readlinkat, .fchmod = fchmod, \
 	.io_result = identity_result, .reap_fault = no_reap_fault, \
 }
 

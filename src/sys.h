@@ -40,6 +40,12 @@ struct nvio__sys {
 	int (*renameat2)(int olddirfd, const char *oldpath, int newdirfd,
 			 const char *newpath, unsigned flags);
 	int (*flock)(int fd, int op);
+	/* fcntl with an int argument (F_GETFL, F_SETFL) */
+	int (*fcntl)(int fd, int cmd, int arg);
+	int (*lstat)(const char *path, struct stat *st);
+	int (*stat)(const char *path, struct stat *st);
+	ssize_t (*readlinkat)(int dirfd, const char *path, char *buf, size_t n);
+	int (*fchmod)(int fd, mode_t mode);
 	/*
 	 * Every completion of every engine passes through here before it is
 	 * checked: res is the byte count or -errno the kernel reported for
