@@ -844,6 +844,43 @@ NVIO_API int nvio_stream_flush(nvio_stream_t *s);
 NVIO_API int nvio_stream_close(nvio_stream_t *s, unsigned flags);
 
 /*
+ * Streams with options (0.3). nvio_stream_open_config opens a stream as
+ * nvio_stream_open does from c's fields, plus:
+ *   memory     writers: the caller's memory (host, locked or not, or
+ *              CUDA memory) used as the stream's buffers instead of
+ *              private locked ones (DeepSpeed's pinned staging tensor):
+ *              buffer_bytes is its size, cut into depth buffers (1 or 2;
+ *              0: 2) of a multiple of the O_DIRECT unit each (-EINVAL if
+ *              that leaves none). Writes are copied into it (by the CUDA
+ *              driver for CUDA memory); nvio never frees it, and it must
+ *              stay valid and unused by the caller until
+ *              nvio_stream_close returns. NULL: private buffers.
+ *   NVIO_STREAM_RANGES (in flags, writers): a writer of ranges of a file
+ *              that others write too (a share of a multi-writer file):
+ *              nvio_stream_seek moves it (what its buffer holds is
+ *              written first, asynchronously), and close leaves the
+ *              file's size alone instead of setting it to where the
+ *              stream ended.
+ * c->struct_size must cover memory; reserved fields must be 0; unknown
+ * flags, memory or RANGES for a reader are -EINVAL (in *err).
+ */
+#define NVIO_STREAM_RANGES	(1u << 2)
+
+typedef struct nvio_stream_config {
+	uint32_t struct_size;	/* sizeof(nvio_stream_config_t) */
+	uint32_t flags;		/* NVIO_STREAM_READ or _WRITE, | NVIO_STREAM_RANGES */
+	int64_t offset;		/* where the stream starts */
+	uint64_t buffer_bytes;	/* each buffer (0: 8 MiB); with memory: its size */
+	uint32_t depth;		/* buffers: readers 0: 2; writers with memory 1 or 2 */
+	uint32_t reserved0;	/* 0 */
+	void *memory;		/* writers: the caller's buffer memory, or NULL */
+	uint64_t reserved[4];	/* 0; later versions may fill them */
+} nvio_stream_config_t;
+
+NVIO_API nvio_stream_t *nvio_stream_open_config(nvio_file_t *f,
+						const nvio_stream_config_t *c, int *err);
+
+/*
  * Staging memory. Bounce buffers (for buffers O_DIRECT cannot take, GPU
  * memory, gathered vector pieces) come from one process-wide budget, so
  * memory does not multiply with handles: a worker's pool, made on its

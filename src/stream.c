@@ -16,11 +16,18 @@
  * base, so every window read is one aligned op. A large read that no
  * window holds goes straight into the caller's memory.
  *
+ * A writer may instead stage in the caller's memory (0.3,
+ * nvio_stream_open_config: DeepSpeed's pinned staging tensor, host or
+ * CUDA memory), cut into its buffers: nothing is allocated and no byte is
+ * copied twice. A writer of ranges (NVIO_STREAM_RANGES: a share of a
+ * file others write too) may seek, and leaves the file's size alone.
+ *
  * Each buffer's op reports to the buffer's own group (track.c), so a
  * stream never consumes completions or nvio_wait reports of its caller.
  * A stream is used by one thread at a time; its first error sticks.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,6 +49,9 @@ struct nvio_stream {
 	struct nvio_file *f;
 	struct nvio_handle *h;
 	int writer;
+	int ranges;		/* NVIO_STREAM_RANGES: seekable writer, size kept */
+	int caller_mem;		/* the buffers are the caller's memory: not freed */
+	int dev_mem;		/* ... and it is CUDA memory: copied by the driver */
 	uint64_t bufsz;		/* bytes per buffer, a multiple of unit */
 	uint64_t unit;		/* O_DIRECT alignment unit (page at least) */
 	unsigned nbuf;
@@ -125,16 +135,53 @@ static int stream_op(struct nvio_stream *s, struct sbuf *b, void *mem,
 	return 0;
 }
 
-nvio_stream_t *nvio_stream_open(nvio_file_t *f, unsigned flags, int64_t offset,
-				uint64_t buffer_bytes, unsigned depth, int *err)
+/* The caller's memory, cut into n buffers of bufsz (a multiple of unit
+ * each, at least one unit: else -EINVAL). */
+static int use_memory(struct nvio_stream *s, const nvio_stream_config_t *c, unsigned n)
+{
+	uint64_t part = c->buffer_bytes / n / s->unit * s->unit;
+	int dev;
+
+	if (!part)
+		return -EINVAL;
+	s->bufsz = part;
+	s->caller_mem = 1;
+	s->dev_mem = nvio__cuda_pointer_device(c->memory, &dev) == 1;
+	for (unsigned i = 0; i < n; i++)
+		s->bufs[i].mem = (unsigned char *)c->memory + i * part;
+	return 0;
+}
+
+/* A config from a caller built against this or a later header: known
+ * flags, its reserved fields 0; memory for writers only, 1 or 2 buffers. */
+static int config_valid(const nvio_file_t *f, const nvio_stream_config_t *c)
+{
+	unsigned mode = c->flags & (NVIO_STREAM_READ | NVIO_STREAM_WRITE);
+	const unsigned char *p = (const unsigned char *)c;
+	size_t known = offsetof(nvio_stream_config_t, reserved);
+
+	if (c->struct_size < offsetof(nvio_stream_config_t, memory) + sizeof(c->memory) ||
+	    c->reserved0 || (c->flags & ~(mode | NVIO_STREAM_RANGES)) ||
+	    (mode != NVIO_STREAM_READ && mode != NVIO_STREAM_WRITE) ||
+	    c->offset < 0 || c->depth > MAX_DEPTH || c->buffer_bytes > NVIO__MAX_BLOCK)
+		return 0;
+	for (size_t i = known; i < c->struct_size; i++)
+		if (p[i])
+			return 0;
+	if (mode == NVIO_STREAM_READ)
+		return !c->memory && !(c->flags & NVIO_STREAM_RANGES);
+	return !c->memory || (c->buffer_bytes && c->depth <= 2);
+}
+
+static struct nvio_stream *stream_make(nvio_file_t *f, const nvio_stream_config_t *c,
+				       int *err)
 {
 	struct nvio_stream *s = NULL;
-	unsigned mode = flags & (NVIO_STREAM_READ | NVIO_STREAM_WRITE), n;
+	unsigned mode = c->flags & (NVIO_STREAM_READ | NVIO_STREAM_WRITE), n;
 	uint64_t unit, bufsz;
 	int r = 0;
 
-	if (!f || (flags & ~mode) || (mode != NVIO_STREAM_READ && mode != NVIO_STREAM_WRITE) ||
-	    offset < 0 || depth > MAX_DEPTH || buffer_bytes > NVIO__MAX_BLOCK)
+	if (!f || !config_valid(f, c))
 		r = -EINVAL;
 	else if (!(f->flags & (mode == NVIO_STREAM_WRITE ? NVIO_FILE_WRITE : NVIO_FILE_READ)))
 		r = -EBADF;
@@ -143,9 +190,11 @@ nvio_stream_t *nvio_stream_open(nvio_file_t *f, unsigned flags, int64_t offset,
 	if (r)
 		goto out;
 	unit = f->align > NVIO__PAGE ? f->align : NVIO__PAGE;
-	bufsz = buffer_bytes ? buffer_bytes : DEFAULT_BUFFER;
+	bufsz = c->buffer_bytes ? c->buffer_bytes : DEFAULT_BUFFER;
 	bufsz = (bufsz + unit - 1) / unit * unit;
-	n = mode == NVIO_STREAM_WRITE ? 2 : depth ? depth : 2;
+	n = c->depth ? c->depth : 2;
+	if (mode == NVIO_STREAM_WRITE && !c->memory)
+		n = 2;
 	s = calloc(1, sizeof(*s) + n * sizeof(s->bufs[0]));
 	if (!s) {
 		r = -ENOMEM;
@@ -154,17 +203,21 @@ nvio_stream_t *nvio_stream_open(nvio_file_t *f, unsigned flags, int64_t offset,
 	s->f = f;
 	s->h = f->h;
 	s->writer = mode == NVIO_STREAM_WRITE;
+	s->ranges = !!(c->flags & NVIO_STREAM_RANGES);
 	s->unit = unit;
 	s->bufsz = bufsz;
 	s->nbuf = n;
-	s->pos = (uint64_t)offset;
+	s->pos = (uint64_t)c->offset;
 	s->end = atomic_load(&f->size);
+	if (c->memory)
+		r = use_memory(s, c, n);
 	for (unsigned i = 0; i < n && !r; i++) {
-		r = nvio_mem_alloc((void **)&s->bufs[i].mem, bufsz, 0, NULL);
+		if (!c->memory)
+			r = nvio_mem_alloc((void **)&s->bufs[i].mem, bufsz, 0, NULL);
 		s->bufs[i].off = s->pos;
 	}
 	if (r) {
-		for (unsigned i = 0; i < n; i++)
+		for (unsigned i = 0; i < n && !s->caller_mem; i++)
 			nvio_mem_free(s->bufs[i].mem);
 		free(s);
 		s = NULL;
@@ -173,6 +226,33 @@ out:
 	if (err)
 		*err = r;
 	return s;
+}
+
+nvio_stream_t *nvio_stream_open(nvio_file_t *f, unsigned flags, int64_t offset,
+				uint64_t buffer_bytes, unsigned depth, int *err)
+{
+	nvio_stream_config_t c = {
+		.struct_size = sizeof(c), .flags = flags, .offset = offset,
+		.buffer_bytes = buffer_bytes, .depth = depth,
+	};
+
+	if (flags & NVIO_STREAM_RANGES) {	/* 0.3's: not through the 0.2 call */
+		if (err)
+			*err = -EINVAL;
+		return NULL;
+	}
+	return stream_make(f, &c, err);
+}
+
+nvio_stream_t *nvio_stream_open_config(nvio_file_t *f, const nvio_stream_config_t *c,
+				       int *err)
+{
+	if (!c) {
+		if (err)
+			*err = -EINVAL;
+		return NULL;
+	}
+	return stream_make(f, c, err);
 }
 
 /* ---- writer -------------------------------------------------------- */
@@ -215,6 +295,16 @@ static uint64_t direct_span(const struct nvio_stream *s, const void *buf, uint64
 	return n / s->unit * s->unit;
 }
 
+/* Into a buffer: the driver copies into CUDA memory. */
+static int copy_in(struct nvio_stream *s, void *dst, const void *src, uint64_t n)
+{
+	if (!s->dev_mem) {
+		memcpy(dst, src, n);
+		return 0;
+	}
+	return nvio_cuda_memcpy(dst, src, n);
+}
+
 /* Stream calls copy with memcpy: host memory only. */
 static int host_memory(const void *buf)
 {
@@ -246,7 +336,8 @@ int64_t nvio_stream_write(nvio_stream_t *s, const void *buf, uint64_t nbytes)
 			b->off = s->pos + k;
 		} else {
 			k = room(s, b) < left ? room(s, b) : left;
-			memcpy(b->mem + b->len, p, k);
+			if ((r = copy_in(s, b->mem + b->len, p, k)) < 0)
+				return fail(s, r, NULL);
 			b->len += k;
 		}
 		p += k;
@@ -256,6 +347,28 @@ int64_t nvio_stream_write(nvio_stream_t *s, const void *buf, uint64_t nbytes)
 			return r;
 	}
 	return (int64_t)nbytes;
+}
+
+/* The bytes of b after its first k move to its start (less than a unit:
+ * through the stack for CUDA memory). */
+static int move_tail(struct nvio_stream *s, struct sbuf *b, uint64_t k)
+{
+	unsigned char tmp[NVIO__PAGE];
+	uint64_t n = b->len - k;
+	int r = 0;
+
+	if (!s->dev_mem) {
+		memmove(b->mem, b->mem + k, n);
+		return 0;
+	}
+	for (uint64_t at = 0; at < n && !r; at += sizeof(tmp)) {
+		uint64_t c = n - at < sizeof(tmp) ? n - at : sizeof(tmp);
+
+		r = nvio_cuda_memcpy(tmp, b->mem + k + at, c);
+		if (!r)
+			r = nvio_cuda_memcpy(b->mem + at, tmp, c);
+	}
+	return r;
 }
 
 /*
@@ -274,7 +387,8 @@ static int writer_flush(struct nvio_stream *s)
 
 		if ((r = stream_op(s, NULL, b->mem, k, b->off)) < 0)
 			return r;
-		memmove(b->mem, b->mem + k, b->len - k);
+		if ((r = move_tail(s, b, k)) < 0)
+			return fail(s, r, NULL);
 		b->off = cut;
 		b->len -= k;
 	}
@@ -304,7 +418,7 @@ static int writer_close(struct nvio_stream *s, unsigned flags)
 	if (s->err)
 		return s->err;
 	size = atomic_load(&s->f->size);
-	if (size != s->pos && size != UINT64_MAX &&
+	if (!s->ranges && size != s->pos && size != UINT64_MAX &&
 	    (r = nvio_file_truncate(s->f, s->pos)) < 0)
 		return r;
 	if ((flags & NVIO_STREAM_COMMIT) && (r = nvio_file_commit(s->f)) < 0)
@@ -414,14 +528,34 @@ int64_t nvio_stream_read(nvio_stream_t *s, void *buf, uint64_t nbytes)
 	return (int64_t)got;
 }
 
+/* A writer of ranges: what the buffer holds is written (async), the
+ * next bytes go to offset. */
+static int writer_seek(struct nvio_stream *s, uint64_t offset)
+{
+	struct sbuf *b = &s->bufs[s->cur];
+	int r;
+
+	if (offset == s->pos)
+		return 0;
+	if (b->len && (r = rotate(s)) < 0)
+		return r;
+	s->pos = offset;
+	b = &s->bufs[s->cur];
+	b->off = offset;
+	b->len = 0;
+	return 0;
+}
+
 int nvio_stream_seek(nvio_stream_t *s, int64_t offset)
 {
-	if (!s || s->writer || offset < 0)
+	if (!s || (s->writer && !s->ranges) || offset < 0)
 		return -EINVAL;
 	if (nvio__forked(s->h))
 		return -ECHILD;
 	if (s->err)
 		return nvio__error_publish(s->h, &s->rec);
+	if (s->writer)
+		return writer_seek(s, (uint64_t)offset);
 	s->pos = (uint64_t)offset;
 	return 0;
 }
@@ -448,7 +582,7 @@ int nvio_stream_close(nvio_stream_t *s, unsigned flags)
 	else
 		r = flags ? -EINVAL : 0;
 	settle_all(s);	/* nothing of ours may be in flight when freed */
-	for (unsigned i = 0; i < s->nbuf; i++)
+	for (unsigned i = 0; i < s->nbuf && !s->caller_mem; i++)
 		nvio_mem_free(s->bufs[i].mem);
 	if (r == 0 && s->err)
 		r = s->err;
