@@ -51,7 +51,8 @@ from ._nvio import (
 )
 from ._futures import Completions, File, NvioFuture, completions
 from .handles import AioHandle, GdsHandle, aio_handle, gds_handle, gds_mode
-from .io import NvioFile, open  # noqa: A001  (nvio.open, like io.open)
+from .io import open  # noqa: A001  (nvio.open, like io.open)
+from . import _renamed
 
 __version__ = _nvio.version_string
 
@@ -71,13 +72,20 @@ def available_engines():
 _CHECKPOINT = ("save", "load", "async_save", "AsyncCheckpointer", "CheckpointError")
 
 
-def __getattr__(name):
+
+def _lazy(name):
     """nvio.save, nvio.load, nvio.async_save...: imported on first use, so
     that ``import nvio`` does not import torch."""
     if name in _CHECKPOINT:
         from . import checkpoint
         return getattr(checkpoint, name)
     raise AttributeError("module 'nvio' has no attribute %r" % (name,))
+
+
+# Names that changed in 0.3 (issue 31, one meaning per name): the old one
+# still works, warning once. nvio.File is the open file of a handle, so
+# nvio.open()'s file object is nvio.io.BufferedIO.
+__getattr__ = _renamed.renamed(__name__, {"NvioFile": "nvio.io:BufferedIO"}, globals(), _lazy)
 
 
 def version():
@@ -93,7 +101,7 @@ __all__ = [
     "available_engines", "buffer_info", "file_size", "load_tuned", "probe",
     "strerror", "version", "__version__", "cufile_set_library", "staging_limit",
     "staging_set_limit",
-    "open", "NvioFile", "save", "load", "async_save", "AsyncCheckpointer", "CheckpointError", "File", "Stream", "NvioFuture", "Completions", "completions",
+    "open", "save", "load", "async_save", "AsyncCheckpointer", "CheckpointError", "File", "Stream", "NvioFuture", "Completions", "completions",
     "FILE_READ", "FILE_WRITE", "FILE_CREATE", "FILE_EXCL", "FILE_TRUNC", "FILE_ATOMIC", "FILE_NOSYNC",
     "FILE_SPARE",
     "OP_READ", "OP_WRITE", "VALIDATE", "FSYNC", "OFFSET_PER_IOV",

@@ -17,8 +17,9 @@ import io
 import os
 
 from . import _nvio
+from . import _renamed
 
-__all__ = ["open", "NvioFile"]
+__all__ = ["open", "BufferedIO"]
 
 
 def open(file, mode="rb", *, handle=None, buffer_bytes=0, atomic=True, fsync=False):
@@ -36,14 +37,16 @@ def open(file, mode="rb", *, handle=None, buffer_bytes=0, atomic=True, fsync=Fal
     by default the file object makes its own and closes it.
     """
     if mode in ("r", "rb"):
-        return NvioFile(file, "rb", handle, buffer_bytes, atomic, fsync)
+        return BufferedIO(file, "rb", handle, buffer_bytes, atomic, fsync)
     if mode in ("w", "wb"):
-        return NvioFile(file, "wb", handle, buffer_bytes, atomic, fsync)
+        return BufferedIO(file, "wb", handle, buffer_bytes, atomic, fsync)
     raise ValueError("nvio.open: mode must be 'rb' or 'wb', not %r" % (mode,))
 
 
-class NvioFile(io.BufferedIOBase):
-    """A binary file object over an nvio Stream (made by :func:`nvio.open`)."""
+class BufferedIO(io.BufferedIOBase):
+    """A binary file object over an :class:`nvio.Stream` (made by
+    :func:`nvio.open`). Called ``NvioFile`` before 0.3: in nvio, File means
+    the open file of a handle (:class:`nvio.File`), which this wraps."""
 
     def __init__(self, file, mode, handle, buffer_bytes, atomic, fsync):
         super().__init__()
@@ -215,5 +218,8 @@ class NvioFile(io.BufferedIOBase):
             pass
 
     def __repr__(self):
-        return "<nvio.NvioFile name=%r mode=%r%s>" % (self.name, self.mode,
-                                                      " closed" if self.closed else "")
+        return "<nvio.io.BufferedIO name=%r mode=%r%s>" % (self.name, self.mode,
+                                                           " closed" if self.closed else "")
+
+
+__getattr__ = _renamed.renamed(__name__, {"NvioFile": "BufferedIO"}, globals())

@@ -4,7 +4,7 @@ nvio.save / async_save of a state whose storages are in device memory; in
 nvio.safetensors load_file, safe_open (get_tensor, get_slice, get_tensors),
 load_model_dir and stream of a sharded directory, load_into a module whose
 tensors are in device memory, all with device="cuda", and save_file / save
-of tensors in device memory; nvio.offload.stream_model(device="cuda") (the
+of tensors in device memory; nvio.offload.run_from_disk(device="cuda") (the
 copies to the device, slot reuse, the events ordering them); the offload
 Swapper's swap_out / swap_in of device tensors; nvio.dcp's FileSystemWriter
 (dcp.save and dcp.async_save of device tensors, files equal to a CPU save's)
@@ -32,7 +32,7 @@ writes device tensors with no copy for the application at all (the format
 has no CRC), and its file must equal the safetensors library's, byte for
 byte.
 
-stream_model's blocks cannot compute on simulated memory (see the section
+run_from_disk's blocks cannot compute on simulated memory (see the section
 below): they read their weights on the "current stream" instead.
 
 What the simulator cannot prove: work that needs torch's CUDA kernels on
@@ -518,7 +518,7 @@ def test_model_dir_and_stream_to_cuda(gpu, cls, engine, tmp_path):
         del got
         before = gpu.counters()
         seen = []
-        for k, t in nst.stream(path, window_bytes=256 << 10, device="cuda", handle=h):
+        for k, t in nst.iter_tensors(path, window_bytes=256 << 10, device="cuda", handle=h):
             same(gpu, t, want[k], k)
             seen.append(k)
         assert sorted(seen) == sorted(want)
@@ -575,7 +575,7 @@ def test_safetensors_save_from_cuda(gpu, cls, engine, tmp_path):
     gpu.check_clean()
 
 
-# --- stream_model(device="cuda") ----------------------------------------------
+# --- run_from_disk(device="cuda") ----------------------------------------------
 #
 # A forward pass cannot run on simulated device memory (torch's CPU kernels
 # would read it and fault), so the blocks here do what a kernel does with
@@ -643,7 +643,7 @@ class Reads:
 @pytest.mark.skipif(REAL, reason="the blocks read their weights through the simulator")
 @pytest.mark.parametrize("prefetch", [0, 1, 2])
 def test_stream_model_to_cuda(gpu, engine, prefetch, tmp_path):
-    from nvio.offload import stream_model, unstream
+    from nvio.offload import run_from_disk, run_from_memory
     want = {i: {"w": l.w.detach().clone(), "b": l.b.clone()} for i, l in enumerate(Model().layers)}
     embed = Model().embed.detach().clone()
     reads = Reads(gpu)
@@ -652,7 +652,7 @@ def test_stream_model_to_cuda(gpu, engine, prefetch, tmp_path):
     try:
         h2d, pageable = gpu.provider.h2d, gpu.sim.cuda.sim_cuda_pageable_copies()
         registered = gpu.sim.cuda.sim_cuda_host_registered()
-        stream_model(m, str(tmp_path / "store"), device="cuda", prefetch=prefetch,
+        run_from_disk(m, str(tmp_path / "store"), device="cuda", prefetch=prefetch,
                      blocks="layers", engine=engine)
         st = m._nvio_streamer.stats()
         assert st["device"] == "cuda:0" and st["slots"] == prefetch + 1
@@ -667,7 +667,7 @@ def test_stream_model_to_cuda(gpu, engine, prefetch, tmp_path):
         assert gpu.provider.h2d - h2d >= 3 * 5 - prefetch
         assert gpu.sim.cuda.sim_cuda_pageable_copies() - pageable == 3 * 5 * 2 + 1
         assert m._nvio_streamer.stats()["block_reads"] >= 3 * 5 - prefetch - 1
-        unstream(m)
+        run_from_memory(m)
     finally:
         gpu.sim.cuda.sim_cuda_set_delay(0, 50)
     for i, layer in enumerate(m.layers):

@@ -21,8 +21,8 @@ from nvio_testutil import same
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from nvio.offload import (NVMeOptimizer, StreamError, SwapCorruptError,  # noqa: E402
-                          SwapError, Swapper, stream_model, unstream)
+from nvio.offload import (NVMeOptimizer, WeightReadError, SwapCorruptError,  # noqa: E402
+                          SwapError, Swapper, run_from_disk, run_from_memory)
 from nvio.offload._weights import StoreCorruptError  # noqa: E402
 
 import nvio  # noqa: E402
@@ -310,10 +310,10 @@ STORE_CHILD = """
     from torch import nn
     sys.path.insert(0, %(here)r)
     from test_offload_trust import _stack
-    from nvio.offload import stream_model
+    from nvio.offload import run_from_disk
     m = _stack()
     try:
-        stream_model(m, %(dir)r, engine=%(engine)r, source=%(source)r)
+        run_from_disk(m, %(dir)r, engine=%(engine)r, source=%(source)r)
         print("no error")
     except (OSError, ValueError) as e:
         print(type(e).__name__, e)
@@ -328,8 +328,8 @@ def test_fifo_at_a_weights_path_is_refused_not_waited_for(tmp_path, engine, whic
     if which == "model.safetensors":
         source = "auto"
     else:
-        stream_model(m, str(tmp_path), engine=engine)
-        unstream(m)
+        run_from_disk(m, str(tmp_path), engine=engine)
+        run_from_memory(m)
     p = tmp_path / which
     if p.exists():
         p.unlink()
@@ -347,9 +347,9 @@ def _store(tmp_path, engine, seed=0):
     x = torch.randn(4, 16)
     with torch.no_grad():
         ref = m(x)
-    stream_model(m, str(tmp_path), engine=engine)
+    run_from_disk(m, str(tmp_path), engine=engine)
     assert m._nvio_streamer.stats()["crc"] is True
-    unstream(m)
+    run_from_memory(m)
     return m, x, ref
 
 
@@ -381,25 +381,25 @@ def test_flipped_byte_in_the_weight_store_is_caught(tmp_path, engine, direct):
     man = json.loads((tmp_path / "nvio-weights.json").read_text())
     assert all(isinstance(b["crc32"], int) for b in man["blocks"])
     _flip(tmp_path / "nvio-weights.bin", _unsampled_byte(man, 2), 0x20)
-    stream_model(m, str(tmp_path), engine=engine, direct=direct)     # samples still match
+    run_from_disk(m, str(tmp_path), engine=engine, direct=direct)     # samples still match
     try:
-        with pytest.raises(StreamError) as ei, torch.no_grad():
+        with pytest.raises(WeightReadError) as ei, torch.no_grad():
             m(x)
         assert ei.value.errno == errno.EBADMSG
         msg = str(ei.value)
         assert "CRC-32" in msg and "nvio-weights.bin" in msg and "'3'" in msg, msg
     finally:
         try:
-            unstream(m)
-        except StreamError:
+            run_from_memory(m)
+        except WeightReadError:
             pass
     # verify=False reads it unchecked (and the outputs differ: what the CRC caught)
     m2 = _stack()
-    stream_model(m2, str(tmp_path), engine=engine, verify=False)
+    run_from_disk(m2, str(tmp_path), engine=engine, verify=False)
     assert m2._nvio_streamer.stats()["crc"] is False
     with torch.no_grad():
         assert not torch.equal(m2(x), ref)
-    unstream(m2)
+    run_from_memory(m2)
 
 
 def test_flipped_byte_in_a_resident_tensor_is_caught(tmp_path, engine):
@@ -411,8 +411,8 @@ def test_flipped_byte_in_a_resident_tensor_is_caught(tmp_path, engine):
     _flip(tmp_path / "nvio-weights.bin", res["offset"] + off + 64 * 2 + 5)
     with torch.device("meta"):
         empty = _stack()
-    with pytest.raises(StreamError, match="%s.* CRC-32 " % name.replace(".", r"\.")):
-        stream_model(empty, str(tmp_path), engine=engine)
+    with pytest.raises(WeightReadError, match="%s.* CRC-32 " % name.replace(".", r"\.")):
+        run_from_disk(empty, str(tmp_path), engine=engine)
 
 
 def test_store_without_crcs_still_streams(tmp_path, engine):
@@ -424,16 +424,16 @@ def test_store_without_crcs_still_streams(tmp_path, engine):
         b["tensors"] = [t[:4] for t in b["tensors"]]
     p.write_text(json.dumps(man))
     st = os.stat(tmp_path / "nvio-weights.bin")
-    stream_model(m, str(tmp_path), engine=engine)
+    run_from_disk(m, str(tmp_path), engine=engine)
     assert m._nvio_streamer.stats()["crc"] is False
     with torch.no_grad():
         assert torch.equal(m(x), ref)
-    unstream(m)
+    run_from_memory(m)
     assert os.stat(tmp_path / "nvio-weights.bin").st_ino == st.st_ino     # not rewritten
     # rebuild=True writes it again, with CRCs
-    stream_model(m, str(tmp_path), engine=engine, rebuild=True)
+    run_from_disk(m, str(tmp_path), engine=engine, rebuild=True)
     assert m._nvio_streamer.stats()["crc"] is True
-    unstream(m)
+    run_from_memory(m)
 
 
 def _mset(path, value):
@@ -478,15 +478,15 @@ def test_tampered_store_manifest_is_refused_naming_the_field(tmp_path, engine, c
     mutate(man)
     p.write_text(json.dumps(man))
     with pytest.raises(StoreCorruptError) as ei:
-        stream_model(m, str(tmp_path), engine=engine)
+        run_from_disk(m, str(tmp_path), engine=engine)
     assert ei.value.field == field, (str(ei.value), field)
     assert field in str(ei.value) and str(p) in str(ei.value)
     assert not hasattr(m, "_nvio_streamer")
     # rebuild=True replaces it (the weights are in memory)
-    stream_model(m, str(tmp_path), engine=engine, rebuild=True)
+    run_from_disk(m, str(tmp_path), engine=engine, rebuild=True)
     with torch.no_grad():
         assert torch.equal(m(x), ref)
-    unstream(m)
+    run_from_memory(m)
 
 
 # --- NVMeOptimizer's arguments ----------------------------------------------

@@ -390,7 +390,7 @@ def test_malformed_file(tmp_path, case):
     for call in (lambda: nst.load_file(p, handle=handle),
                  lambda: nst.safe_open(p, handle=handle),
                  lambda: nst.load_model_dir(p, handle=handle),
-                 lambda: list(nst.stream(p, handle=handle))):
+                 lambda: list(nst.iter_tensors(p, handle=handle))):
         with pytest.raises(nst.SafetensorsError, match=msg) as e:
             call()
         assert str(p) in str(e.value) and e.value.filename == str(p)
@@ -491,11 +491,11 @@ def test_stream(handle, llama_dir, window):
         with safetensors.safe_open(str(d / shard), "pt") as f:
             order += f.offset_keys()
     got = []
-    for name, t in nst.stream(d, window_bytes=window, handle=handle):
+    for name, t in nst.iter_tensors(d, window_bytes=window, handle=handle):
         assert torch.equal(t, ref[name]), name
         got.append(name)
     assert got == order
-    it = nst.stream(d, window_bytes=window, handle=handle)
+    it = nst.iter_tensors(d, window_bytes=window, handle=handle)
     next(it)
     it.close()                                  # stopping early waits and closes
 
@@ -517,7 +517,7 @@ def test_stream_window_bounds_reads(tmp_path, monkeypatch):
     p = tmp_path / "m.safetensors"
     st.save_file(d, p)
     order = []
-    for name, t in nst.stream(p, window_bytes=4000):
+    for name, t in nst.iter_tensors(p, window_bytes=4000):
         order.append(name)
         assert raw(t) == raw(d[name])
         # runs submitted but not yet fully yielded: at most 2 (plus this one)

@@ -1,4 +1,4 @@
-"""nvio.offload.stream_model: block weights streamed from disk.
+"""nvio.offload.run_from_disk: block weights streamed from disk.
 
 Every model family (Llama-, GPT-2-, Mixtral-style transformers built from
 tiny configs with random weights, and a generic nn.Sequential stack) gives
@@ -19,7 +19,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from torch import nn  # noqa: E402
 
-from nvio.offload import StreamError, stream_model, streamed, unstream  # noqa: E402
+from nvio.offload import (WeightReadError, run_from_disk, run_from_memory,  # noqa: E402
+                          running_from_disk)
 
 transformers.logging.set_verbosity_error()
 try:
@@ -89,7 +90,7 @@ def test_families_equal_in_memory(tmp_path, engine, family):
         combos = [("store", 0), ("store", 2)]
     for src, prefetch in combos:
         d = st if src == "safetensors" else tmp_path / "store"
-        stream_model(m, str(d), prefetch=prefetch, source=src, engine=engine)
+        run_from_disk(m, str(d), prefetch=prefetch, source=src, engine=engine)
         s = m._nvio_streamer.stats()
         assert s["source"] == src and s["slots"] == prefetch + 1
         assert s["resident_bytes"] + s["streamed_bytes"] == full
@@ -97,15 +98,15 @@ def test_families_equal_in_memory(tmp_path, engine, family):
         assert _materialised_bytes(m) == s["resident_bytes"]
         assert _same(_run(m), ref), (family, src, prefetch)
         assert m._nvio_streamer.stats()["bytes_read"] > 0
-        unstream(m)
+        run_from_memory(m)
         assert _materialised_bytes(m) == full
     assert _same(_run(m), ref)
     if family == "mixtral":
         # transformers 5 fuses Mixtral's experts in memory and saves them
         # per expert: auto falls back to nvio's store, "safetensors" says why
         with pytest.raises(ValueError, match="model.layers.0.mlp.* is in none of the files"):
-            stream_model(m, str(st), source="safetensors", engine=engine)
-        with streamed(m, str(st), engine=engine) as sm:
+            run_from_disk(m, str(st), source="safetensors", engine=engine)
+        with running_from_disk(m, str(st), engine=engine) as sm:
             assert sm._nvio_streamer.source == "store"
             assert _same(_run(sm), ref)
 
@@ -123,7 +124,7 @@ def test_sharded_safetensors_into_a_meta_model(tmp_path, engine):
     with accelerate.init_empty_weights(include_buffers=False):
         e = transformers.AutoModelForCausalLM.from_config(_config("llama")).eval()
     assert all(p.device.type == "meta" for p in e.parameters())
-    stream_model(e, str(tmp_path), prefetch=1, engine=engine)
+    run_from_disk(e, str(tmp_path), prefetch=1, engine=engine)
     s = e._nvio_streamer.stats()
     assert s["source"] == "safetensors" and len(s["files"]) > 1
     assert _same(_run(e), ref)
@@ -155,7 +156,7 @@ def test_generic_sequential_and_memory_bound(tmp_path, engine):
     full = _materialised_bytes(m)
     block_bytes = _materialised_bytes(m[1])
     for prefetch in (0, 1, 2):
-        stream_model(m, str(tmp_path), prefetch=prefetch, engine=engine)
+        run_from_disk(m, str(tmp_path), prefetch=prefetch, engine=engine)
         st = m._nvio_streamer
         assert [b.name for b in st.blocks] == [str(i) for i in range(1, 8)]
         s = st.stats()
@@ -180,7 +181,7 @@ def test_generic_sequential_and_memory_bound(tmp_path, engine):
         # each pass reads every block once, and the next pass's first
         # prefetch + 1 blocks after the last one
         assert st.stats()["block_reads"] == 21 + prefetch + 1
-        unstream(m)
+        run_from_memory(m)
     with torch.no_grad():
         assert torch.equal(m(x), ref)
 
@@ -190,16 +191,16 @@ def test_blocks_named_and_pinned(tmp_path, engine):
     x = torch.randn(3, 16)
     with torch.no_grad():
         ref = m(x)
-    stream_model(m, str(tmp_path), blocks=["2", "4", "6"], pin=["4.fc1"], engine=engine)
+    run_from_disk(m, str(tmp_path), blocks=["2", "4", "6"], pin=["4.fc1"], engine=engine)
     st = m._nvio_streamer
     assert [b.name for b in st.blocks] == ["2", "4", "6"]
     assert m[4].fc1.weight.device.type == "cpu" and m[4].fc2.weight.device.type == "meta"
     assert m[3].fc1.weight.device.type == "cpu"
     with torch.no_grad():
         assert torch.equal(m(x), ref)
-    unstream(m)
+    run_from_memory(m)
     with pytest.raises(ValueError, match="ModuleList or Sequential"):
-        stream_model(m, str(tmp_path), blocks="1")
+        run_from_disk(m, str(tmp_path), blocks="1")
 
 
 def test_a_block_with_nothing_to_stream_is_dropped_and_the_rest_renumbered(tmp_path, engine):
@@ -211,7 +212,7 @@ def test_a_block_with_nothing_to_stream_is_dropped_and_the_rest_renumbered(tmp_p
     with torch.no_grad():
         ref = m(x)
     for prefetch in (1, 2):
-        stream_model(m, str(tmp_path), blocks=["2", "3", "4", "5", "6"], pin=["3"],
+        run_from_disk(m, str(tmp_path), blocks=["2", "3", "4", "5", "6"], pin=["3"],
                      prefetch=prefetch, engine=engine)
         st = m._nvio_streamer
         assert [b.name for b in st.blocks] == ["2", "4", "5", "6"]
@@ -222,17 +223,17 @@ def test_a_block_with_nothing_to_stream_is_dropped_and_the_rest_renumbered(tmp_p
         # every block read once per pass, plus the next pass's first
         # prefetch + 1: no block fetched out of turn
         assert st.stats()["block_reads"] == 3 * 4 + prefetch + 1, st.stats()
-        unstream(m)
+        run_from_memory(m)
 
 
 def test_store_reused_and_invalidated(tmp_path, engine):
     m = _stack(seed=2)
     x = torch.randn(3, 16)
     data, man = tmp_path / "nvio-weights.bin", tmp_path / "nvio-weights.json"
-    with streamed(m, str(tmp_path), engine=engine):
+    with running_from_disk(m, str(tmp_path), engine=engine):
         pass
     st1 = os.stat(data)
-    with streamed(m, str(tmp_path), engine=engine):       # reused, not rewritten
+    with running_from_disk(m, str(tmp_path), engine=engine):       # reused, not rewritten
         pass
     st2 = os.stat(data)
     assert (st1.st_ino, st1.st_mtime_ns) == (st2.st_ino, st2.st_mtime_ns)
@@ -242,7 +243,7 @@ def test_store_reused_and_invalidated(tmp_path, engine):
     with torch.no_grad():
         m[3].fc1.weight[0, 0] += 1          # the model changed: the store is rewritten
         ref = m(x)
-    with streamed(m, str(tmp_path), engine=engine):
+    with running_from_disk(m, str(tmp_path), engine=engine):
         with torch.no_grad():
             assert torch.equal(m(x), ref)
     assert os.stat(data).st_ino != st1.st_ino
@@ -251,18 +252,18 @@ def test_store_reused_and_invalidated(tmp_path, engine):
     with torch.device("meta"):
         empty = _stack(seed=2, d=32)
     with pytest.raises(ValueError, match="another model"):
-        stream_model(empty, str(tmp_path), engine=engine)
+        run_from_disk(empty, str(tmp_path), engine=engine)
     assert not hasattr(empty, "_nvio_streamer")
     # the right model on the meta device is filled from the store
     with torch.device("meta"):
         empty = _stack(seed=2)
-    stream_model(empty, str(tmp_path), engine=engine)
+    run_from_disk(empty, str(tmp_path), engine=engine)
     with torch.no_grad():
         assert torch.equal(empty(x), ref)
-    unstream(empty)
+    run_from_memory(empty)
     with torch.no_grad():
         assert torch.equal(empty(x), ref)
-    with streamed(other, str(tmp_path / "o"), engine=engine):
+    with running_from_disk(other, str(tmp_path / "o"), engine=engine):
         pass
     # a store whose data file was replaced is noticed
     blob = bytearray(data.read_bytes())
@@ -271,18 +272,18 @@ def test_store_reused_and_invalidated(tmp_path, engine):
     with torch.device("meta"):
         empty = _stack(seed=2)
     with pytest.raises(ValueError, match="does not hold what its manifest says"):
-        stream_model(empty, str(tmp_path), engine=engine)
+        run_from_disk(empty, str(tmp_path), engine=engine)
 
 
 def test_truncated_file_names_file_and_layer(tmp_path, engine):
     m = _model("llama", seed=4)
     m.save_pretrained(tmp_path)
     p = tmp_path / "model.safetensors"
-    stream_model(m, str(tmp_path), prefetch=0, engine=engine)
+    run_from_disk(m, str(tmp_path), prefetch=0, engine=engine)
     with torch.no_grad():
         m(PROMPTS[0])
     os.truncate(p, os.path.getsize(p) // 2)
-    with pytest.raises(StreamError) as ei:
+    with pytest.raises(WeightReadError) as ei:
         with torch.no_grad():
             m(PROMPTS[0])
     msg = str(ei.value)
@@ -290,13 +291,13 @@ def test_truncated_file_names_file_and_layer(tmp_path, engine):
     assert m._nvio_streamer.running == set()
     unstream_err = None
     try:
-        unstream(m)
-    except StreamError as e:
+        run_from_memory(m)
+    except WeightReadError as e:
         unstream_err = e
     assert unstream_err is not None
-    # a truncated file is refused up front by the next stream_model
+    # a truncated file is refused up front by the next run_from_disk
     with pytest.raises(ValueError, match="truncated"):
-        stream_model(_model("llama", seed=4), str(tmp_path), source="safetensors", engine=engine)
+        run_from_disk(_model("llama", seed=4), str(tmp_path), source="safetensors", engine=engine)
 
 
 def test_read_error_mid_generation(tmp_path, engine):
@@ -305,7 +306,7 @@ def test_read_error_mid_generation(tmp_path, engine):
     m = _model("gpt2", seed=5)
     ref = _run(m)
     # explicit: direct="auto" could change handles (and so st.comps) mid-way
-    stream_model(m, str(tmp_path), prefetch=1, engine=engine, direct=False)
+    run_from_disk(m, str(tmp_path), prefetch=1, engine=engine, direct=False)
     st = m._nvio_streamer
     real = st.comps.submit
     calls = {"n": 0}
@@ -322,39 +323,39 @@ def test_read_error_mid_generation(tmp_path, engine):
         return futs
 
     st.comps.submit = failing
-    with pytest.raises(StreamError) as ei:
+    with pytest.raises(WeightReadError) as ei:
         with torch.no_grad():
             m.generate(PROMPTS[1], max_new_tokens=6, do_sample=False, pad_token_id=0)
     assert ei.value.errno == 5
     assert "transformer.h." in str(ei.value) and "nvio-weights.bin" in str(ei.value)
     assert _same(_run(m), ref)
-    unstream(m)
+    run_from_memory(m)
 
 
 def test_bad_arguments(tmp_path):
     m = _stack(seed=6)
     with pytest.raises(ValueError, match="too small for one block"):
-        stream_model(m, str(tmp_path), pool_bytes=1000)
+        run_from_disk(m, str(tmp_path), pool_bytes=1000)
     assert not hasattr(m, "_nvio_streamer")
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="CUDA is not available"):
-            stream_model(m, str(tmp_path), device="cuda")
+            run_from_disk(m, str(tmp_path), device="cuda")
     with pytest.raises(ValueError, match="prefetch"):
-        stream_model(m, str(tmp_path), prefetch=-1)
+        run_from_disk(m, str(tmp_path), prefetch=-1)
     with pytest.raises(ValueError, match="needs dir"):
-        stream_model(m)
+        run_from_disk(m)
     # a pool for two blocks lowers the prefetch to 1
     blk = _materialised_bytes(m[1])
-    stream_model(m, str(tmp_path), prefetch=4, pool_bytes=2 * ((blk + 8191) // 4096 * 4096))
+    run_from_disk(m, str(tmp_path), prefetch=4, pool_bytes=2 * ((blk + 8191) // 4096 * 4096))
     assert m._nvio_streamer.prefetch == 1
     with pytest.raises(RuntimeError, match="already"):
-        stream_model(m, str(tmp_path))
+        run_from_disk(m, str(tmp_path))
     x = torch.randn(2, 16, requires_grad=True)
     with pytest.raises(RuntimeError, match="inference only"):
         m(x)
-    unstream(m)
-    with pytest.raises(ValueError, match="not streamed"):
-        unstream(m)
+    run_from_memory(m)
+    with pytest.raises(ValueError, match="not run from disk"):
+        run_from_memory(m)
 
 
 def test_generate_command(tmp_path, capsys):
@@ -581,17 +582,17 @@ def test_explicit_direct_wins(tmp_path, monkeypatch):
         cases.append((100 * GiB, True, True, "direct=True given"))
     for room, direct, want, why in cases:
         _room_is(monkeypatch, room)
-        stream_model(m, str(tmp_path), direct=direct)
+        run_from_disk(m, str(tmp_path), direct=direct)
         with torch.no_grad():
             assert torch.equal(m(x), ref)
         s = m._nvio_streamer.stats()
         assert s["direct"] is want and s["why"].startswith(why), (room, direct, s["why"])
         assert s["o_direct"] is (want and o_direct_ok)
-        unstream(m)
+        run_from_memory(m)
     # the environment counts as an explicit choice; so does a handle's setting
     _room_is(monkeypatch, 100 * GiB)
     monkeypatch.setenv("NVIO_DIRECT", "on" if o_direct_ok else "off")
-    with streamed(m, str(tmp_path)) as sm:
+    with running_from_disk(m, str(tmp_path)) as sm:
         with torch.no_grad():
             sm(x)
         s = sm._nvio_streamer.stats()
@@ -600,14 +601,14 @@ def test_explicit_direct_wins(tmp_path, monkeypatch):
     monkeypatch.delenv("NVIO_DIRECT")
     with nv.AioHandle(direct=False) as h:
         _room_is(monkeypatch, 0)
-        with streamed(m, str(tmp_path), handle=h) as sm:
+        with running_from_disk(m, str(tmp_path), handle=h) as sm:
             with torch.no_grad():
                 sm(x)
             s = sm._nvio_streamer.stats()
             assert s["direct"] is False and s["o_direct"] is False
             assert s["why"] == "the handle given decides (direct=off)"
     with pytest.raises(ValueError, match="direct"):
-        stream_model(m, str(tmp_path), direct="sometimes")
+        run_from_disk(m, str(tmp_path), direct="sometimes")
     assert not hasattr(m, "_nvio_streamer")
 
 
@@ -626,14 +627,14 @@ def test_same_tokens_direct_or_page_cache(tmp_path, monkeypatch, engine, family)
     for room, direct in modes:
         if room is not None:
             _room_is(monkeypatch, room)
-        stream_model(m, str(tmp_path), prefetch=1, engine=engine, direct=direct)
+        run_from_disk(m, str(tmp_path), prefetch=1, engine=engine, direct=direct)
         s = m._nvio_streamer
         assert _same(_run(m), ref), (family, engine, room, direct)
         st = s.stats()
         assert st["direct"] is (direct is True or room == 0)
         assert st["o_direct"] is (st["direct"] and o_direct_ok)
         assert st["bytes_read"] > 0
-        unstream(m)
+        run_from_memory(m)
 
 
 def test_page_cache_not_keeping_the_model_switches_to_direct(tmp_path, monkeypatch, engine):
@@ -652,7 +653,7 @@ def test_page_cache_not_keeping_the_model_switches_to_direct(tmp_path, monkeypat
     for kept in (True, False):
         monkeypatch.setattr(R, "cached_bytes", lambda ranges: (
             sum(n for _p, _o, n in ranges) if kept else 0))
-        stream_model(m, str(tmp_path), prefetch=1, engine=engine)
+        run_from_disk(m, str(tmp_path), prefetch=1, engine=engine)
         st = m._nvio_streamer
         seen = []
         for x, r in zip(xs, ref):
@@ -666,6 +667,6 @@ def test_page_cache_not_keeping_the_model_switches_to_direct(tmp_path, monkeypat
             assert seen == [(False, False)] * 2 + [(True, o_direct_ok)] * 3
             assert st.stats()["why"].startswith("O_DIRECT since pass 3: the page cache held "
                                                 "only 0.0 MiB of the ")
-        unstream(m)
+        run_from_memory(m)
     with torch.no_grad():
         assert torch.equal(m(xs[0]), ref[0])

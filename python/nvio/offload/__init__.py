@@ -6,19 +6,28 @@
     opt = nvio.offload.NVMeOptimizer(torch.optim.AdamW(model.parameters()), "/nvme0")
     om = nvio.offload.offload_model(model, "/nvme0")   # weights + grads on NVMe
 
-    m = nvio.offload.stream_model(model, "/nvme0/store")  # inference, weights streamed
+    m = nvio.offload.run_from_disk(model, "/nvme0/store")  # inference, weights read per block
 
 Everything here is plain PyTorch from the outside: hooks are removable, the
 wrapped optimizer is torch's own, results are bit-identical to in-memory
 training.
 """
 from ._swapper import ALIGN, SwapCorruptError, SwapError, Swapper
-from ._stream import StreamError, stream_model, streamed, unstream
+from ._stream import WeightReadError, run_from_disk, run_from_memory, running_from_disk
 
 __all__ = ["Swapper", "SwapError", "SwapCorruptError", "ALIGN"]
-__all__ += ["stream_model", "unstream", "streamed", "StreamError"]
+__all__ += ["run_from_disk", "run_from_memory", "running_from_disk", "WeightReadError"]
 from ._optimizer import NVMeOptimizer  # noqa: E402
 
 from ._model import ModelOffload, offload_model  # noqa: E402
 
 __all__ += ["NVMeOptimizer", "offload_model", "ModelOffload"]
+
+from .. import _renamed  # noqa: E402
+
+# 0.3 (issue 31, one meaning per name: a Stream is libnvio's sequential
+# reader or writer): the old names still work, warning once.
+__getattr__ = _renamed.renamed(__name__, {"stream_model": "run_from_disk",
+                                          "unstream": "run_from_memory",
+                                          "streamed": "running_from_disk",
+                                          "StreamError": "WeightReadError"}, globals())

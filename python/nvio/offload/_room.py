@@ -1,6 +1,6 @@
 """How much page cache this process can really use (private to nvio.offload).
 
-stream_model(direct="auto") reads a model's blocks through the page cache
+run_from_disk(direct="auto") reads a model's blocks through the page cache
 when all its streamed bytes can stay there (every forward after the first
 is then a copy from memory) and with O_DIRECT otherwise (a model bigger
 than that would only evict itself and everybody else's cache, and be read

@@ -1,9 +1,10 @@
-"""Stream a model's weights from NVMe, block by block (ZeRO-Inference on nvio).
+"""Run a model from disk: its weights read from NVMe block by block as the
+forward reaches them (ZeRO-Inference on nvio).
 
-``stream_model(model, dir)`` changes the model in place: the weights of its
-repeated blocks (a transformer's decoder layers) leave memory; a pool of
-``prefetch + 1`` page-aligned locked slots, each sized for the largest
-block, takes their place. A forward pre-hook on each block makes sure its
+``run_from_disk(model, dir)`` (``stream_model`` before 0.3) changes the
+model in place: the weights of its repeated blocks (a transformer's
+decoder layers) leave memory; a pool of ``prefetch + 1`` page-aligned
+locked slots, each sized for the largest block, takes their place. A forward pre-hook on each block makes sure its
 weights are in a slot (one vectored read per weight file, submitted as a
 tagged op whose future comes from nvio._futures) and points the block's
 parameters and buffers at views of that slot; the forward hook points them
@@ -24,8 +25,8 @@ Peak resident weight memory = resident tensors + (prefetch + 1) slots
 
 The weights come from the model's safetensors (``save_pretrained``) when
 they match it, else from nvio's own weight store written once to ``dir``
-(see _weights.py for both layouts). ``unstream(model)`` (or the
-``streamed(...)`` context manager) reads the weights back and removes every
+(see _weights.py for both layouts). ``run_from_memory(model)`` (or the
+``running_from_disk(...)`` context manager) reads the weights back and removes every
 hook, leaving the model as it was.
 """
 from __future__ import annotations
@@ -47,25 +48,27 @@ from .._futures import completions
 from . import _room
 from . import _weights as W
 
-__all__ = ["stream_model", "unstream", "streamed", "StreamError"]
+__all__ = ["run_from_disk", "run_from_memory", "running_from_disk", "WeightReadError"]
 
 _ATTR = "_nvio_streamer"
 _HF_PATHS = ("model.layers", "model.decoder.layers", "transformer.h", "transformer.layers",
              "transformer.blocks", "gpt_neox.layers", "model.language_model.layers", "layers", "h")
 
 
-class StreamError(OSError):
-    """A streamed block's weights could not be read (names the layer and the
-    file; the original NvioError is the ``__cause__``)."""
+class WeightReadError(OSError):
+    """A block's weights could not be read from disk (names the layer and
+    the file; the original NvioError is the ``__cause__``). ``StreamError``
+    before 0.3."""
 
 
 # --- public API ---------------------------------------------------------------
 
 
-def stream_model(model, dir=None, device="cpu", prefetch=1, pool_bytes=None, blocks=None, *,
+def run_from_disk(model, dir=None, device="cpu", prefetch=1, pool_bytes=None, blocks=None, *,
                  pin=(), source="auto", rebuild=False, handle=None, engine="auto",
                  direct="auto", verify=True):
-    """Stream ``model``'s block weights from disk; returns the same model.
+    """Read ``model``'s block weights from disk as each block runs; returns
+    the same model.
 
     ``dir``: a ``save_pretrained`` directory whose safetensors hold the
     weights (by default the model's ``name_or_path`` when it is a local
@@ -102,7 +105,7 @@ def stream_model(model, dir=None, device="cpu", prefetch=1, pool_bytes=None, blo
     ``False`` (or NVIO_DIRECT in the environment, or ``handle``'s setting)
     always win; ``True`` means O_DIRECT or an error.
     ``verify``: check each block read from nvio's weight store against the
-    CRC-32 written with it (StreamError, errno EBADMSG, on a mismatch);
+    CRC-32 written with it (WeightReadError, errno EBADMSG, on a mismatch);
     ``stats()["crc"]`` says whether blocks are checked (stores written
     before nvio kept CRC-32s are read unchecked; rebuild=True adds them).
     ``model._nvio_streamer.stats()`` says what was chosen: ``direct``,
@@ -113,9 +116,9 @@ def stream_model(model, dir=None, device="cpu", prefetch=1, pool_bytes=None, blo
     requires grad raises RuntimeError.
     """
     if hasattr(model, _ATTR):
-        raise RuntimeError("nvio: the model is streamed already (nvio.offload.unstream first)")
+        raise RuntimeError("nvio: the model runs from disk already (nvio.offload.run_from_memory first)")
     if not isinstance(model, nn.Module):
-        raise TypeError("nvio: stream_model takes an nn.Module, not %s" % type(model).__name__)
+        raise TypeError("nvio: run_from_disk takes an nn.Module, not %s" % type(model).__name__)
     if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
         raise ValueError("nvio: prefetch must be an int >= 0, not %r" % (prefetch,))
     if source not in ("auto", "safetensors", "store"):
@@ -123,7 +126,7 @@ def stream_model(model, dir=None, device="cpu", prefetch=1, pool_bytes=None, blo
     dev = torch.device(device)
     if dev.type == "cuda":
         if not _device.cuda_available():
-            raise RuntimeError("nvio: stream_model(device=%r): CUDA is not available "
+            raise RuntimeError("nvio: run_from_disk(device=%r): CUDA is not available "
                                "(torch.cuda.is_available() is False)" % (device,))
         if dev.index is None:
             dev = torch.device("cuda", _device.current_device())
@@ -135,26 +138,28 @@ def stream_model(model, dir=None, device="cpu", prefetch=1, pool_bytes=None, blo
     return model
 
 
-def unstream(model):
-    """Read the streamed weights back into ordinary tensors, remove the
-    hooks and free the pool: the model is as it was before stream_model."""
+def run_from_memory(model):
+    """Read the weights back into ordinary tensors, remove the hooks and
+    free the pool: the model is as it was before run_from_disk
+    (``unstream`` before 0.3)."""
     s = model.__dict__.get(_ATTR)
     if s is None:
-        raise ValueError("nvio: the model is not streamed")
+        raise ValueError("nvio: the model is not run from disk (nvio.offload.run_from_disk)")
     s.restore()
     del model.__dict__[_ATTR]
     return model
 
 
 @contextlib.contextmanager
-def streamed(model, *args, **kwargs):
-    """``with streamed(model, dir) as m:`` streams inside the block and
-    restores the model on the way out."""
-    stream_model(model, *args, **kwargs)
+def running_from_disk(model, *args, **kwargs):
+    """``with running_from_disk(model, dir) as m:`` runs the model from
+    disk inside the block and restores it on the way out (``streamed``
+    before 0.3)."""
+    run_from_disk(model, *args, **kwargs)
     try:
         yield model
     finally:
-        unstream(model)
+        run_from_memory(model)
 
 
 # --- finding blocks -----------------------------------------------------------
@@ -499,7 +504,7 @@ class _Streamer:
 
     def _use_store(self, rebuild, why):
         if self.dir is None:
-            raise ValueError("nvio: stream_model needs dir=, a directory for nvio's weight store "
+            raise ValueError("nvio: run_from_disk needs dir=, a directory for nvio's weight store "
                              "(%s)" % (why or "no safetensors to stream from"))
         os.makedirs(self.dir, exist_ok=True)
         persistent = [r for r in self.resident if r[5]]
@@ -663,11 +668,11 @@ class _Streamer:
         if crc is not None:
             got = _nvio.crc32(memoryview(buf)[off - a0:off - a0 + n])
             if got != crc:
-                raise StreamError(errno.EBADMSG, "nvio: %s: the %d bytes of tensor %r at offset "
-                                  "%d have CRC-32 %08x, the manifest says %08x: the weight "
-                                  "store is damaged (stream_model(..., rebuild=True) rewrites "
-                                  "it from weights in memory)" % (path, n, name, off, got, crc),
-                                  path)
+                raise WeightReadError(errno.EBADMSG, "nvio: %s: the %d bytes of tensor %r at offset "
+                                      "%d have CRC-32 %08x, the manifest says %08x: the weight "
+                                      "store is damaged (run_from_disk(..., rebuild=True) rewrites "
+                                      "it from weights in memory)" % (path, n, name, off, got, crc),
+                                      path)
         u8 = torch.frombuffer(buf, dtype=torch.uint8)
         return u8[off - a0:off - a0 + n].view(dtype).view(shape)
 
@@ -915,9 +920,9 @@ class _Streamer:
             self._stats["crc_s"] += secs
             if got != b.crc:
                 path, ((_so, off, n),) = next(iter(b.lay.reads.items()))
-                err = (path, StreamError(
+                err = (path, WeightReadError(
                     errno.EBADMSG, "the %d bytes of the block at offset %d have CRC-32 %08x, the "
-                    "manifest says %08x: the weight store is damaged (stream_model(..., "
+                    "manifest says %08x: the weight store is damaged (run_from_disk(..., "
                     "rebuild=True) rewrites it from weights in memory)"
                     % (n, off, got, b.crc), path))
         if err is not None:
@@ -937,8 +942,8 @@ class _Streamer:
 
     def _error(self, b, path, e):
         en = getattr(e, "errno", None) or errno.EIO
-        return StreamError(en, "nvio: reading the weights of layer %r from %s failed: %s"
-                           % (b.name, path, e), path)
+        return WeightReadError(en, "nvio: reading the weights of layer %r from %s failed: %s"
+                               % (b.name, path, e), path)
 
     # -- stats, restore -------------------------------------------------------
 
@@ -946,7 +951,7 @@ class _Streamer:
         """Memory bound and I/O so far. resident_bytes + pool_bytes is the
         peak resident weight memory (weights outside the pool are never
         materialised). direct, why, direct_inputs, o_direct: how blocks
-        are read (see stream_model)."""
+        are read (see run_from_disk)."""
         res = sum(t.numel() * t.element_size() for _, m, k, isp, t, _ in self.resident
                   if _materialised((m._parameters if isp else m._buffers)[k]))
         d = dict(self._stats)

@@ -88,14 +88,14 @@ def main(argv=None):
     import torch
     import transformers
     transformers.logging.set_verbosity_error()
-    from . import stream_model
+    from . import run_from_disk
     m, cfg, has_weights = _build(a.config, a.seed)
     store = a.config if has_weights else a.dir
     if store is None:
         raise SystemExit("nvio: %s holds no weights: give --dir for nvio's weight store" % a.config)
     t0 = time.perf_counter()
-    stream_model(m, store, device=a.device, prefetch=a.prefetch, pool_bytes=a.pool_bytes,
-                 direct=a.direct)
+    run_from_disk(m, store, device=a.device, prefetch=a.prefetch, pool_bytes=a.pool_bytes,
+                  direct=a.direct)
     setup = time.perf_counter() - t0
     s = m._nvio_streamer
     ids, tok = _prompt_ids(a.config, a.prompt, cfg.vocab_size, a.batch)

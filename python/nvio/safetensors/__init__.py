@@ -7,7 +7,7 @@
         w = f.get_slice("lm_head.weight")[:1024]
     sd = nst.load_model_dir("llama/")                 # sharded HF directories
     nst.load_into(model, "llama/")                    # in place, no 2nd copy
-    for name, t in nst.stream("llama/", window_bytes=1 << 30): ...
+    for name, t in nst.iter_tensors("llama/", window_bytes=1 << 30): ...
     model = nst.from_pretrained(AutoModelForCausalLM, "llama/")
     nst.save_model(model, "m.safetensors")            # tied weights saved once
     from nvio.safetensors import numpy as nst_np      # NumPy arrays, same files
@@ -21,13 +21,17 @@ Same arguments, results and files as the safetensors library
 raise :class:`SafetensorsError` (a ValueError, and the library's
 SafetensorError when it is installed) naming the file and the tensor.
 """
-from ._dir import load_into, load_model_dir, stream
+from ._dir import iter_tensors, load_into, load_model_dir
 from ._format import DTYPES, MAX_HEADER, SafetensorsError
 from ._hf import from_pretrained
 from ._io import load, load_file, save, save_file
 from ._lazy import safe_open
 from ._model import load_model, save_model
+from .. import _renamed
 
 __all__ = ["load_file", "load", "save_file", "save", "safe_open", "load_model", "save_model",
-           "load_model_dir", "load_into", "stream", "from_pretrained", "SafetensorsError",
+           "load_model_dir", "load_into", "iter_tensors", "from_pretrained", "SafetensorsError",
            "DTYPES", "MAX_HEADER"]
+
+# 0.3: stream -> iter_tensors (issue 31, one meaning per name); warns once.
+__getattr__ = _renamed.renamed(__name__, {"stream": "iter_tensors"}, globals())

@@ -229,7 +229,7 @@ def load_into(module, path, *, strict=True, handle=None):
     return missing, unexpected
 
 
-def stream(path, *, window_bytes=256 << 20, device="cpu", pin_memory=None, handle=None):
+def iter_tensors(path, *, window_bytes=256 << 20, device="cpu", pin_memory=None, handle=None):
     """Yield (name, tensor) of a file or model directory in file order
     (shards in name order) as their bytes arrive.
 
@@ -238,10 +238,12 @@ def stream(path, *, window_bytes=256 << 20, device="cpu", pin_memory=None, handl
     buffers beyond those whose tensors the caller still keeps (a tensor
     larger than half the window is read alone). Each yielded tensor is a
     view of its run's buffer, valid as long as the caller keeps it.
+    (``stream`` before 0.3: in nvio a Stream is libnvio's sequential
+    reader or writer.)
     """
     window = int(window_bytes)
     if window < 2:
-        raise ValueError("nvio.safetensors.stream: window_bytes must be >= 2, not %r"
+        raise ValueError("nvio.safetensors.iter_tensors: window_bytes must be >= 2, not %r"
                          % (window_bytes,))
     dev = target_device(device, _path(path))
     pin = pin_flag(pin_memory)
