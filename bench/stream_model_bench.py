@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """bench/stream_model_bench.py - greedy generation with a model's decoder
-layers streamed from disk: nvio.offload.stream_model against accelerate's
+layers read from disk: nvio.offload.run_from_disk against accelerate's
 disk offload and the model in memory, plus fio-best on the same files, in
 interleaved rotated rounds (../shared/BENCHMARKING.md).
 
@@ -10,8 +10,8 @@ The model: a Llama-style transformer from a config (random weights, fp32,
 
   memory      from_pretrained(dir): everything in memory
   nvio        model built on the meta device (accelerate.init_empty_weights,
-              buffers real), nvio.offload.stream_model(model, dir,
-              prefetch=P): layers streamed straight from the shards (O_DIRECT)
+              buffers real), nvio.offload.run_from_disk(model, dir,
+              prefetch=P): layers read straight from the shards (O_DIRECT)
   accelerate  from_pretrained(dir, device_map={layers: "disk", rest: "cpu"},
               offload_folder=...): accelerate's disk offload
   fio-best    the better of libaio 1 MiB x QD32 x 1 job and 8 MiB x QD32 x
@@ -106,7 +106,7 @@ def child(a):
         import nvio.offload
         with accelerate.init_empty_weights(include_buffers=False):
             m = transformers.AutoModelForCausalLM.from_config(config(a))
-        nvio.offload.stream_model(m, a.dir, prefetch=a.prefetch)
+        nvio.offload.run_from_disk(m, a.dir, prefetch=a.prefetch)
     m.eval()
     setup_s = time.perf_counter() - t0
     fwd, drops = [], []
@@ -292,7 +292,7 @@ def main():
 def report(a, res, names, modes, weight_bytes, t_start):
     import torch
     import nvio
-    lines = ["# stream_model: layers streamed from disk — %s" % datetime.date.today().isoformat(),
+    lines = ["# run_from_disk: layers read from disk — %s" % datetime.date.today().isoformat(),
              ""]
     mem = sh("awk '/MemTotal/ {printf \"%.1f GiB\", $2/1048576}' /proc/meminfo")
     cpu = sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").strip()

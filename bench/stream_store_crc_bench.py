@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """bench/stream_store_crc_bench.py - what checking nvio's weight store by
-CRC-32 costs a streamed model: greedy generation with stream_model(...,
+CRC-32 costs a model run from disk: greedy generation with run_from_disk(...,
 source="store") with verify=True against verify=False, in interleaved
 rounds (the order alternates), with reads through the page cache (every
 block a memory copy: the CRC's worst case) and with O_DIRECT.
@@ -52,9 +52,9 @@ def main():
     m = transformers.AutoModelForCausalLM.from_config(cfg).eval()
     ids = torch.randint(3, a.vocab, (a.batch, a.prompt))
     os.makedirs(a.dir, exist_ok=True)
-    nvio.offload.stream_model(m, a.dir, source="store")      # writes the store once
+    nvio.offload.run_from_disk(m, a.dir, source="store")      # writes the store once
     streamed = m._nvio_streamer.stats()["streamed_bytes"]
-    nvio.offload.unstream(m)
+    nvio.offload.run_from_memory(m)
     print("model: %d layers, %.0f MB streamed per forward; %d threads; %d rounds"
           % (a.layers, streamed / 1e6, torch.get_num_threads(), a.rounds), flush=True)
     times = {}
@@ -63,8 +63,8 @@ def main():
         for direct in [d == "1" for d in a.direct.split(",")]:
             order = (False, True) if r % 2 == 0 else (True, False)
             for verify in order:
-                nvio.offload.stream_model(m, a.dir, source="store", prefetch=a.prefetch,
-                                          direct=direct, verify=verify)
+                nvio.offload.run_from_disk(m, a.dir, source="store", prefetch=a.prefetch,
+                                           direct=direct, verify=verify)
                 t0 = time.perf_counter()
                 with torch.no_grad():
                     m.generate(ids, max_new_tokens=a.tokens, min_new_tokens=a.tokens,
@@ -72,7 +72,7 @@ def main():
                 t = time.perf_counter() - t0
                 s = m._nvio_streamer.stats()
                 assert s["crc"] is verify
-                nvio.offload.unstream(m)
+                nvio.offload.run_from_memory(m)
                 times.setdefault((direct, verify), []).append(t)
                 crc_s.setdefault((direct, verify), []).append((s["crc_s"], s["crc_wait_s"]))
     for direct in [d == "1" for d in a.direct.split(",")]:
