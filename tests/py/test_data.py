@@ -179,6 +179,86 @@ def test_plan_lanes():
     assert nd.plan_lanes([0, 5], [10, 10]) == [[0], [1]]
 
 
+def test_plan_reads_aligned_one_request_per_sample():
+    """O_DIRECT plans: every read a whole number of aligned blocks (the
+    last may stop at the file's end) at an aligned place in the buffer, in
+    file order without overlap (one lane); each sample inside its read;
+    filling the buffer by the plan gives every sample's bytes."""
+    rng = np.random.default_rng(4)
+    size = 1_000_003
+    data = rng.integers(0, 256, size, dtype=np.uint8)
+    for trial in range(300):
+        al = int(rng.choice([512, 4096, 8192]))
+        n = int(rng.integers(0, 50))
+        nb = rng.integers(0, 20_000, n)
+        offs = np.minimum(rng.integers(0, size, n), size - nb)
+        if trial % 3 == 0 and n:
+            offs[: n // 2] = offs[0] + np.arange(n // 2) * 3     # neighbours, duplicates
+            offs = np.minimum(offs, size - nb)
+        p = nd.plan_reads(offs, nb, al, size)
+        assert len(p.lanes) <= 1 and (len(p.lanes) == 1) == bool((nb > 0).any())
+        buf = np.zeros(p.total, np.uint8)
+        for ro, rl, rp, members, member_read in p.lanes:
+            assert (ro % al == 0).all() and (rp % al == 0).all()
+            assert ((rl % al == 0) | (ro + rl == size)).all() and (rl > 0).all()
+            assert (ro[1:] >= ro[:-1] + rl[:-1]).all()
+            assert sorted(members.tolist()) == [i for i in range(n) if nb[i] > 0]
+            for o, ln, at in zip(ro, rl, rp):
+                buf[at:at + ln] = data[o:o + ln]
+            g = member_read
+            assert (ro[g] <= offs[members]).all() and \
+                (offs[members] + nb[members] <= ro[g] + rl[g]).all()
+        for i in range(n):
+            assert buf[p.pos[i]:p.pos[i] + nb[i]].tobytes() == \
+                data[offs[i]:offs[i] + nb[i]].tobytes()
+    # align 1: the exact ranges, packed in sample order
+    p = nd.plan_reads([30, 0, 10], [10, 10, 20], 1, 100)
+    assert p.compact and p.total == 40 and p.pos.tolist() == [0, 10, 20]
+    assert [m.tolist() for _, _, _, m, _ in p.lanes] == [[1, 2, 0]]
+    # 8,196-byte samples at 4 KiB: three blocks each, neighbours merged
+    p = nd.plan_reads([8196, 0, 100_000], [8196, 8196, 8196], 4096, 200_000)
+    ro, rl, rp, _, _ = p.lanes[0]
+    assert ro.tolist() == [0, 98304] and rl.tolist() == [20480, 12288]
+    assert p.pos.tolist() == [8196, 0, 20480 + 100_000 - 98304]
+
+
+def test_direct_batches_are_aligned_reads_past_the_page_cache(tmp_path, engine, monkeypatch):
+    """With O_DIRECT a batch of unaligned samples is one aligned request per
+    sample straight into the buffer: no piece of it is unaligned (libnvio
+    would read an unaligned head and tail through the page cache), and
+    the file's pages stay out of the cache."""
+    d = tmp_path / "data"
+    d.mkdir()
+    if not nvio.probe(str(d))["direct_ok"]:
+        pytest.skip("O_DIRECT not supported in %s" % d)
+    p = str(d / "t.bin")
+    toks = tokens_file(p, 2_000_000, np.uint16)
+    with open(p, "rb") as f:
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    from nvio.data._read import cached_bytes
+    if cached_bytes(p) > 0:
+        pytest.skip("the page cache keeps %s after POSIX_FADV_DONTNEED" % p)
+    ds = nd.TokenWindows(p, 4097, dtype=np.uint16, header=0, engine=engine, direct=True)
+    calls = []
+    comp = nvio.completions(ds.source.handle)
+    real = comp.submit
+    monkeypatch.setattr(comp, "submit", lambda ops, **k: calls.append(list(ops)) or real(ops, **k))
+    idx = np.random.default_rng(7).integers(0, len(ds) - 8192, 64).tolist()
+    got = ds.read_batch(idx)
+    want = np.stack([toks[i:i + 4098] for i in idx])
+    assert got.numpy().tobytes() == want.tobytes()
+    pieces = [(nvio.buffer_info(b), off) for op in calls[0] for b, off in op[2]]
+    assert 0 < len(pieces) <= len(idx) and len(calls) == 1
+    for (addr, n), off in pieces:
+        assert off % 4096 == 0 and addr % 4096 == 0 and n % 4096 == 0, (addr, n, off)
+    assert cached_bytes(p) == 0
+    # the last window ends with the file, off the block grid: its last
+    # block is read through the page cache (O_DIRECT reads whole blocks)
+    got = ds.read_batch([len(ds) - 1, 0])
+    assert got.numpy().tobytes() == np.stack([toks[-4098:], toks[:4098]]).tobytes()
+
+
 def test_header_and_index_errors(tmp_path):
     p = str(tmp_path / "t.bin")
     tokens_file(p, 1000, np.uint16, (20240520, 1))

@@ -94,6 +94,8 @@ def test_every_dtype_and_mode_equals_megatron(datasets, engine, direct):
             a = ref[i][0] if mm else ref[i]
             assert same_array(t.numpy(), a), (prefix, i)
         assert len({t.untyped_storage().data_ptr() for t in batch if t.numel()}) <= 1
+        ptrs = [t.data_ptr() for t in batch if t.numel()]       # repeats do not alias
+        assert len(set(ptrs)) == len(ptrs)
 
 
 def test_indexed_dataset_in_workers(datasets):

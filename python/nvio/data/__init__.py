@@ -22,9 +22,9 @@ from ._datasets import IndexedDataset, TokenWindows, token_layout
 from ._errors import (DataError, DataFormatError, DataReadError, DataTruncatedError,
                       SampleIndexError, SampleTypeError)
 from ._loader import BatchLoader, collate
-from ._read import choose_direct, plan_lanes
+from ._read import choose_direct, plan_lanes, plan_reads
 
 __all__ = ["IndexedDataset", "TokenWindows", "BatchLoader", "collate", "DataError",
            "DataFormatError", "DataTruncatedError", "DataReadError", "SampleIndexError",
            "SampleTypeError",
-           "choose_direct", "plan_lanes", "token_layout"]
+           "choose_direct", "plan_lanes", "plan_reads", "token_layout"]

@@ -18,7 +18,8 @@ import numpy as np
 
 from . import _buffers, _index
 from ._errors import DataFormatError, DataTruncatedError, SampleIndexError, SampleTypeError
-from ._read import BLOCK_SIZE, QUEUE_DEPTH, PendingBatch, Source, choose_direct, read_error
+from ._read import (BLOCK_SIZE, QUEUE_DEPTH, PendingBatch, Source, choose_direct, plan_reads,
+                    read_error)
 
 _OPTS = ("engine", "direct", "queue_depth", "block_size", "gds")
 
@@ -76,13 +77,24 @@ class _Reader:
         gives the batch. device: None (host) or a CUDA device. buffer: a
         function nbytes -> buffer to land in (host only), else a new one."""
         samples = [self._position(i) for i in indices]
-        offsets, nbytes, slots, total = self._layout(samples)
-        if device is not None and str(device) != "cpu":
+        offsets, nbytes = self._ranges(samples)
+        on_device = device is not None and str(device) != "cpu"
+        # host batches with O_DIRECT: each sample's aligned covering range,
+        # one request each (see plan_reads); device memory takes the exact
+        # ranges (libnvio's bounce buffers or cuFile align them)
+        plan = plan_reads(offsets, nbytes, 1 if on_device else self.source.align(),
+                          self.source.size)
+        total = self._room(plan, nbytes)
+        if on_device:
             buf = _buffers.device(total, device)
         else:
             buf = buffer(total) if buffer is not None else _buffers.host(total)
-        return PendingBatch(self.source, samples, offsets, nbytes, slots, buf,
-                            lambda b: self._views(_buffers.as_tensor(b), samples, nbytes, slots))
+        return PendingBatch(self.source, samples, offsets, nbytes, plan, buf,
+                            lambda b: self._views(_buffers.as_tensor(b), samples, nbytes, plan))
+
+    def _room(self, plan, nbytes):
+        """Bytes of buffer a batch of plan needs."""
+        return plan.total
 
     def read_batch(self, indices, *, device=None):
         """The samples at indices, read as one vectored submission (see
@@ -184,20 +196,51 @@ class IndexedDataset(_Reader):
         arr = self._read_into(np.empty(n, self.index.dtype), off, i)
         return (arr, self.index.sequence_modes[i]) if self.multimodal else arr
 
-    def _layout(self, samples):
-        isz = self.index.dtype.itemsize
+    def _ranges(self, samples):
+        """(file offsets, byte counts) of samples."""
         s = np.asarray(samples, dtype=np.int64)
-        offsets = self.index.sequence_pointers[s]
-        nbytes = self.index.sequence_lengths[s].astype(np.int64) * isz
-        slots = np.zeros(len(s), np.int64)
-        if len(s) > 1:
-            np.cumsum(nbytes[:-1], out=slots[1:])
-        return offsets, nbytes, slots, int(nbytes.sum())
+        offsets = self.index.sequence_pointers[s].astype(np.int64)
+        return offsets, self.index.sequence_lengths[s].astype(np.int64) * self.index.dtype.itemsize
 
-    def _views(self, t, samples, nbytes, slots):
-        flat = t[:int(nbytes.sum())].view(_buffers.torch_dtype(self.index.dtype))
+    @staticmethod
+    def _repeats(plan, nbytes):
+        """Mask of the samples that share their place in the buffer with an
+        earlier one (an index twice in an aligned batch: read once)."""
+        rep = np.zeros(len(nbytes), bool)
+        if not plan.compact and len(nbytes) > 1:
+            order = np.argsort(plan.pos, kind="stable")
+            sp = plan.pos[order]
+            rep[order[1:]] = (sp[1:] == sp[:-1]) & (nbytes[order[1:]] > 0)
+        return rep
+
+    def _room(self, plan, nbytes):
+        """The reads, then room for a copy of each repeated sample."""
+        rep = self._repeats(plan, nbytes)
+        return (plan.total + 63) // 64 * 64 + int(nbytes[rep].sum()) if rep.any() else plan.total
+
+    def _views(self, t, samples, nbytes, plan):
+        """Each sample a view of the buffer t at its place in plan; a repeated
+        sample is copied after the reads first, so no two samples alias."""
+        tdt = _buffers.torch_dtype(self.index.dtype)
         isz = self.index.dtype.itemsize
-        return [flat[s // isz:(s + n) // isz] for s, n in zip(slots.tolist(), nbytes.tolist())]
+        pos = plan.pos
+        rep = self._repeats(plan, nbytes)
+        if rep.any():
+            pos = pos.copy()
+            at = (plan.total + 63) // 64 * 64
+            for i in np.flatnonzero(rep).tolist():
+                n = int(nbytes[i])
+                t[at:at + n].copy_(t[int(pos[i]):int(pos[i]) + n])
+                pos[i] = at
+                at += n
+        flat = t[:t.numel() // isz * isz].view(tdt)
+        out = []
+        for p, n in zip(pos.tolist(), nbytes.tolist()):
+            if p % isz:                 # a pointer off the dtype's grid: no view there
+                out.append(t[p:p + n].clone().view(tdt))
+            else:
+                out.append(flat[p // isz:(p + n) // isz])
+        return out
 
     @property
     def sequence_lengths(self):
@@ -308,14 +351,31 @@ class TokenWindows(_Reader):
         self._read_into(arr, self._offset(i), i)
         return torch.from_numpy(arr)
 
-    def _layout(self, samples):
+    def _ranges(self, samples):
         s = np.asarray(samples, dtype=np.int64)
         w = (self.seq_len + 1) * self.dtype.itemsize
-        offsets = self.header + s * (self.stride * self.dtype.itemsize)
-        slots = np.arange(len(s), dtype=np.int64) * w
-        return offsets, np.full(len(s), w, np.int64), slots, len(s) * w
+        return self.header + s * (self.stride * self.dtype.itemsize), np.full(len(s), w, np.int64)
 
-    def _views(self, t, samples, nbytes, slots):
-        n = len(samples) * (self.seq_len + 1)
-        return t[:n * self.dtype.itemsize].view(_buffers.torch_dtype(self.dtype)).view(
+    def _out_at(self, plan):
+        """Where the batch tensor starts in the buffer: at 0 where plan
+        packs the windows one after the other; else after the reads, where
+        _views copies each window from its aligned read."""
+        return 0 if plan.compact else (plan.total + 63) // 64 * 64
+
+    def _room(self, plan, nbytes):
+        return self._out_at(plan) + int(nbytes.sum())
+
+    def _views(self, t, samples, nbytes, plan):
+        """The batch: one tensor [len(samples), seq_len + 1] in t."""
+        w = (self.seq_len + 1) * self.dtype.itemsize
+        at = self._out_at(plan)
+        if not plan.compact:
+            # a window's aligned read has a different head each: rows at
+            # equal strides need one copy (about 1 us per window, host
+            # memory only: device batches are read compact)
+            a = t.numpy()
+            out = a[at:at + len(samples) * w].reshape(len(samples), w)
+            for i, p in enumerate(plan.pos.tolist()):
+                out[i] = a[p:p + w]
+        return t[at:at + len(samples) * w].view(_buffers.torch_dtype(self.dtype)).view(
             len(samples), self.seq_len + 1)

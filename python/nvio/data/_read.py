@@ -1,12 +1,16 @@
 """How nvio.data reads: one file per process, the direct-or-cached choice,
 and a batch as ONE vectored submission into one buffer.
 
-Deciding is separate from doing: :func:`plan_lanes` (pure) orders a batch's
-byte ranges into lanes of increasing, non-overlapping ranges, the form a
-vectored read with per-piece offsets takes (nvio_file_preadv with
-NVIO_OFFSET_PER_IOV); :class:`PendingBatch` hands every lane to libnvio in
-one ``submit`` (one op per lane, all in flight at once, the pieces at the
-handle's queue depth) and waits for their futures.
+Deciding is separate from doing: :func:`plan_reads` (pure) turns a batch's
+byte ranges into reads: with O_DIRECT each sample's covering aligned range
+(neighbours merged), one request per sample straight into an aligned slot
+of the buffer, the sample a view inside it; through the page cache the
+exact ranges, in lanes of increasing, non-overlapping ranges
+(:func:`plan_lanes`), the form a vectored read with per-piece offsets takes
+(nvio_file_preadv with NVIO_OFFSET_PER_IOV). :class:`PendingBatch` hands
+every lane to libnvio in one ``submit`` (one op per lane, all in flight at
+once, the pieces at the handle's queue depth, refilled as each completes)
+and waits for their futures.
 """
 import ctypes
 import errno as _errno
@@ -27,6 +31,12 @@ from ._index import regular_size
 QUEUE_DEPTH = 128
 #: Default request size: samples are small; staging is block_size * depth.
 BLOCK_SIZE = 128 << 10
+#: Sliding window: a request is refilled as soon as any completes (scattered
+#: small samples finish out of order; waiting for a whole round of
+#: queue_depth before the next left the device idle in the tail).
+OVERLAP = True
+#: The page libnvio aligns direct pieces to (NVIO__PAGE).
+LIB_PAGE = 4096
 #: Page cache kept free beyond the dataset before it is read cached.
 MARGIN = 256 << 20
 
@@ -161,6 +171,17 @@ def choose_direct(direct, paths_sizes):
     return need > room, why
 
 
+def read_align(f):
+    """The alignment batches are read at from f, an open nvio File: where
+    its handle reads with O_DIRECT, the larger of the file's O_DIRECT
+    offset and memory alignments and the page (libnvio cuts anything not
+    aligned to the page into a buffered head and tail); else 1."""
+    info = f.info()
+    if not info.get("direct") or not info.get("dio_offset_align"):
+        return 1
+    return max(LIB_PAGE, int(info["dio_offset_align"]), int(info.get("dio_mem_align") or 0))
+
+
 # --- one file per process ------------------------------------------------------
 
 
@@ -187,10 +208,11 @@ class Source:
         self._pid = None
         self._handle = None
         self._file = None
+        self._align = 1
 
     def __getstate__(self):
         s = dict(self.__dict__)
-        s.update(_pid=None, _handle=None, _file=None)
+        s.update(_pid=None, _handle=None, _file=None, _align=1)
         return s
 
     def file(self):
@@ -205,7 +227,8 @@ class Source:
         if self._pid != os.getpid():
             cls = nvio.GdsHandle if self.gds else nvio.AioHandle
             h = cls(block_size=self.block_size, queue_depth=self.queue_depth,
-                    engine=self.engine, direct="on" if self.direct else "off")
+                    overlap_events=OVERLAP, engine=self.engine,
+                    direct="on" if self.direct else "off")
             f = h.open(self.path)
             if f.size != self.size:
                 size, f_size = self.size, f.size
@@ -214,8 +237,15 @@ class Source:
                 raise DataReadError("%s changed size since the dataset was opened: %d bytes, "
                                     "was %d" % (self.path, f_size, size), self.path,
                                     errno=_errno.ESTALE)
+            self._align = read_align(f) if self.direct else 1
             self._handle, self._file, self._pid = h, f, os.getpid()
         return self._file
+
+    def align(self):
+        """The alignment this process's batches are read at (see
+        read_align; 1 when reading through the page cache)."""
+        self.file()
+        return self._align
 
     @property
     def handle(self):
@@ -260,6 +290,80 @@ def plan_lanes(offsets, nbytes):
     return lanes
 
 
+def plan_reads(offsets, nbytes, align=1, size=None):
+    """Where a batch's reads go: a pure function of the samples' byte
+    ranges [offsets[i], offsets[i] + nbytes[i]), the alignment O_DIRECT
+    needs (1: none, the page cache reads exact ranges) and the file's size.
+
+    align 1: each non-empty sample is one read of its exact bytes, packed
+    one after the other in the buffer, in lanes (see plan_lanes).
+    align > 1: each sample's covering aligned range (start rounded down,
+    end rounded up to align, clamped to size), ranges that touch or overlap
+    merged, in file order: ONE lane of reads that are each a whole number
+    of aligned blocks at an aligned place in the buffer, so libnvio moves
+    each with one O_DIRECT request straight into the buffer (an unaligned
+    range would be cut into a buffered head, a direct body and a buffered
+    tail: three requests, two of them through the page cache with its
+    readahead). A sample is then a view at its offset inside its read.
+
+    Returns a ReadPlan: lanes [(ro, rl, rp, members, member_read)] of
+    int64 arrays (reads' file offsets, lengths, buffer positions; the
+    sample positions each lane holds and, for each, its read number in the
+    lane), pos (each sample's byte position in the buffer; 0 if empty) and
+    total (the buffer's bytes)."""
+    offsets = np.asarray(offsets, dtype=np.int64).reshape(-1)
+    nbytes = np.asarray(nbytes, dtype=np.int64).reshape(-1)
+    n = len(offsets)
+    pos = np.zeros(n, np.int64)
+    if align <= 1:
+        if n > 1:
+            np.cumsum(nbytes[:-1], out=pos[1:])
+        lanes = []
+        for lane in plan_lanes(offsets, nbytes):
+            m = np.asarray(lane, np.int64)
+            lanes.append((offsets[m], nbytes[m], pos[m], m, np.arange(len(m), dtype=np.int64)))
+        return ReadPlan(lanes, pos, int(nbytes.sum()), 1)
+    keep = np.flatnonzero(nbytes > 0)
+    if keep.size == 0:
+        return ReadPlan([], pos, 0, align)
+    order = keep[np.argsort(offsets[keep], kind="stable")]
+    so = offsets[order]
+    a = so // align * align
+    e = (so + nbytes[order] + align - 1) // align * align
+    if size is not None:
+        e = np.minimum(e, max(int(size), 0))
+    reach = np.maximum.accumulate(e)
+    first = np.ones(len(order), bool)
+    first[1:] = a[1:] > reach[:-1]          # touching ranges merge: one larger request
+    group = np.cumsum(first) - 1
+    starts = np.flatnonzero(first)
+    ro = a[starts]
+    lasts = np.append(starts[1:] - 1, len(order) - 1)
+    rl = reach[lasts] - ro
+    rp = np.zeros(len(ro), np.int64)
+    if len(ro) > 1:
+        # every read but the last (which may end at the file's end) is a
+        # whole number of blocks: each lands at an aligned place
+        np.cumsum(rl[:-1], out=rp[1:])
+    pos[order] = rp[group] + (so - ro[group])
+    total = int(rp[-1] + rl[-1])
+    return ReadPlan([(ro, rl, rp, order, group)], pos, total, align)
+
+
+class ReadPlan:
+    """What plan_reads decided (see there)."""
+    __slots__ = ("lanes", "pos", "total", "align")
+
+    def __init__(self, lanes, pos, total, align):
+        self.lanes, self.pos, self.total, self.align = lanes, pos, total, align
+
+    @property
+    def compact(self):
+        """Whether the samples lie packed one after the other in the buffer
+        (no padding, nothing shared)."""
+        return self.align <= 1
+
+
 def _piece_maker(buf):
     """A function (start, n) -> a buffer nvio reads into: memoryview slices
     of host memory, tensor slices of device memory."""
@@ -270,32 +374,34 @@ def _piece_maker(buf):
 
 
 class PendingBatch:
-    """A batch in flight: every lane submitted at once (one nvio submit);
-    :meth:`wait` returns once all have landed or raises DataReadError
-    naming the file, the samples and their byte ranges."""
+    """A batch in flight: every lane of plan (a ReadPlan of the samples'
+    ranges offsets/nbytes) submitted at once (one nvio submit); :meth:`wait`
+    returns once all have landed or raises DataReadError naming the file,
+    the samples and their byte ranges."""
 
-    def __init__(self, source, samples, offsets, nbytes, slots, buf, finish):
+    def __init__(self, source, samples, offsets, nbytes, plan, buf, finish):
         self.source = source
         self.samples = samples
         self.offsets = np.asarray(offsets, dtype=np.int64)
         self.nbytes = np.asarray(nbytes, dtype=np.int64)
+        self.plan = plan
         self.buf = buf
         self._finish = finish
         self._result = None
         f = source.file()
         piece = _piece_maker(buf)
-        self.lanes = plan_lanes(self.offsets, self.nbytes)
         ops = []
-        for lane in self.lanes:
-            vec = [(piece(int(slots[i]), int(self.nbytes[i])), int(self.offsets[i])) for i in lane]
-            for j in range(0, len(vec), _nvio.MAX_IOV):
-                ops.append((_nvio.OP_READ, f, vec[j:j + _nvio.MAX_IOV], _nvio.OFFSET_PER_IOV,
-                            lane[j:j + _nvio.MAX_IOV]))
+        mx = _nvio.MAX_IOV
+        for k, (ro, rl, rp, _, _) in enumerate(plan.lanes):
+            vec = [(piece(p, n), o) for o, n, p in zip(ro.tolist(), rl.tolist(), rp.tolist())]
+            for j in range(0, len(vec), mx):
+                ops.append((_nvio.OP_READ, f, vec[j:j + mx], _nvio.OFFSET_PER_IOV,
+                            (k, j, j + mx)))
         try:
             self.futures = nvio.completions(source.handle).submit(ops) if ops else []
         except nvio.NvioError as e:
             self.futures = []
-            raise self._error(e, ops[0][4] if ops else []) from e
+            raise self._error(e, ops[0][4] if ops else None) from e
 
     def done(self):
         return all(f.done() for f in self.futures)
@@ -315,7 +421,14 @@ class PendingBatch:
             self.futures = []
         return self._result
 
-    def _error(self, e, lane):
+    def _error(self, e, where):
+        """DataReadError of e, an op's failure; where: (lane, first read,
+        end read) of the op."""
+        lane = []
+        if where is not None:
+            k, j0, j1 = where
+            _, _, _, members, member_read = self.plan.lanes[k]
+            lane = members[(member_read >= j0) & (member_read < j1)].tolist()
         return read_error(self.source, self.samples, self.offsets, self.nbytes, e, lane)
 
 

@@ -159,16 +159,14 @@ class _Recorder(_mid._BinReader):
                                        % (src.path, off, off + n, src.size), src.path,
                                        offset=off, nbytes=n)
         from . import _buffers
-        from ._read import PendingBatch
+        from ._read import PendingBatch, plan_reads
         offs = np.array([k[0] for k in keys], np.int64)
         sizes = np.array([k[1] for k in keys], np.int64)
-        slots = np.zeros(len(keys), np.int64)
-        if len(keys) > 1:
-            np.cumsum(sizes[:-1], out=slots[1:])
-        buf = _buffers.host(int(sizes.sum()))
-        mv = PendingBatch(src, ["at byte %d" % o for o in offs.tolist()], offs, sizes, slots, buf,
+        plan = plan_reads(offs, sizes, src.align(), src.size)
+        buf = _buffers.host(plan.total)
+        mv = PendingBatch(src, ["at byte %d" % o for o in offs.tolist()], offs, sizes, plan, buf,
                           lambda b: memoryview(_buffers.as_tensor(b).numpy())).wait()
-        return _Served(self.inner, {k: (int(s), mv) for k, s in zip(keys, slots.tolist())})
+        return _Served(self.inner, {k: (int(p), mv) for k, p in zip(keys, plan.pos.tolist())})
 
 
 class _Served(_mid._BinReader):
