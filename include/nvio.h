@@ -464,7 +464,8 @@ NVIO_API int nvio_config_save_tuned(const nvio_config_t *cfg, const char *dir,
  *                      Abandoning keeps the spare (its content is then
  *                      garbage; only its blocks matter).
  * Unknown flags, no READ/WRITE/ATOMIC, TRUNC/EXCL with ATOMIC, NOSYNC,
- * SPARE or SHARED without ATOMIC, or EXCL without CREATE are -EINVAL (CREATE with ATOMIC is allowed: implied). Returns the file, or NULL with *err set (the open's errno, or
+ * SPARE without ATOMIC, or EXCL without CREATE are -EINVAL (SHARED
+ * without ATOMIC: see nvio_file_join) (CREATE with ATOMIC is allowed: implied). Returns the file, or NULL with *err set (the open's errno, or
  * -EISDIR for a directory); the failure is also the calling thread's
  * nvio_last_error() for the handle.
  */
@@ -580,6 +581,10 @@ NVIO_API const char *nvio_file_temp_path(const nvio_file_t *f);
  * never creates or truncates. A joined file is a plain file: close never
  * removes it and nvio_file_commit is -EINVAL. share's struct_size must
  * cover dev and ino and its reserved fields must be 0 (-EINVAL).
+ * nvio_file_open(h, temp_path, NVIO_FILE_WRITE | NVIO_FILE_SHARED [|
+ * NVIO_FILE_READ], err), SHARED without ATOMIC, is the same open with
+ * every refusal but the identity's (for callers that compare it from
+ * nvio_file_info's fd themselves); other flags with it are -EINVAL.
  */
 typedef struct nvio_share {
 	uint32_t struct_size;	/* sizeof(nvio_share_t) */

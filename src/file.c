@@ -632,8 +632,10 @@ static int check_flags(unsigned flags, int by_fd)
 		return -EINVAL;
 	if ((flags & NVIO_FILE_ATOMIC) && (flags & (NVIO_FILE_EXCL | NVIO_FILE_TRUNC)))
 		return -EINVAL;	/* CREATE is what ATOMIC does anyway */
-	if ((flags & (NVIO_FILE_NOSYNC | NVIO_FILE_SPARE | NVIO_FILE_SHARED)) &&
-	    !(flags & NVIO_FILE_ATOMIC))
+	if ((flags & NVIO_FILE_SHARED) && !(flags & NVIO_FILE_ATOMIC))	/* a join */
+		return flags & ~(NVIO_FILE_READ | NVIO_FILE_WRITE | NVIO_FILE_SHARED) ||
+		       !(flags & NVIO_FILE_WRITE) ? -EINVAL : 0;
+	if ((flags & (NVIO_FILE_NOSYNC | NVIO_FILE_SPARE)) && !(flags & NVIO_FILE_ATOMIC))
 		return -EINVAL;
 	if ((flags & NVIO_FILE_EXCL) && !(flags & NVIO_FILE_CREATE))
 		return -EINVAL;
@@ -652,7 +654,8 @@ static int temp_like(const char *path)
 }
 
 /*
- * nvio_file_join: the shared temporary at f->path, and only it. Opened
+ * nvio_file_join (and an open with SHARED but not ATOMIC: sh NULL, no
+ * identity to compare): the shared temporary at f->path, and only it. Opened
  * without following a link, creating or truncating, and without blocking
  * (a FIFO planted at the name); then it must be a regular file of one
  * name, the caller's, with the identity its creator published.
@@ -684,7 +687,8 @@ static int open_joined(struct nvio_file *f, const nvio_share_t *sh, const char *
 		*what = f->st.st_nlink != 1 ? "join (a file with other names)" :
 			"join (another user's file)";
 		r = -EPERM;
-	} else if ((uint64_t)f->st.st_dev != sh->dev || (uint64_t)f->st.st_ino != sh->ino) {
+	} else if (sh && ((uint64_t)f->st.st_dev != sh->dev ||
+			  (uint64_t)f->st.st_ino != sh->ino)) {
 		*what = "join (not the creator's temporary: replaced or abandoned)";
 		r = -ESTALE;
 	} else if (nvio__sys.fcntl(fd, F_SETFL, 0) < 0) {
@@ -749,7 +753,8 @@ static int file_make(struct nvio_handle *h, const char *path, int fd, unsigned f
 	if (!r && !path) {
 		r = adopt_fd(f, fd, what);
 	} else if (!r) {
-		r = share ? open_joined(f, share, what) :
+		r = share || (flags & (NVIO_FILE_SHARED | NVIO_FILE_ATOMIC)) ==
+			     NVIO_FILE_SHARED ? open_joined(f, share, what) :
 		    flags & NVIO_FILE_ATOMIC ? open_temp(f, what) :
 		    open_plain(f, path, what);
 		f->fd = r;

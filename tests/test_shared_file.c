@@ -40,7 +40,7 @@ static ssize_t eio_writes(int is_write, int fd, uint64_t off, size_t n, ssize_t 
 }
 
 /*
- * A writer in a child: its own handle, joins, writes its share, closes.
+ * A writer in a child (this program run again with --writer): its own handle, joins, writes its share, closes.
  * Exits 0, or with the negated errno of the step that failed (fail: an
  * EIO on every write, through the table).
  */
@@ -81,9 +81,21 @@ static int run_writers(int engine, int direct, const char *tmp, const nvio_share
 	int first = 0, st;
 
 	for (int i = 1; i < WRITERS; i++) {
+		char a[8][32];
+
+		snprintf(a[0], 32, "%llu", (unsigned long long)sh->dev);
+		snprintf(a[1], 32, "%llu", (unsigned long long)sh->ino);
+		snprintf(a[2], 32, "%d", i);
+		snprintf(a[3], 32, "%d", WRITERS);
+		snprintf(a[4], 32, "%d", fail_one && i == 1);
+		snprintf(a[5], 32, "%d", engine);
+		snprintf(a[6], 32, "%d", direct);
 		pids[i] = fork();
-		if (pids[i] == 0)
-			writer(engine, direct, tmp, sh, i, WRITERS, fail_one && i == 1);
+		if (pids[i] == 0) {	/* a fresh process (TSan: no threads after fork) */
+			execl("/proc/self/exe", "test_shared_file", "--writer", tmp, a[0], a[1],
+			      a[2], a[3], a[4], a[5], a[6], (char *)NULL);
+			_exit(127);
+		}
 	}
 	for (int i = 1; i < WRITERS; i++) {
 		if (pids[i] < 0 || waitpid(pids[i], &st, 0) < 0) {
@@ -238,12 +250,28 @@ static void refusals(void)
 	T_TRUE(nvio_file_join(h, name, &sh, NVIO_FILE_WRITE, &err) == NULL);
 	T_EQ_INT(err, -EPERM);
 	nvio__sys_reset();
+	/* the open with SHARED but not ATOMIC: the same refusals, no identity */
+	f = nvio_file_open(h, name, NVIO_FILE_WRITE | NVIO_FILE_SHARED, &err);
+	if (T_TRUE(f != NULL)) {
+		T_ERR(nvio_file_commit(f), -EINVAL);
+		T_OK(nvio_file_close(f));
+		T_EQ_INT(t_file_size(name), 100);
+	}
+	T_TRUE(nvio_file_open(h, name, NVIO_FILE_SHARED, &err) == NULL);	/* no WRITE */
+	T_EQ_INT(err, -EINVAL);
+	T_TRUE(nvio_file_open(h, name, NVIO_FILE_WRITE | NVIO_FILE_SHARED | NVIO_FILE_TRUNC,
+			      &err) == NULL);
+	T_EQ_INT(err, -EINVAL);
+	T_TRUE(nvio_file_open(h, other, NVIO_FILE_WRITE | NVIO_FILE_SHARED, &err) == NULL);
+	T_EQ_INT(err, -EINVAL);		/* no temporary's name (and nothing there) */
 	/* a symbolic link at the name: refused, its target untouched */
 	T_OK(t_write_file(victim, old, 100));
 	unlink(name);
 	T_OK(symlink(victim, name) < 0 ? -errno : 0);
 	sh = plant(victim);
 	T_TRUE(nvio_file_join(h, name, &sh, NVIO_FILE_WRITE, &err) == NULL);
+	T_EQ_INT(err, -ELOOP);
+	T_TRUE(nvio_file_open(h, name, NVIO_FILE_WRITE | NVIO_FILE_SHARED, &err) == NULL);
 	T_EQ_INT(err, -ELOOP);
 	unlink(name);
 	/* a FIFO: refused without blocking (no reader, then a reader-writer open) */
@@ -339,8 +367,18 @@ static void faults(void)
 	nvio_handle_destroy(h);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+	if (argc == 10 && !strcmp(argv[1], "--writer")) {
+		nvio_share_t sh = { .struct_size = sizeof(sh) };
+
+		nu = t_alloc(N);
+		t_fill_random(nu, N, 2);
+		sh.dev = strtoull(argv[3], NULL, 10);
+		sh.ino = strtoull(argv[4], NULL, 10);
+		writer(atoi(argv[8]), atoi(argv[9]), argv[2], &sh, atoi(argv[5]), atoi(argv[6]),
+		       atoi(argv[7]));
+	}
 	t_init("shared_file");
 	old = t_alloc(N);
 	nu = t_alloc(N);
