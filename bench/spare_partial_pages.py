@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import checkpoint_bench as cb  # noqa: E402
 from nvio import _nvio  # noqa: E402
 from nvio.checkpoint import _save  # noqa: E402
-from nvio.checkpoint._plan import Plan  # noqa: E402
+from nvio._base.plan import Plan  # noqa: E402
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]

@@ -43,6 +43,7 @@ import os
 import time
 
 from . import _atomic, _nvio
+from ._base.handle import default_handle
 
 __all__ = ["FastFileWriter", "FastFileWriterConfig", "MockFileWriter", "PyFileWriter"]
 
@@ -455,7 +456,6 @@ class FastFileWriter(_BaseWriter):
         self._n, self._rank, self._stripe = n, rank, cfg.stripe_bytes
         h = cfg.dnvme_handle
         if h is None:
-            from .checkpoint import default_handle
             h = default_handle()
         if not hasattr(h, "open"):
             raise TypeError("nvio: dnvme_handle must be an nvio AioHandle or GdsHandle "
@@ -478,8 +478,8 @@ class FastFileWriter(_BaseWriter):
     # -- parallel writers: one shared temporary --------------------------------------
 
     def _open_shared(self):
-        import torch.distributed as dist
-        from .checkpoint._dist import _Group
+        import torch.distributed as dist   # torch is optional for nvio.compat's writers
+        from ._base.group import Group
         group = self._cfg.group
         if group is None:
             if not (dist.is_available() and dist.is_initialized()):
@@ -488,7 +488,7 @@ class FastFileWriter(_BaseWriter):
                                  "FastFileWriterConfig(group=...) with the writers' group"
                                  % self._n)
             group = dist.group.WORLD
-        g = _Group(group, self._path, None)
+        g = Group(group, self._path, None)
         if g.size != self._n or g.rank != self._rank:
             raise ValueError("nvio: writer_rank=%d of num_parallel_writers=%d does not match "
                              "the process group (rank %d of %d)"

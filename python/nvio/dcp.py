@@ -85,9 +85,15 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from . import _atomic, _device, _nvio, _regular
-from .checkpoint import _zip
-from .checkpoint._plan import DEFAULT_ALIGN, CheckpointError, Plan, _executor, crc_submit
-from .checkpoint._save import _crc_device, atomic_flags, reserve_space, write_device
+from ._base import torchzip as _zip
+from ._base.crc import crc_device, crc_submit, executor
+from ._base.group import Group, GroupFailure, barrier, group_timeout
+from ._base.handle import default_handle
+from ._base.pieces import locked_buffer, write_device
+from ._base.plan import DEFAULT_ALIGN, CheckpointError, Plan
+from ._base.space import atomic_flags, reserve_space
+from ._base.views import tensor_u8 as _u8
+from ._base.views import u8
 
 __all__ = ["FileSystemWriter", "FileSystemReader", "UnsafeCheckpointError", "save",
            "async_save", "load", "METADATA_MAX_BYTES"]
@@ -117,14 +123,7 @@ _BOUNCE = 256 << 20
 def _handle(handle):
     if handle is not None:
         return handle
-    from .checkpoint._save import default_handle
     return default_handle()
-
-
-def _u8(t):
-    """A flat uint8 view of a contiguous tensor's bytes (no copy)."""
-    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(
-        t.untyped_storage(), t.storage_offset() * t.element_size(), (t.nbytes,), (1,))
 
 
 def _exact(t):
@@ -182,7 +181,7 @@ def _layout_file(items, resolve, path, align, crc):
         _device.synchronize([s for _, s in dev])    # torch's writes to them ended
     if crc:
         host = [(r, s) for r, s in recs if not _device.is_device(s)]
-        dev_crcs = [_executor().submit(_crc_device, s, r.size) for r, s in dev]
+        dev_crcs = [executor().submit(crc_device, s, r.size) for r, s in dev]
         for (r, _), c in zip(host, crc_submit([(s.data_ptr(), r.size) for r, s in host])()):
             r.crc = c
         for (r, _), c in zip(dev, dev_crcs):
@@ -193,7 +192,7 @@ def _layout_file(items, resolve, path, align, crc):
 def _file_vector(images):
     """Every byte of a laid-out rank file as (buffer, offset) pieces: the
     host's in one vector, and the storages in device memory apart (they go
-    to the file from device memory: checkpoint._save.write_device)."""
+    to the file from device memory: nvio._base.pieces.write_device)."""
     vec, dev = [], []
     for im in images:
         if im.raw is not None:
@@ -206,8 +205,7 @@ def _file_vector(images):
         for off, b in runs:
             if isinstance(b, torch.UntypedStorage):
                 on_dev = _device.is_device(b)
-                b = torch.empty(0, dtype=torch.uint8, device=b.device).set_(
-                    b, 0, (b.nbytes(),), (1,))
+                b = u8(b)
                 if on_dev:
                     dev.append((b, off))
                     continue
@@ -556,13 +554,11 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
             return
         t = self.timeout
         if t is None:
-            from .checkpoint._dist import group_timeout
             t = group_timeout(g)
         elif not isinstance(t, datetime.timedelta):
             t = datetime.timedelta(seconds=t)
         try:
-            from .checkpoint._dist import barrier     # names the dead, from the group's store
-            barrier(g, t, what)
+            barrier(g, t, what)     # names the dead, from the group's store
         except RuntimeError as e:
             if quiet:
                 return
@@ -675,14 +671,13 @@ class _StagingPool:
             else:
                 b = None
         if b is None:
-            from .handles import _locked_buffer
             try:
-                b = _locked_buffer(max(n, 4096), False)
+                b = locked_buffer(max(n, 4096), False)
             except OSError as e:
                 # O_DIRECT needs aligned memory, not locked memory: past
                 # RLIMIT_MEMLOCK, page-aligned memory that is not locked
                 _warn_unlocked(e)
-                b = _locked_buffer(max(n, 4096), True)
+                b = locked_buffer(max(n, 4096), True)
         self.hold(b)
         return b
 
@@ -1488,18 +1483,17 @@ def _gloo_group(group):
 
 
 def _watch(group, timeout):
-    """The group helper of nvio.checkpoint._dist for ``group``, which makes
+    """The group helper (nvio._base.group) for ``group``, which makes
     this process beat its heartbeat in the group's store from here on (a
     death inside DCP's collectives can then be told); None where there is
     no such group."""
     g = _gloo_group(group)
     if g is None:
         return None
-    from .checkpoint._dist import _Group
     if timeout is not None and not isinstance(timeout, datetime.timedelta):
         timeout = datetime.timedelta(seconds=timeout)
     try:
-        return _Group(g, None, timeout)
+        return Group(g, None, timeout)
     except Exception:   # noqa: BLE001 - naming the dead is best effort; DCP runs anyway
         return None
 
@@ -1519,7 +1513,6 @@ def _named(store, e, path, what, watch=None):
         return e
     if isinstance(e, _DCPException):
         return e    # every rank's own error, gathered: each rank came, none died
-    from .checkpoint._dist import GroupFailure
     try:
         c = watch.cause(what, e)
     except Exception:   # noqa: BLE001 - best effort: the original error stands

@@ -17,7 +17,7 @@ import pytest
 
 import nvio
 import nvio_testutil
-from nvio.checkpoint import _zip
+from nvio._base import torchzip as _zip
 
 torch = pytest.importorskip("torch")
 

@@ -19,7 +19,8 @@ import pytest
 import nvio
 import nvio_testutil
 from nvio import _cli
-from nvio.checkpoint import _inspect, _zip
+from nvio._base import torchzip as _zip
+from nvio.checkpoint import _inspect
 from nvio.checkpoint.__main__ import main as ck_main
 
 torch = pytest.importorskip("torch")

@@ -20,7 +20,9 @@ import pytest
 
 import nvio
 import nvio_testutil
-from nvio.checkpoint import _plan
+from nvio._base import crc as _crc
+from nvio._base import plan as _plan
+from nvio._base.views import u8
 
 torch = pytest.importorskip("torch")
 
@@ -181,8 +183,8 @@ def test_crc_submit_with_sources_copies_then_checksums(chunk):
     srcs = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
             for n in (0, 7, 4096, 250001, 1 << 20)]
     dsts = [torch.zeros_like(t) for t in srcs]
-    got = _plan.crc_submit([(t.data_ptr(), t.numel()) for t in dsts],
-                           [t.data_ptr() for t in srcs], chunk)()
+    got = _crc.crc_submit([(t.data_ptr(), t.numel()) for t in dsts],
+                          [t.data_ptr() for t in srcs], chunk)()
     assert got == [zlib.crc32(t.numpy().tobytes()) for t in srcs]
     for a, b in zip(dsts, srcs):
         assert torch.equal(a, b)
@@ -231,7 +233,7 @@ def test_snapshot_of_many_storages_lands_at_each_record(monkeypatch, chunk):
     _async._snapshot(dst, plan.data)
     want = torch.full((plan.size,), 0xA5, dtype=torch.uint8)
     for r, s in plan.data:
-        want[r.data_offset:r.end] = _plan.u8(s)
+        want[r.data_offset:r.end] = u8(s)
     assert torch.equal(dst, want)
 
 
@@ -359,7 +361,7 @@ def test_meta_pieces_and_directory_size(monkeypatch, limit):
     """meta_pieces covers exactly the bytes the records say, merged into
     maximal runs between tensor records; Plan.size (from directory_size)
     is where the directory ends; zip64 records too (limit lowered)."""
-    from nvio.checkpoint import _zip
+    from nvio._base import torchzip as _zip
     if limit:
         monkeypatch.setattr(_zip, "ZIP64_LIMIT", limit)
     sd = many(300, seed=6)
@@ -439,7 +441,7 @@ def test_packed_writer_error_leaves_old_checkpoint(tmp_path, monkeypatch):
     with pytest.raises(MemoryError, match="injected"):
         nvio.save(many(300, seed=9), p)
     # the failing window's other batches (one per CRC thread) ran; no later window
-    assert 3 <= n[0] < 3 + _plan._executor().n
+    assert 3 <= n[0] < 3 + _crc.executor().n
     assert p.read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == ["ck.pt"]
 
@@ -496,7 +498,7 @@ def test_gc_paused_while_pickling_and_restored(tmp_path, monkeypatch):
     """Plan pickles, and load parses, with the cyclic collector off, and
     each leaves it as it found it: on, off, and after a pickling error."""
     import gc
-    from nvio.checkpoint import _zip
+    from nvio._base import torchzip as _zip
     states = []
 
     def spy(self, obj):

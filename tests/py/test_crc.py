@@ -87,11 +87,11 @@ def test_crc32_many_equals_zlib_per_region():
 def test_crc_submit_splits_and_joins():
     """The checkpoint code's CRC batches: regions cut into CRC_CHUNK pieces,
     dealt to threads, joined again, equal zlib's CRC of each region."""
-    from nvio.checkpoint import _plan
+    from nvio._base import crc
     rng = np.random.default_rng(4)
     bufs = [rng.integers(0, 256, n, dtype=np.uint8) for n in
-            (5, 0, _plan.CRC_CHUNK * 2 + 3, 1 << 20, _plan.CRC_CHUNK, 77)]
-    got = _plan.crc_submit([(b.ctypes.data, b.nbytes) for b in bufs])()
+            (5, 0, crc.CRC_CHUNK * 2 + 3, 1 << 20, crc.CRC_CHUNK, 77)]
+    got = crc.crc_submit([(b.ctypes.data, b.nbytes) for b in bufs])()
     assert got == [zlib.crc32(b.tobytes()) for b in bufs]
 
 
@@ -100,8 +100,8 @@ def test_crc_submit_waits_for_every_batch_before_raising(monkeypatch):
     frees the memory they read (or copy into) as soon as result() returns."""
     import threading
     import time
-    from nvio.checkpoint import _plan
-    monkeypatch.setattr(_plan, "_executor", lambda pool=_plan._CrcPool(2): pool)
+    from nvio._base import crc
+    monkeypatch.setattr(crc, "executor", lambda pool=crc.CrcPool(2): pool)
     ended = threading.Event()
     calls = []
 
@@ -114,7 +114,7 @@ def test_crc_submit_waits_for_every_batch_before_raising(monkeypatch):
         return [0] * len(regions)
     monkeypatch.setattr(_nvio, "crc32_many", batch)
     bufs = [np.zeros(1000, dtype=np.uint8) for _ in range(4)]
-    wait = _plan.crc_submit([(b.ctypes.data, b.nbytes) for b in bufs])
+    wait = crc.crc_submit([(b.ctypes.data, b.nbytes) for b in bufs])
     with pytest.raises(MemoryError, match="first batch"):
         wait()
     assert len(calls) == 2

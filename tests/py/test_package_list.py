@@ -18,7 +18,8 @@ def _in_tree():
     base = os.path.join(ROOT, "python")
     found = set()
     for d, dirs, files in os.walk(os.path.join(base, "nvio")):
-        dirs[:] = [x for x in dirs if not x.startswith(("_", "."))]
+        # private packages too (nvio._base ships); _ext holds C sources, no __init__.py
+        dirs[:] = [x for x in dirs if not x.startswith(".") and x != "__pycache__"]
         if "__init__.py" in files:
             found.add(os.path.relpath(d, base).replace(os.sep, "."))
     return found

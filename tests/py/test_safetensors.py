@@ -20,7 +20,8 @@ torch = pytest.importorskip("torch")
 st = pytest.importorskip("safetensors.torch")
 safetensors = pytest.importorskip("safetensors")
 from nvio import safetensors as nst  # noqa: E402
-from nvio.safetensors import _format, _lazy  # noqa: E402
+from nvio._base import stformat as _format  # noqa: E402
+from nvio.safetensors import _lazy  # noqa: E402
 
 DTYPES = [d for d in (torch.float64, torch.float32, torch.float16, torch.bfloat16,
                       torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,

@@ -11,7 +11,7 @@ into the tensors. ``python -m nvio.checkpoint info|verify PATH`` inspects one.
 """
 from ._async import AsyncCheckpointer, async_save, default_checkpointer
 from ._load import load
-from ._plan import CheckpointError, DEFAULT_ALIGN
+from .._base.plan import CheckpointError, DEFAULT_ALIGN
 from ._save import default_handle, save
 
 __all__ = ["save", "load", "async_save", "AsyncCheckpointer", "default_checkpointer",

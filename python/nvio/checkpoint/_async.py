@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import concurrent.futures
 import errno
 import os
 import threading
@@ -31,8 +32,12 @@ import weakref
 import torch
 
 from .. import _device, _nvio
+from .._atomic import hold_replaced, release_replaced
+from .._base.crc import crc_submit
+from .._base.handle import default_handle
+from .._base.plan import DEFAULT_ALIGN, Plan
+from .._base.space import atomic_flags, reserve_space
 from .._futures import NvioFuture
-from ._plan import DEFAULT_ALIGN, Plan, crc_submit
 
 __all__ = ["AsyncCheckpointer", "async_save", "default_checkpointer"]
 
@@ -56,7 +61,6 @@ def _copy_threads():
     global _copier
     with _copier_lock:
         if _copier is None:
-            import concurrent.futures
             try:
                 cpus = len(os.sched_getaffinity(0))
             except (AttributeError, OSError):
@@ -334,10 +338,7 @@ class AsyncCheckpointer:
         self._check()
         h = self._handle
         if h is None:
-            from ._save import default_handle
             h = default_handle()
-        from .._atomic import hold_replaced, release_replaced
-        from ._save import atomic_flags, reserve_space
         flags = atomic_flags(durable, spare)
         old = None if spare else hold_replaced(path)
         try:

@@ -1,7 +1,7 @@
 """What a checkpoint holds and whether it is intact: ``info`` and ``verify``.
 
 Both read torch's zip checkpoints, nvio's and plain ``torch.save``'s, with
-the parsers of :mod:`._zip` (end records, central directory, local headers)
+the parsers of :mod:`nvio._base.torchzip` (end records, central directory, local headers)
 and plain ``pread``; neither runs code from the file. The pickle is
 unpickled by torch's weights-only unpickler with every storage on the meta
 device, so tensors show their dtype, shape and key path without a byte of
@@ -27,8 +27,9 @@ import sys
 import zlib
 
 from .. import _nvio
-from . import _zip
-from ._plan import NVIO_FORMAT, NVIO_RECORD
+from .._base import torchzip as _zip
+from .._base.handle import default_handle
+from .._base.plan import NVIO_FORMAT, NVIO_RECORD
 
 # libnvio's CRC-32 (several times zlib's speed where the CPU has carry-less
 # multiplication); zlib's where this build lacks it
@@ -688,7 +689,6 @@ class _Reader:
         self.ar = ar
         self.file = None
         try:
-            from ._save import default_handle
             self.file = default_handle().open(ar.path, _nvio.FILE_READ)
             self.bufs = [memoryview(_nvio.LockedBuffer(CHUNK)) for _ in range(2)]
         except (OSError, MemoryError):

@@ -12,7 +12,6 @@ a buffered head and tail around a direct middle.
 from __future__ import annotations
 
 import io
-import mmap as _mmap
 import os
 import pickle
 import struct
@@ -21,15 +20,17 @@ import sys
 import torch
 
 from .. import _device, _nvio
-from . import _zip
-from ._plan import NVIO_FORMAT, NVIO_RECORD, CheckpointError, crc_submit, gc_paused, u8
+from .._base import torchzip as _zip
+from .._base.crc import crc_submit
+from .._base.handle import default_handle
+from .._base.pieces import alloc_host as _alloc_host
+from .._base.pieces import alloc_region as _alloc_region
+from .._base.pieces import read_pieces as _read_pieces
+from .._base.plan import NVIO_FORMAT, NVIO_RECORD, CheckpointError, gc_paused
+from .._base.views import u8
+from ._dist import load_group
 
 __all__ = ["load", "load_plain", "Index", "open_index"]
-
-#: Storages from this size on get their own page-aligned mapping (so that
-#: O_DIRECT reads land in them without a copy); smaller ones come from
-#: torch's allocator.
-ALIGNED_ALLOC_MIN = 64 << 10
 
 #: The largest metadata record (byteorder, .storage_alignment, nvio's
 #: layout version) read: such records hold a few bytes, and a corrupt file
@@ -207,53 +208,6 @@ def check_predicted(ix, span):
 def _raise_trunc(path, e=None):
     where = " (record %s)" % e.name if e is not None else ""
     raise _err(path, "the zip archive is truncated%s" % where)
-
-
-def _read_pieces(f, pieces):
-    """Read [(buffer, offset)] (offsets increasing, no overlap) in as few
-    vectored ops as nvio takes."""
-    step = _nvio.MAX_IOV
-    for i in range(0, len(pieces), step):
-        f.preadv(pieces[i:i + step], _nvio.OFFSET_PER_IOV)
-
-
-# --- where storages go -------------------------------------------------------
-
-
-def _alloc_host(nbytes, pin):
-    """An untyped CPU storage of nbytes whose memory suits O_DIRECT."""
-    if pin:
-        from ..handles import _locked_buffer
-        if nbytes == 0:
-            return torch.UntypedStorage(0)
-        return torch.frombuffer(_locked_buffer(nbytes, False), dtype=torch.uint8).untyped_storage()
-    if nbytes < ALIGNED_ALLOC_MIN:
-        return torch.UntypedStorage(nbytes)
-    return torch.frombuffer(_anon(nbytes), dtype=torch.uint8).untyped_storage()
-
-
-def _anon(nbytes):
-    """Private anonymous memory, in transparent huge pages where the kernel
-    gives them. (mmap.mmap(-1, n) alone is *shared* anonymous memory, which
-    gets no huge pages unless shmem_enabled says so: filling it cost 0.85-0.9
-    CPU s/GB here, 4 KiB faults of shmem, against 0.12 s/GB for private
-    memory in huge pages; 0.59 s/GB private in 4 KiB pages.)"""
-    m = _mmap.mmap(-1, nbytes, flags=_mmap.MAP_PRIVATE | _mmap.MAP_ANONYMOUS)
-    if nbytes >= 2 << 20 and hasattr(m, "madvise") and hasattr(_mmap, "MADV_HUGEPAGE"):
-        try:
-            m.madvise(_mmap.MADV_HUGEPAGE)
-        except OSError:
-            pass
-    return m
-
-
-def _alloc_region(nbytes, pin):
-    """Page-aligned host memory for every storage of a checkpoint at once
-    (a buffer object; huge pages where the kernel gives them)."""
-    if pin:
-        from ..handles import _locked_buffer
-        return _locked_buffer(nbytes, False)
-    return _anon(nbytes)
 
 
 class _Span:
@@ -621,10 +575,9 @@ def load(f, map_location=None, weights_only=True, mmap=False, *, handle=None,
     kw = dict(map_location=map_location, weights_only=weights_only, mmap=mmap,
               handle=handle, pin_memory=pin_memory, verify=verify)
     if group is not None:
-        from ._dist import load_group
         if share != "auto":
             share = _nvio.check_flag(share, "share")
-        return load_group(f, group, share=share, **kw)
+        return load_group(load_plain, f, group, share=share, **kw)
     return load_plain(f, **kw)
 
 
@@ -645,7 +598,6 @@ def load_plain(f, map_location=None, weights_only=True, mmap=False, handle=None,
                              "and verify cannot go with it" % path)
         return _torch_load(path, map_location, weights_only, True)
     if handle is None:
-        from ._save import default_handle
         handle = default_handle()
     args = (path, map_location, weights_only, handle, pin, verify, _read_all)
     lazy = weights_only and _read_all is None

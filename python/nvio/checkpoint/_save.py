@@ -15,116 +15,22 @@ behind.
 """
 from __future__ import annotations
 
-import errno
 import os
-import threading
 
 import torch
 
 from .. import _device, _nvio
 from .._atomic import hold_replaced, release_replaced
-from ._plan import DEFAULT_ALIGN, Plan, _executor, crc_submit, u8
+from .._base.crc import crc_device, crc_submit, executor
+from .._base.handle import default_handle
+from .._base.pieces import wait_all as _wait_all
+from .._base.pieces import write_device
+from .._base.plan import DEFAULT_ALIGN, Plan
+from .._base.space import atomic_flags, reserve_space
+from .._base.views import u8
+from ._dist import save_group
 
-__all__ = ["save", "default_handle", "write_plan", "write_plans", "write_device",
-           "atomic_flags"]
-
-_handle = None
-_handle_lock = threading.Lock()
-
-
-def default_handle():
-    """The handle nvio's checkpoint functions use when given none: made on
-    first use for throughput (8 MiB blocks, queue depth 32, up to 4 workers)."""
-    global _handle
-    with _handle_lock:
-        if _handle is None or _handle.closed:
-            from ..handles import AioHandle
-            _handle = AioHandle(block_size=8 << 20, queue_depth=32,
-                                intra_op_parallelism=max(1, min(4, os.cpu_count() or 1)))
-        return _handle
-
-
-def reserve_space(f, size):
-    """Allocate size bytes of the open file f up front, so that a full disk
-    fails the save (ENOSPC) before any data moves; where the file system has
-    no fallocate (EOPNOTSUPP, EINVAL) the writes allocate as they go. Files
-    under 1 MiB are left alone."""
-    if size >= 1 << 20:
-        try:
-            f.allocate(0, size)
-        except _nvio.NvioError as e:
-            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                raise
-
-
-def _forget_handle_after_fork():
-    global _handle, _handle_lock
-    _handle = None              # the parent's: unusable here (ECHILD)
-    _handle_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_handle_after_fork)
-
-
-def atomic_flags(durable, spare=False):
-    """The nvio File flags of a crash-safe save (``durable``, ``spare``:
-    see :func:`save`)."""
-    return (_nvio.FILE_ATOMIC | (0 if durable else _nvio.FILE_NOSYNC) |
-            (_nvio.FILE_SPARE if spare else 0))
-
-
-#: Bytes of a device storage copied to the host at a time for its CRC-32.
-DEVICE_CRC_CHUNK = 8 << 20
-
-
-def _crc_device(storage, n):
-    """CRC-32 of a device storage's first n bytes, from copies of
-    DEVICE_CRC_CHUNK bytes at a time into one host buffer (runs on a CRC
-    thread)."""
-    buf = torch.empty(min(n, DEVICE_CRC_CHUNK), dtype=torch.uint8)
-    crc = 0
-    for off in range(0, n, DEVICE_CRC_CHUNK):
-        k = min(DEVICE_CRC_CHUNK, n - off)
-        _device.copy_to_host(buf[:k], storage, off)
-        crc = _nvio.crc32(buf[:k], crc)
-    return crc
-
-
-def write_device(f, pieces):
-    """Start writing [(uint8 tensor over device memory, file offset)]
-    straight from device memory; their futures. libnvio takes a vector all
-    on one device, and cuFile one buffer per op: a GDS handle gets an op
-    per piece, any other handle vectored ops per device (its bounce
-    buffers)."""
-    gds = f.handle.uses_gds()
-    groups = {}
-    for t, off in pieces:
-        if t.numel():
-            groups.setdefault(_device.location(t.untyped_storage()), []).append((t, off))
-    futs = []
-    for group in groups.values():
-        if gds:
-            futs += [f.pwrite_async(t, off) for t, off in group]
-        else:
-            step = _nvio.MAX_IOV
-            futs += [f.pwritev_async(group[i:i + step], _nvio.OFFSET_PER_IOV)
-                     for i in range(0, len(group), step)]
-    return futs
-
-
-def _wait_all(futs):
-    """Wait for every future (their buffers are busy until then); raise the
-    first failure."""
-    first = None
-    for fut in futs:
-        try:
-            fut.result()
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            if first is None:
-                first = e
-    if first is not None:
-        raise first
+__all__ = ["save", "default_handle", "write_plan", "write_plans"]
 
 
 def write_plan(plan, f):
@@ -246,7 +152,7 @@ def write_plans(f, placed, size):
 
     Storages in device memory (CUDA) go to the file from device memory,
     through the handle's bounce buffers or cuFile; their CRC-32s come from
-    chunked copies to the host (:func:`_crc_device`)."""
+    chunked copies to the host (``crc_device``)."""
     host, dev = [], []
     for base, plan in placed:
         for r, s in plan.data:
@@ -259,7 +165,7 @@ def write_plans(f, placed, size):
         _device.synchronize([s for _, _, s in dev])   # torch's writes to them ended
     pieces = [(u8(s), base + r.data_offset) for base, r, s in host if r.size]
     crcs = crc_submit([(s.data_ptr(), r.size) for _, r, s in host])
-    dev_crcs = [_executor().submit(_crc_device, s, r.size) for _, r, s in dev]
+    dev_crcs = [executor().submit(crc_device, s, r.size) for _, r, s in dev]
     futs = []
     try:
         if pieces:
@@ -325,7 +231,6 @@ def save(obj, f, *, durable=True, handle=None, align=DEFAULT_ALIGN,
     durable = _nvio.check_flag(durable, "durable")
     spare = _nvio.check_flag(spare, "spare")
     if group is not None:
-        from ._dist import save_group
         return save_group(obj, f, group, durable=durable, handle=handle, align=align,
                           pickle_protocol=pickle_protocol,
                           writers_per_node=writers_per_node, timeout=timeout, spare=spare)

@@ -20,12 +20,16 @@ order: parameters are bit-identical to the in-memory optimizer's.
 from __future__ import annotations
 
 import errno
-import os
 import threading
+import time
 
 import torch
 
 from .. import _nvio
+from .._base.crc import crc_submit
+from .._base.plan import Plan
+from .._base.views import numel
+from ._model import ModelOffload, _owner
 from ._swapper import ALIGN, Swapper, _up
 
 __all__ = ["NVMeOptimizer"]
@@ -130,7 +134,6 @@ class NVMeOptimizer:
             for p in g["params"]:
                 params.append((len(params), gi, p))
         if model_offload is None:
-            from ._model import _owner
             model_offload = _owner([p for _, _, p in params])
         self._model = model_offload
         numel = model_offload.numel if model_offload is not None else (lambda p: p.numel())
@@ -227,7 +230,7 @@ class NVMeOptimizer:
         for idx, lay in sg.layout.items():
             d = {}
             for name, off, dtype, shape in lay:
-                n = _numel(shape) * dtype.itemsize
+                n = numel(shape) * dtype.itemsize
                 d[name] = region[off:off + n].view(dtype).view(shape) if n else \
                     torch.empty(shape, dtype=dtype)
             out[idx] = d
@@ -537,7 +540,6 @@ class NVMeOptimizer:
         :func:`nvio.save` would: ``torch.load``/``nvio.load`` read it), with
         the tensor bytes streamed from NVMe one sub-group at a time: memory
         is one sub-group's region, not the state."""
-        from ..checkpoint._plan import Plan, crc_submit
         self.swapper.wait()
         state, masters, where = {}, {}, {}
         for sg in self._subgroups:
@@ -627,20 +629,11 @@ def _check_args(sub_group_numel, pool_bytes, master_weights, swapper, model_offl
         raise TypeError("nvio.offload: NVMeOptimizer: swapper must be an "
                         "nvio.offload.Swapper, not %s" % type(swapper).__name__)
     if model_offload is not None:
-        from ._model import ModelOffload
         if not isinstance(model_offload, ModelOffload):
             raise TypeError("nvio.offload: NVMeOptimizer: model_offload must be the "
                             "ModelOffload from offload_model(), not %s"
                             % type(model_offload).__name__)
 
 
-def _numel(shape):
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
 def _now():
-    import time
     return time.perf_counter()

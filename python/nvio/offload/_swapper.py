@@ -36,7 +36,6 @@ from __future__ import annotations
 import atexit
 import bisect
 import errno
-import itertools
 import json
 import os
 import threading
@@ -45,6 +44,7 @@ import weakref
 import torch
 
 from .. import _device, _nvio
+from .._base.views import numel, tensor_u8
 from .._futures import NvioFuture, completions
 from ..handles import AioHandle
 from . import _trust
@@ -190,20 +190,6 @@ class _Key:
 
 def _dtype_name(dt):
     return str(dt).replace("torch.", "")
-
-
-def _u8(t):
-    """A flat uint8 view of a contiguous tensor's bytes."""
-    return t.reshape(-1).view(torch.uint8) if t.element_size() == 1 or t.numel() == 0 \
-        else t.view(-1).view(torch.uint8)
-
-
-def _flat_u8(t):
-    if t.numel() == 0:
-        return torch.empty(0, dtype=torch.uint8, device=t.device)
-    if t.dim() == 0:
-        t = t.reshape(1)
-    return t.contiguous().view(-1).view(torch.uint8) if t.is_contiguous() else None
 
 
 _live = weakref.WeakSet()
@@ -563,7 +549,8 @@ class Swapper:
             # host or CUDA memory: written from where it is (libnvio's
             # bounce buffers or cuFile for device memory)
             dev = bool(nbytes) and _device.is_device(tensor.untyped_storage())
-            held = _flat_u8(tensor) if tensor.device.type == "cpu" or dev else None
+            held = tensor_u8(tensor) if tensor.is_contiguous() and \
+                (tensor.device.type == "cpu" or dev) else None
             if held is None:
                 raise ValueError(
                     "nvio.offload: swap_out of key %r needs %d bytes of pool (the tensor is "
@@ -696,7 +683,7 @@ class Swapper:
         with self._cond:
             k = self._committed(key)
             e = k.entry
-            if out.dtype != e.dtype or out.numel() != _numel(e.shape):
+            if out.dtype != e.dtype or out.numel() != numel(e.shape):
                 raise ValueError("nvio.offload: key %r holds %s %s; out is %s %s"
                                  % (key, _dtype_name(e.dtype), list(e.shape),
                                     _dtype_name(out.dtype), list(out.shape)))
@@ -712,7 +699,7 @@ class Swapper:
                     self._result(rfut)
                 if out.numel() and out.is_contiguous() and \
                         _device.is_device(out.untyped_storage()):
-                    _device.copy_to_device(_flat_u8(out), _u8(resident))
+                    _device.copy_to_device(tensor_u8(out), tensor_u8(resident))
                 else:
                     out.copy_(resident.view(out.shape))
             finally:
@@ -721,7 +708,7 @@ class Swapper:
             fut = NvioFuture(key)
             fut.set_result(out)
             return fut if async_op else out
-        direct = _flat_u8(out) if out.is_contiguous() else None
+        direct = tensor_u8(out) if out.is_contiguous() else None
         if direct is not None and direct.numel() and _device.is_device(out.untyped_storage()):
             _device.synchronize([out.untyped_storage()])    # torch's work on out ended
         r = None
@@ -1093,13 +1080,6 @@ def _dec_key_checked(F, d, field, depth):
     F.list(v, field + ".t")
     return tuple(_dec_key_checked(F, k, "%s.t[%d]" % (field, j), depth + 1)
                  for j, k in enumerate(v))
-
-
-def _numel(shape):
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _enc_key(key):

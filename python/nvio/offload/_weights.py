@@ -36,8 +36,7 @@ import os
 
 import torch
 
-from ..safetensors import _dir as std
-from ..safetensors import _format as stf
+from .._base import stformat as stf
 from . import _trust
 
 __all__ = []
@@ -117,7 +116,7 @@ def find_safetensors(dir):
     if dir is None or not os.path.isdir(dir) or \
             not any(f.endswith(".safetensors") for f in os.listdir(dir)):
         return None
-    files, where = std.resolve(dir)
+    files, where = stf.resolve(dir)
     out = {}
     for p in files:
         for name, e in read_safetensors_header(p).items():

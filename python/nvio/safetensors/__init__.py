@@ -22,7 +22,7 @@ raise :class:`SafetensorsError` (a ValueError, and the library's
 SafetensorError when it is installed) naming the file and the tensor.
 """
 from ._dir import iter_tensors, load_into, load_model_dir
-from ._format import DTYPES, MAX_HEADER, SafetensorsError
+from .._base.stformat import DTYPES, MAX_HEADER, SafetensorsError
 from ._hf import from_pretrained
 from ._io import load, load_file, save, save_file
 from ._lazy import safe_open

@@ -9,84 +9,14 @@ pool), all shards' ops in flight together.
 from __future__ import annotations
 
 import collections
-import json
-import os
 
 import torch
 
-from .. import _nvio, _regular
-from ..checkpoint._save import default_handle
-from ._format import SafetensorsError, _Dup, _no_dups
-from ._io import (_open_error, _path, check_torch, open_file, pin_flag, read_header,
+from .. import _nvio
+from .._base.handle import default_handle
+from .._base.stformat import _err, _path, resolve
+from ._io import (check_torch, open_file, pin_flag, read_header,
                   read_runs, runs, submit_run, target_device, tensors_of_runs, view, wait_all)
-
-INDEX = "model.safetensors.index.json"
-SINGLE = "model.safetensors"
-#: Largest index file read (the biggest published ones are a few MB).
-MAX_INDEX = 64 << 20
-
-
-def _err(path, msg):
-    return SafetensorsError("nvio.safetensors: %s: %s" % (path, msg), path)
-
-
-def _read_index(index_path):
-    """The bytes of an index file: a regular file of at most MAX_INDEX
-    bytes. Opened without blocking and checked before reading, so that a
-    FIFO, a device or a directory in its place is an error, never a hang."""
-    try:
-        return _regular.read_small(index_path, MAX_INDEX, lambda msg: SafetensorsError(
-            "nvio.safetensors: the index " + msg, index_path))
-    except SafetensorsError:
-        raise
-    except OSError as e:
-        raise _open_error(e, index_path) from None
-
-
-def _index_shards(index_path, root):
-    """[shard path] (sorted) and {tensor: shard path} from an index file."""
-    raw = _read_index(index_path)
-    try:
-        obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_dups)
-    except _Dup as e:
-        raise _err(index_path, "names %r twice" % (e.args[0],)) from None
-    except (ValueError, RecursionError) as e:
-        raise _err(index_path, "not a valid JSON index (%s)" % str(e)[:200]) from None
-    wm = obj.get("weight_map") if isinstance(obj, dict) else None
-    if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
-        raise _err(index_path, "no weight_map object of tensor name -> shard file")
-    where = {}
-    for name, shard in wm.items():
-        parts = shard.replace("\\", "/").split("/")
-        if os.path.isabs(shard) or ".." in parts or not shard:
-            raise _err(index_path, "tensor %r: shard %r is not a file inside the directory"
-                       % (name, shard))
-        where[name] = os.path.join(root, shard)
-    return sorted(set(where.values())), where
-
-
-def resolve(path_or_dir):
-    """([shard paths] in load order, {tensor: shard} or None) for a file, or
-    a directory with an index or a single model.safetensors."""
-    p = _path(path_or_dir)
-    if not os.path.isdir(p):
-        if not os.path.exists(p):
-            raise FileNotFoundError(2, "nvio.safetensors: no such file or directory", p)
-        return [p], None
-    idx = os.path.join(p, INDEX)
-    if os.path.isfile(idx):
-        return _index_shards(idx, p)
-    if os.path.isfile(os.path.join(p, SINGLE)):
-        return [os.path.join(p, SINGLE)], None
-    idxs = sorted(n for n in os.listdir(p) if n.endswith(".safetensors.index.json"))
-    if len(idxs) == 1:
-        return _index_shards(os.path.join(p, idxs[0]), p)
-    files = sorted(n for n in os.listdir(p) if n.endswith(".safetensors"))
-    if len(files) == 1:
-        return [os.path.join(p, files[0])], None
-    raise _err(p, "no %s or %s here (and not exactly one other index or .safetensors file "
-               "to use instead)" % (INDEX, SINGLE))
-
 
 def _check_index(where, headers):
     """Every tensor the index places in a shard is in that shard's header."""

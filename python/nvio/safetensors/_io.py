@@ -15,18 +15,19 @@ file as it was.
 """
 from __future__ import annotations
 
-import os
-import stat
 import sys
 
 import torch
 
-from .. import _device, _nvio, _regular
-from ..checkpoint._load import _alloc_host, _read_pieces
-from ..checkpoint._plan import u8
-from ..checkpoint._save import atomic_flags, default_handle, reserve_space, write_device
-from ._format import (BY_TORCH, PACKED, PREFIX, SafetensorsError, header_length, layout,
-                      parse_header)
+from .. import _device, _nvio
+from .._base.handle import default_handle
+from .._base.pieces import alloc_host as _alloc_host
+from .._base.pieces import read_pieces as _read_pieces
+from .._base.pieces import write_device
+from .._base.space import atomic_flags, reserve_space
+from .._base.stformat import (BY_TORCH, PACKED, PREFIX, SafetensorsError, _open_error, _path,
+                              header_length, layout, parse_header)
+from .._base.views import u8
 from ._shared import shared_groups
 
 #: Bytes of a file read with the length prefix in one go (most headers fit).
@@ -37,13 +38,6 @@ FIRST_READ = 64 << 10
 #: is read instead of one buffer for the file first and all reads after.
 RUN_BYTES = 64 << 20
 PAGE = 4096
-
-
-def _path(filename):
-    if not isinstance(filename, (str, bytes, os.PathLike)):
-        raise TypeError("nvio.safetensors: filename must be a path (str, bytes or "
-                        "os.PathLike), not %s" % type(filename).__name__)
-    return os.fsdecode(filename)
 
 
 #: safetensors' ``backend`` values. nvio never maps a file: both read
@@ -66,44 +60,6 @@ def check_backend(backend):
         raise SafetensorsError("nvio.safetensors: backend %r is not one of %s"
                                % (backend, ", ".join(map(repr, BACKENDS))))
     return backend
-
-
-_OPEN_ERRORS = {}
-
-
-def _open_error(e, path):
-    """An OSError of e's own class (FileNotFoundError, PermissionError, and
-    nvio's NvioError subclasses of them) whose message is what went wrong
-    and the path, as safetensors words it ("No such file or directory:
-    PATH"), with errno and filename set. libnvio's own message for a failed
-    open describes it as an I/O op of 0 bytes at offset 0."""
-    what = os.strerror(e.errno)
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        mode = stat.S_IFREG
-    if not stat.S_ISREG(mode):
-        what += " (%s, not a regular file)" % _kind(mode)
-    return _open_error_of(type(e), e.errno, what, path)
-
-
-def _open_error_of(cls, err, what, path):
-    """cls's subclass (made once) that reads "WHAT: PATH", instantiated.
-    It pickles as a call of this function (the subclass is made at run
-    time, so pickle cannot name it): the error crosses process boundaries
-    (multiprocessing, executors) whole."""
-    sub = _OPEN_ERRORS.get(cls)
-    if sub is None:
-        sub = type(cls.__name__, (cls,), {
-            "__str__": lambda self: "%s: %s" % (self.strerror, self.filename),
-            "__reduce__": lambda self: (_open_error_of, (cls, self.errno, self.strerror,
-                                                         self.filename)),
-            "__module__": cls.__module__})
-        _OPEN_ERRORS[cls] = sub
-    return sub(err, what, path)
-
-
-_kind = _regular.kind
 
 
 def open_file(h, path, flags):

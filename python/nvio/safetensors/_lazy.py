@@ -13,17 +13,14 @@ import operator
 import torch
 
 from .. import _device, _nvio
-from ..checkpoint._load import _read_pieces
-from ..checkpoint._save import default_handle
-from ._format import PACKED, SafetensorsError
-from ._io import _path, check_backend, check_torch, open_file, read_header, target_device
+from .._base.handle import default_handle
+from .._base.pieces import read_pieces as _read_pieces
+from .._base.stformat import PACKED, SafetensorsError, _path
+from .._base.views import tensor_u8 as _bytes_of
+from ._io import check_backend, check_torch, open_file, read_header, read_owned, target_device
 
 #: A slice cut into more runs than this is read whole and indexed in memory.
 MAX_RUNS = 1 << 16
-
-
-def _bytes_of(t):
-    return t.reshape(-1).view(torch.uint8)
 
 
 def _empty(shape, dtype, device):
@@ -137,7 +134,6 @@ class safe_open:  # noqa: N801  (the safetensors library's name)
             _read_pieces(self._f, [(_np_bytes(out[e.name]), header.data_start + e.begin)
                                    for e in header.by_offset() if e.nbytes])
             return out
-        from ._io import read_owned
         return read_owned(self._f, header, self._device, None)
 
     def get_slice(self, name):

@@ -17,8 +17,9 @@ import sys
 
 import numpy as np
 
-from ._format import DTYPES, PREFIX, SafetensorsError, header_length, layout, parse_header
-from ._io import _path, write_planned
+from .._base.stformat import (DTYPES, PREFIX, SafetensorsError, _path, header_length, layout,
+                              parse_header)
+from ._io import write_planned
 from ._lazy import NP_DTYPES, safe_open
 
 #: NumPy dtype -> safetensors dtype code.

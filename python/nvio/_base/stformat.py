@@ -1,4 +1,4 @@
-"""The safetensors format, decided without touching a file.
+"""The safetensors format, decided without touching a file (and a model directory's files).
 
 A safetensors file is: 8 bytes (little-endian u64) N, N bytes of a JSON
 object (``{"__metadata__": {str: str}, name: {"dtype": D, "shape": [..],
@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 
 import torch
+
+from .. import _regular
 
 #: The safetensors library refuses headers longer than this (100 MB): so do we.
 MAX_HEADER = 100_000_000
@@ -54,6 +58,9 @@ else:
         def __init__(self, msg, filename=None):
             super().__init__(msg)
             self.filename = filename
+
+# public as nvio.safetensors.SafetensorsError (defined here, under its readers)
+SafetensorsError.__module__ = "nvio.safetensors"
 
 
 class DType:
@@ -290,3 +297,119 @@ def layout(specs, metadata=None):
                          "(%s)" % e) from None
     body += b" " * (-len(body) % 8)
     return len(body).to_bytes(8, "little") + body, placed
+
+
+# --- paths, open errors and a model directory's files ----------------------
+
+
+def _path(filename):
+    if not isinstance(filename, (str, bytes, os.PathLike)):
+        raise TypeError("nvio.safetensors: filename must be a path (str, bytes or "
+                        "os.PathLike), not %s" % type(filename).__name__)
+    return os.fsdecode(filename)
+
+
+_OPEN_ERRORS = {}
+
+
+def _open_error(e, path):
+    """An OSError of e's own class (FileNotFoundError, PermissionError, and
+    nvio's NvioError subclasses of them) whose message is what went wrong
+    and the path, as safetensors words it ("No such file or directory:
+    PATH"), with errno and filename set. libnvio's own message for a failed
+    open describes it as an I/O op of 0 bytes at offset 0."""
+    what = os.strerror(e.errno)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = stat.S_IFREG
+    if not stat.S_ISREG(mode):
+        what += " (%s, not a regular file)" % _kind(mode)
+    return _open_error_of(type(e), e.errno, what, path)
+
+
+def _open_error_of(cls, err, what, path):
+    """cls's subclass (made once) that reads "WHAT: PATH", instantiated.
+    It pickles as a call of this function (the subclass is made at run
+    time, so pickle cannot name it): the error crosses process boundaries
+    (multiprocessing, executors) whole."""
+    sub = _OPEN_ERRORS.get(cls)
+    if sub is None:
+        sub = type(cls.__name__, (cls,), {
+            "__str__": lambda self: "%s: %s" % (self.strerror, self.filename),
+            "__reduce__": lambda self: (_open_error_of, (cls, self.errno, self.strerror,
+                                                         self.filename)),
+            "__module__": cls.__module__})
+        _OPEN_ERRORS[cls] = sub
+    return sub(err, what, path)
+
+
+_kind = _regular.kind
+
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+#: Largest index file read (the biggest published ones are a few MB).
+MAX_INDEX = 64 << 20
+
+
+def _err(path, msg):
+    return SafetensorsError("nvio.safetensors: %s: %s" % (path, msg), path)
+
+
+def _read_index(index_path):
+    """The bytes of an index file: a regular file of at most MAX_INDEX
+    bytes. Opened without blocking and checked before reading, so that a
+    FIFO, a device or a directory in its place is an error, never a hang."""
+    try:
+        return _regular.read_small(index_path, MAX_INDEX, lambda msg: SafetensorsError(
+            "nvio.safetensors: the index " + msg, index_path))
+    except SafetensorsError:
+        raise
+    except OSError as e:
+        raise _open_error(e, index_path) from None
+
+
+def _index_shards(index_path, root):
+    """[shard path] (sorted) and {tensor: shard path} from an index file."""
+    raw = _read_index(index_path)
+    try:
+        obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_dups)
+    except _Dup as e:
+        raise _err(index_path, "names %r twice" % (e.args[0],)) from None
+    except (ValueError, RecursionError) as e:
+        raise _err(index_path, "not a valid JSON index (%s)" % str(e)[:200]) from None
+    wm = obj.get("weight_map") if isinstance(obj, dict) else None
+    if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+        raise _err(index_path, "no weight_map object of tensor name -> shard file")
+    where = {}
+    for name, shard in wm.items():
+        parts = shard.replace("\\", "/").split("/")
+        if os.path.isabs(shard) or ".." in parts or not shard:
+            raise _err(index_path, "tensor %r: shard %r is not a file inside the directory"
+                       % (name, shard))
+        where[name] = os.path.join(root, shard)
+    return sorted(set(where.values())), where
+
+
+def resolve(path_or_dir):
+    """([shard paths] in load order, {tensor: shard} or None) for a file, or
+    a directory with an index or a single model.safetensors."""
+    p = _path(path_or_dir)
+    if not os.path.isdir(p):
+        if not os.path.exists(p):
+            raise FileNotFoundError(2, "nvio.safetensors: no such file or directory", p)
+        return [p], None
+    idx = os.path.join(p, INDEX)
+    if os.path.isfile(idx):
+        return _index_shards(idx, p)
+    if os.path.isfile(os.path.join(p, SINGLE)):
+        return [os.path.join(p, SINGLE)], None
+    idxs = sorted(n for n in os.listdir(p) if n.endswith(".safetensors.index.json"))
+    if len(idxs) == 1:
+        return _index_shards(os.path.join(p, idxs[0]), p)
+    files = sorted(n for n in os.listdir(p) if n.endswith(".safetensors"))
+    if len(files) == 1:
+        return [os.path.join(p, files[0])], None
+    raise _err(p, "no %s or %s here (and not exactly one other index or .safetensors file "
+               "to use instead)" % (INDEX, SINGLE))

@@ -1,47 +1,39 @@
-"""What a checkpoint file will hold: the pickle, the storages, their offsets.
+"""A torch.save file image laid out: the pickle, the storages, their offsets.
 
-``plan(obj, path)`` pickles ``obj`` the way ``torch.save`` does (protocol 2,
+``Plan(obj, path)`` pickles ``obj`` the way ``torch.save`` does (protocol 2,
 every storage replaced by the persistent id
 ``("storage", storage_type, key, location, numel)``, one record per storage
 however many tensors view it) and lays out the records of torch's zip
-format with each storage's data on a multiple of ``align``. It neither
-opens nor writes a file, so an object that cannot be pickled fails before
-anything on disk is touched.
-
-CRC-32 of tensor bytes is computed by ``crc_submit`` in threads with
-libnvio's ``nvio_crc32`` (carry-less multiplication where the CPU has it,
-several times zlib's speed; it releases the GIL), in chunks combined with
-``crc32_combine``.
+format (:mod:`.torchzip`) with each storage's data on a multiple of
+``align``. It neither opens nor writes a file, so an object that cannot be
+pickled fails before anything on disk is touched. Shared by nvio.save
+(checkpoint), nvio.dcp (one image per item) and the offload optimizer's
+state files; their CRCs come from :mod:`.crc`.
 """
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import contextlib
 import copyreg
 import gc
 import io
 import os
 import pickle
-import queue
 import secrets
 import sys
-import threading
 import types
 import zlib
 
 import torch
 
 from .. import _device, _nvio
-from . import _zip
+from . import torchzip as _zip
 
 #: Record data aligned to this by default: the page size (every O_DIRECT
 #: alignment Linux asks of a file on a local disk divides it).
 DEFAULT_ALIGN = 4096
 #: The zip format's version record, as torch writes it.
 ZIP_VERSION = "3\n"
-#: Bytes of tensor data per CRC task.
-CRC_CHUNK = 32 << 20
 #: nvio's own marker record: the version of nvio's layout rules.
 NVIO_FORMAT = 1
 NVIO_RECORD = ".data/nvio_format"
@@ -50,7 +42,10 @@ NVIO_RECORD = ".data/nvio_format"
 class CheckpointError(ValueError):
     """A checkpoint cannot be written or read as asked: the message names the
     file and what is wrong (truncated, corrupt, newer format, a bad object).
-    ``filename`` is the checkpoint's path."""
+    ``filename`` is the checkpoint's path. (Public as
+    ``nvio.checkpoint.CheckpointError``; defined here, under every writer.)"""
+
+    __module__ = "nvio.checkpoint"
 
     def __init__(self, msg, filename=None):
         super().__init__(msg)
@@ -69,12 +64,6 @@ def archive_name(path):
     except UnicodeEncodeError:      # a file name of bytes that are not UTF-8
         return "archive"
     return name
-
-
-def u8(storage):
-    """A flat uint8 tensor over an untyped storage's bytes (no copy)."""
-    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(
-        storage, 0, (storage.nbytes(),), (1,))
 
 
 @contextlib.contextmanager
@@ -335,114 +324,3 @@ class Plan:
         parts.append(self.layout.directory())
         runs.append((start, b"".join(parts)))
         return runs
-
-
-# --- CRC-32 -----------------------------------------------------------------
-
-
-def crc32_combine(crc1, crc2, len2):
-    """CRC-32 of A + B from crc(A), crc(B) and len(B) (zlib's crc32_combine)."""
-    return _nvio.crc32_combine(crc1, crc2, len2)
-
-
-class _CrcPool:
-    """Threads that compute CRC-32s (nvio_crc32 releases the GIL). Not a
-    concurrent.futures executor: those refuse work once interpreter exit has
-    begun, and async saves still finish at exit."""
-
-    def __init__(self, n):
-        self.n = n
-        self.q = queue.SimpleQueue()
-        self.threads = []
-        self.lock = threading.Lock()
-
-    def submit(self, fn, *args):
-        fut = concurrent.futures.Future()
-        with self.lock:
-            if len(self.threads) < self.n:
-                t = threading.Thread(target=self._run, name="nvio-crc", daemon=True)
-                t.start()
-                self.threads.append(t)
-        self.q.put((fut, fn, args))
-        return fut
-
-    def _run(self):
-        while True:
-            fut, fn, args = self.q.get()
-            try:
-                fut.set_result(fn(*args))
-            except BaseException as e:  # noqa: BLE001 - it goes to the future
-                fut.set_exception(e)
-
-
-_pool = None
-_pool_lock = threading.Lock()
-
-
-def _executor():
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = _CrcPool(max(1, min(8, os.cpu_count() or 1)))
-        return _pool
-
-
-def _reset_after_fork():
-    global _pool, _pool_lock
-    _pool = None
-    _pool_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)
-
-
-def crc_submit(regions, sources=None, chunk=CRC_CHUNK):
-    """Start CRC-32s of host memory regions [(address, nbytes)]; returns a
-    callable that waits and gives the list of CRCs, in order. With
-    ``sources`` (an address per region), each region is first filled with
-    the bytes at its source (``copy_crc_many``: copied and checksummed in
-    one pass, the CRC read from the cache).
-
-    ``result.settle()`` waits for every batch without raising (error paths
-    that did not call it).
-
-    Regions are cut into pieces of at most ``chunk`` bytes and the pieces
-    dealt, in order, to one batch per CRC thread with about equal bytes;
-    each batch is one ``crc32_many`` call (no Python work per tensor), and
-    the pieces of a region are joined with ``crc32_combine``."""
-    ex = _executor()
-    pieces = []                  # (address, nbytes) or (address, source, nbytes)
-    owner = []                   # region index of each piece
-    for i, (addr, n) in enumerate(regions):
-        src = None if sources is None else sources[i]
-        for off in range(0, n, chunk) if n else (0,):
-            k = min(chunk, n - off)
-            pieces.append((addr + off, k) if src is None else (addr + off, src + off, k))
-            owner.append(i)
-    total = sum(p[-1] for p in pieces)
-    share = -(-total // ex.n) if total else 1
-    batches = []
-    start = acc = 0
-    for j, p in enumerate(pieces):
-        acc += p[-1]
-        if acc >= share * (len(batches) + 1) or j == len(pieces) - 1:
-            batches.append(pieces[start:j + 1])
-            start = j + 1
-    fn = _nvio.crc32_many if sources is None else _nvio.copy_crc_many
-    futs = [ex.submit(fn, b) for b in batches]
-
-    def settle():
-        """Wait for every batch, raising nothing: for a caller's error path,
-        before it frees the memory they read (and, with sources, write)."""
-        concurrent.futures.wait(futs)
-
-    def result():
-        settle()                # all end before the first failure is raised
-        crcs = [c for f in futs for c in f.result()]
-        out = [None] * len(regions)
-        for p, i, c in zip(pieces, owner, crcs):
-            out[i] = c if out[i] is None else crc32_combine(out[i], c, p[-1])
-        return out
-    result.settle = settle
-    return result
