@@ -1,13 +1,16 @@
 #!/bin/sh
-# cycles_check.sh - no two files of libnvio (src/) or of the nvio tool
-# (tools/) depend on each other, directly or through others: the
+# cycles_check.sh - no two files of libnvio (src/), of the nvio tool
+# (tools/) or of the CPython extension (python/nvio/_ext/, whose one-way
+# order ext.h states) depend on each other, directly or through others: the
 # file-to-file graph of "calls or reads a global defined in" (from nm on
 # each object) has no cycle. DESIGN.md's rule; issue 31 item 5.
 #
 #   sh tests/cycles_check.sh [-v] [BUILD]  (BUILD/obj holds src/'s objects)
 #
-# tools/ is compiled here, one object per file. Prints any cycle (-v: and
-# every edge of each graph); exits 1 on a cycle.
+# tools/ and python/nvio/_ext/ are compiled here, one object per file
+# (the extension against this python3's headers; skipped with a note
+# where they are missing). Prints any cycle (-v: and every edge of each
+# graph); exits 1 on a cycle.
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 verbose=0
@@ -71,4 +74,16 @@ for f in "$root"/tools/*.c; do
 		-o "$tmp/tools/$(basename "$f" .c).o" 2>/dev/null || { echo "FAIL: cc $f"; fail=1; }
 done
 check tools "$tmp/tools"
+pyinc=$(${PYTHON:-python3} -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
+if [ -n "$pyinc" ] && [ -f "$pyinc/Python.h" ]; then
+	mkdir -p "$tmp/ext"
+	for f in "$root"/python/nvio/_ext/*.c; do
+		${CC:-cc} -std=c11 -D_GNU_SOURCE -DPy_LIMITED_API=0x030b0000 -I"$root/include" \
+			-I"$pyinc" -c "$f" -o "$tmp/ext/$(basename "$f" .c).o" 2>/dev/null ||
+			{ echo "FAIL: cc $f"; fail=1; }
+	done
+	check python/nvio/_ext "$tmp/ext"
+else
+	echo "skip: python/nvio/_ext: no Python.h for ${PYTHON:-python3}"
+fi
 exit $fail

@@ -1,11 +1,12 @@
 """Completions -> futures: the one place where nvio's async results become futures.
 
 Every Python module that does asynchronous I/O with nvio goes through
-:class:`Completions`: it submits tagged ops with ``Handle.submit`` and
-resolves an :class:`NvioFuture` per op from ONE reaper thread per handle
-(started on the first submit; it blocks in ``Handle.reap`` with the GIL
-released, at most ``POLL_S`` at a time so that it notices a shutdown, and
-stops when the handle closes). No thread per op.
+:class:`Completions`: it submits tagged ops to a completion queue of its
+own (``Handle.queue()``, libnvio's ``nvio_queue``) and resolves an
+:class:`NvioFuture` per op from ONE reaper thread per handle (started on
+the first submit; it blocks in ``Queue.reap`` with the GIL released, at
+most ``POLL_S`` at a time so that it notices a shutdown, and stops when
+the handle closes). No thread per op.
 
 A future's result is the number of bytes the op moved; a failed op's
 future carries the original :class:`nvio.NvioError` (errno, filename,
@@ -14,9 +15,10 @@ offset, op). Futures are ``concurrent.futures.Future`` objects (so
 (``await fut`` inside asyncio).
 
 Tagged ops are not seen by ``nvio_wait()``: ``AioHandle.wait()`` and
-``pending()`` neither wait for nor count them. Do not call
-``Handle.reap`` yourself on a handle whose futures layer is in use: the
-reaper would miss the completions you take.
+``pending()`` neither wait for nor count them. The futures' queue is
+nobody else's: ``Handle.submit``/``Handle.reap`` (the handle's default
+queue) and blocking calls (a private queue each) never see the futures'
+completions, and the reaper never sees theirs.
 """
 from __future__ import annotations
 
@@ -72,6 +74,7 @@ class Completions:
         # exception can come between an op's acceptance and its entry
         # here; the reaper takes it out once the future is resolved.
         self._pending = set()
+        self._queue = None     # the handle's Queue for futures, made on first submit
         self._thread = None
         self._stop = False
         self._forked = False
@@ -113,7 +116,7 @@ class Completions:
                     raise ValueError("nvio: I/O operation on a closed handle")
                 self._start_locked()
             try:
-                n = h.submit(tagged[i:], pending=self._pending)
+                n = self._queue_of(h).submit(tagged[i:], pending=self._pending)
             except BaseException as e:
                 n, err = 0, e
             else:
@@ -136,6 +139,13 @@ class Completions:
                 futs[i].set_exception(err)
                 i += 1
         return futs
+
+    def _queue_of(self, h):
+        """This layer's queue on handle h (made once; closed with h)."""
+        with self._lock:
+            if self._queue is None:
+                self._queue = h.queue()
+            return self._queue
 
     # -- the reaper -------------------------------------------------------
 
@@ -165,19 +175,21 @@ class Completions:
                     self._thread = None    # a racing submit starts another
                     return
             h = self._handle()
-            if h is None or h.closed:
+            q = self._queue
+            if h is None or h.closed or q is None or q.closed:
                 self._fail_pending("nvio: the handle was closed before the op was reaped")
                 return
             try:
                 # min 1 is capped in C at the ops in flight: with none (a
                 # submit between its pending entry and nvio_submit) this
-                # returns at once, and the loop comes back here
-                done = h.reap(REAP_MAX, 1, POLL_S)
+                # returns at once, and the loop comes back here. h is held
+                # meanwhile: the queue lives in it.
+                done = q.reap(REAP_MAX, 1, POLL_S)
             except Exception as e:     # the handle closed under us
-                del h
+                del h, q
                 self._fail_pending("nvio: reaping failed: %s" % e)
                 return
-            del h
+            del h, q
             for fut, res in done:
                 # resolved before it leaves pending: drain() returning means
                 # every future is resolved

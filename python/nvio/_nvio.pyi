@@ -258,7 +258,7 @@ class Handle:
     def get_engine_note(self) -> str: ...
     def get_config(self) -> _Config: ...
     def save_tuned(self, dir: StrOrBytesPath, for_write: bool = False) -> None: ...
-    # --- libnvio 0.2 (files.c) ---
+    # --- libnvio 0.2 and 0.3 (file.c, tagged.c) ---
     def open(self, path: StrOrBytesPath, flags: int = ...) -> File:
         """Open path once for any number of ops (FILE_* flags; default FILE_READ)."""
     def open_fd(self, fd: int, flags: int = ...) -> File:
@@ -284,9 +284,33 @@ class Handle:
         """An eventfd readable while completions wait to be reaped."""
     @property
     def inflight(self) -> int:
-        """Tagged ops accepted and not yet reaped."""
+        """Tagged ops accepted and not yet reaped (this handle's default
+        queue: not a Queue's, not the blocking calls')."""
+    def queue(self) -> Queue:
+        """A completion queue of its own (one consumer): its ops complete
+        on it only, never in this handle's reap(), and the handle's never
+        on it. Closed with the handle."""
 
-# --- open files, tagged ops, streams (files.c) ----------------------------
+class Queue:
+    """A completion queue of a Handle (Handle.queue(); nvio_queue_create)."""
+
+    def submit(self, ops: Iterable[_Op], /, pending: set[Any] | None = None) -> int:
+        """Handle.submit on this queue."""
+    def reap(
+        self, max: int = 64, min: int = 0, timeout: float | None = None
+    ) -> list[tuple[Any, int | NvioError]]:
+        """Handle.reap on this queue."""
+    def completion_fd(self) -> int:
+        """An eventfd readable while this queue's completions wait."""
+    def close(self) -> None:
+        """Wait for the queue's ops, drop what was not reaped, free it."""
+    @property
+    def inflight(self) -> int:
+        """Ops accepted and not yet reaped."""
+    @property
+    def closed(self) -> bool: ...
+
+# --- open files, tagged ops, streams (file.c, tagged.c, stream.c) ---------
 
 FILE_READ: Final[int]
 FILE_WRITE: Final[int]
@@ -296,6 +320,8 @@ FILE_TRUNC: Final[int]
 FILE_ATOMIC: Final[int]
 FILE_NOSYNC: Final[int]  # with FILE_ATOMIC: commit without fsync
 FILE_SPARE: Final[int]  # with FILE_ATOMIC: overwrite the previous version's blocks (a spare)
+FILE_SHARED: Final[int]  # with FILE_ATOMIC: a named temporary other processes join (shared.c)
+STREAM_RANGES: Final[int]
 OP_READ: Final[int]
 OP_WRITE: Final[int]
 VALIDATE: Final[int]
@@ -386,6 +412,25 @@ class Stream:
     def mode(self) -> Literal["r", "w"]: ...
     @property
     def file(self) -> File: ...
+
+def file_share(file: File, /) -> tuple[str, int, int]:
+    """(temp_path, dev, ino) of a File opened with FILE_ATOMIC | FILE_SHARED."""
+def file_join(handle: Handle, temp_path: StrOrBytesPath, dev: int, ino: int,
+              flags: int = ...) -> File:
+    """Open the creator's shared temporary, refusing anything else (nvio_file_join)."""
+
+class StagedStream:
+    """A writer stream whose buffers are the caller's memory (nvio_stream_open_config)."""
+
+    def __init__(self, file: File, memory: _BufferLike, offset: int = 0, depth: int = 2,
+                 ranges: bool = False) -> None: ...
+    def write(self, buf: _BufferLike, /) -> int: ...
+    def seek(self, offset: int, /) -> int: ...
+    def tell(self) -> int: ...
+    def flush(self) -> None: ...
+    def close(self, fsync: bool = False, commit: bool = False) -> None: ...
+    @property
+    def closed(self) -> bool: ...
 
 def engine_available(engine: _EngineName | str | int | None, /) -> tuple[bool, str]:
     """(available, why)."""

@@ -445,63 +445,60 @@ static void dl_keeper_destructor(PyObject *cap)
 		PyErr_Clear();
 }
 
-static int dlpack_get(PyObject *obj, ext_buf *b)
+/* A producer's __dlpack_device__, when it has one, must say CPU. 0 or -1. */
+static int dlpack_check_device(PyObject *obj)
 {
-	if (PyObject_HasAttrString(obj, "__dlpack_device__")) {
-		PyObject *d = call0(obj, "__dlpack_device__");
-		if (!d)
-			return -1;
-		long dt = -1;
-		if (PyTuple_Check(d) && PyTuple_Size(d) >= 1)
-			dt = PyLong_AsLong(PyTuple_GetItem(d, 0));
-		Py_DECREF(d);
-		if (dt == -1 && PyErr_Occurred())
-			return -1;
-		if (dt != NV_DL_CPU) {
-			PyErr_Format(PyExc_TypeError,
-				     "nvio: DLPack device '%s' (%ld) is not supported yet; "
-				     "only CPU (kDLCPU) buffers can be used",
-				     dl_device_name((int)dt), dt);
-			return -1;
-		}
+	if (!PyObject_HasAttrString(obj, "__dlpack_device__"))
+		return 0;
+	PyObject *d = call0(obj, "__dlpack_device__");
+	if (!d)
+		return -1;
+	long dt = -1;
+	if (PyTuple_Check(d) && PyTuple_Size(d) >= 1)
+		dt = PyLong_AsLong(PyTuple_GetItem(d, 0));
+	Py_DECREF(d);
+	if (dt == -1 && PyErr_Occurred())
+		return -1;
+	if (dt != NV_DL_CPU) {
+		PyErr_Format(PyExc_TypeError,
+			     "nvio: DLPack device '%s' (%ld) is not supported yet; "
+			     "only CPU (kDLCPU) buffers can be used",
+			     dl_device_name((int)dt), dt);
+		return -1;
 	}
+	return 0;
+}
+
+/* The tensor of obj.__dlpack__(), consumed: a capsule whose destructor
+ * calls its deleter (new reference), *mt its tensor; NULL with an
+ * exception set. */
+static PyObject *dlpack_take(PyObject *obj, nv_dlmanaged **mt)
+{
 	PyObject *cap = call0(obj, "__dlpack__");
 	if (!cap)
-		return -1;
+		return NULL;
 	if (!PyCapsule_IsValid(cap, "dltensor")) {
 		Py_DECREF(cap);
 		PyErr_SetString(PyExc_TypeError,
 				"nvio: __dlpack__() did not return a 'dltensor' capsule");
-		return -1;
+		return NULL;
 	}
-	nv_dlmanaged *mt = PyCapsule_GetPointer(cap, "dltensor");
-	if (!mt) {
-		Py_DECREF(cap);
-		return -1;
-	}
+	*mt = PyCapsule_GetPointer(cap, "dltensor");
 	/* Consume it: from here on the deleter is ours to call. */
-	if (PyCapsule_SetName(cap, "used_dltensor") < 0) {
+	if (!*mt || PyCapsule_SetName(cap, "used_dltensor") < 0) {
 		Py_DECREF(cap);
-		return -1;
+		return NULL;
 	}
 	Py_DECREF(cap);
-	PyObject *keeper = PyCapsule_New(mt, "nvio.dltensor", dl_keeper_destructor);
-	if (!keeper) {
-		if (mt->deleter)
-			mt->deleter(mt);
-		return -1;
-	}
+	PyObject *keeper = PyCapsule_New(*mt, "nvio.dltensor", dl_keeper_destructor);
+	if (!keeper && (*mt)->deleter)
+		(*mt)->deleter(*mt);
+	return keeper;
+}
 
-	nv_dltensor *t = &mt->dl_tensor;
-	if (t->device.device_type != NV_DL_CPU) {
-		PyErr_Format(PyExc_TypeError,
-			     "nvio: DLPack device '%s' (%d) is not supported yet; "
-			     "only CPU (kDLCPU) buffers can be used",
-			     dl_device_name(t->device.device_type),
-			     (int)t->device.device_type);
-		Py_DECREF(keeper);
-		return -1;
-	}
+/* The bytes of a C-contiguous DLPack tensor; 0, or -1 with an exception. */
+static int dlpack_nbytes(const nv_dltensor *t, uint64_t *nbytes)
+{
 	/* Bits per element: sub-byte types (int4, fp4) are packed, so the
 	 * size is the total bit count rounded up, not a byte per element. */
 	uint64_t ebits = (uint64_t)t->dtype.bits * (t->dtype.lanes ? t->dtype.lanes : 1);
@@ -524,13 +521,36 @@ static int dlpack_get(PyObject *obj, ext_buf *b)
 	if (!overflow && ebits && n > UINT64_MAX / ebits)
 		overflow = 1;
 	if (overflow || !contiguous) {
-		Py_DECREF(keeper);
 		PyErr_SetString(overflow ? PyExc_OverflowError : PyExc_ValueError,
 				overflow ? "nvio: DLPack tensor too large"
 					 : "nvio: DLPack tensor is not C-contiguous");
 		return -1;
 	}
-	b->nbytes = n * ebits / 8 + (n * ebits % 8 != 0);
+	*nbytes = n * ebits / 8 + (n * ebits % 8 != 0);
+	return 0;
+}
+
+static int dlpack_get(PyObject *obj, ext_buf *b)
+{
+	nv_dlmanaged *mt;
+	PyObject *keeper;
+
+	if (dlpack_check_device(obj) < 0 || !(keeper = dlpack_take(obj, &mt)))
+		return -1;
+	nv_dltensor *t = &mt->dl_tensor;
+	if (t->device.device_type != NV_DL_CPU) {
+		PyErr_Format(PyExc_TypeError,
+			     "nvio: DLPack device '%s' (%d) is not supported yet; "
+			     "only CPU (kDLCPU) buffers can be used",
+			     dl_device_name(t->device.device_type),
+			     (int)t->device.device_type);
+		Py_DECREF(keeper);
+		return -1;
+	}
+	if (dlpack_nbytes(t, &b->nbytes) < 0) {
+		Py_DECREF(keeper);
+		return -1;
+	}
 	b->ptr = t->data ? (char *)t->data + t->byte_offset : NULL;
 	if (!b->ptr && b->nbytes) {
 		Py_DECREF(keeper);
@@ -804,6 +824,125 @@ int ext_buf_keep_storage(ext_buf *b, PyObject *obj)
 	}
 	b->storage = st;
 	return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Borrowing for one op: a buffer, a vector                            */
+/* ------------------------------------------------------------------ */
+
+/* Borrows one buffer; for ops that outlive the call, a tensor's storage too. */
+int ext_borrow(ext_state *st, PyObject *obj, int writable, int keep_storage, ext_buf *b)
+{
+	if (ext_buf_get(st, obj, writable, b) < 0)
+		return -1;
+	if (keep_storage && b->keep == obj && ext_buf_keep_storage(b, obj) < 0) {
+		ext_buf_release(b);
+		return -1;
+	}
+	return 0;
+}
+
+/*
+ * Piece i of a vector: its object and, with per_iov, its offset, which
+ * must not go back into piece i - 1 (libnvio's rule, said with the
+ * indexes). 0, or -1 with an exception set.
+ */
+static int vector_item(PyObject *item, Py_ssize_t i, int per_iov, const nvio_iovec_t *prev,
+		       PyObject **obj, int64_t *off)
+{
+	*obj = item;
+	*off = 0;
+	if (!per_iov)
+		return 0;
+	if (!PyTuple_Check(item) || PyTuple_Size(item) != 2) {
+		PyErr_Format(PyExc_TypeError, "nvio: with offset OFFSET_PER_IOV "
+			     "each piece is a (buffer, offset) pair (item %zd)", i);
+		return -1;
+	}
+	*obj = PyTuple_GetItem(item, 0);
+	if (ext_parse_offset(PyTuple_GetItem(item, 1), off) < 0)
+		return -1;
+	if (*off < 0) {
+		PyErr_Format(PyExc_ValueError, "nvio: piece %zd has offset %lld; must be >= 0",
+			     i, (long long)*off);
+		return -1;
+	}
+	if (prev && (uint64_t)*off < (uint64_t)prev->offset + prev->len) {
+		PyErr_Format(PyExc_ValueError, "nvio: piece %zd at offset %lld overlaps or "
+			     "precedes piece %zd (which ends at %llu); per-piece offsets "
+			     "must increase without overlap", i, (long long)*off, i - 1,
+			     (unsigned long long)(prev->offset + prev->len));
+		return -1;
+	}
+	return 0;
+}
+
+/* The tuple of a vector's pieces, 1..NVIO_MAX_IOV of them; NULL with an
+ * exception set. */
+static PyObject *vector_tuple(PyObject *seq)
+{
+	PyObject *tup = PySequence_Tuple(seq);
+	if (!tup)
+		return NULL;
+	Py_ssize_t n = PyTuple_Size(tup);
+	if (n > (Py_ssize_t)NVIO_MAX_IOV) {
+		Py_DECREF(tup);
+		PyErr_Format(PyExc_ValueError, "nvio: %zd buffers in one vector; at most %u",
+			     n, NVIO_MAX_IOV);
+		return NULL;
+	}
+	if (n == 0) {
+		Py_DECREF(tup);
+		PyErr_SetString(PyExc_ValueError, "nvio: a vector needs at least one buffer");
+		return NULL;
+	}
+	return tup;
+}
+
+/*
+ * A vector (ext.h): bufs is a list or tuple of buffers, or with per_iov of
+ * (buffer, offset) pairs. Fills *bufs_out / *iov_out (PyMem) and *n.
+ * 0, or -1 with an exception set and nothing borrowed.
+ */
+int ext_borrow_vector(ext_state *st, PyObject *seq, int per_iov, int writable,
+		      int keep_storage, ext_buf **bufs_out, nvio_iovec_t **iov_out,
+		      uint32_t *n_out, uint64_t *total)
+{
+	PyObject *tup = vector_tuple(seq);
+	if (!tup)
+		return -1;
+	Py_ssize_t n = PyTuple_Size(tup), i = 0;
+	ext_buf *bufs = PyMem_Calloc((size_t)n, sizeof(*bufs));
+	nvio_iovec_t *iov = PyMem_Calloc((size_t)n, sizeof(*iov));
+	*total = 0;
+	if (!bufs || !iov) {
+		PyErr_NoMemory();
+		goto fail;
+	}
+	for (; i < n; i++) {
+		PyObject *obj;
+		int64_t off;
+		if (vector_item(PyTuple_GetItem(tup, i), i, per_iov, i ? &iov[i - 1] : NULL,
+				&obj, &off) < 0 ||
+		    ext_borrow(st, obj, writable, keep_storage, &bufs[i]) < 0)
+			goto fail;
+		iov[i].base = bufs[i].ptr;
+		iov[i].len = bufs[i].nbytes;
+		iov[i].offset = off;
+		*total += bufs[i].nbytes;
+	}
+	Py_DECREF(tup);
+	*bufs_out = bufs;
+	*iov_out = iov;
+	*n_out = (uint32_t)n;
+	return 0;
+fail:
+	while (bufs && i-- > 0)
+		ext_buf_release(&bufs[i]);
+	PyMem_Free(bufs);
+	PyMem_Free(iov);
+	Py_DECREF(tup);
+	return -1;
 }
 
 static PyObject *m_buffer_info(PyObject *m, PyObject *args)

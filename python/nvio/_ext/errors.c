@@ -90,6 +90,27 @@ PyObject *ext_error_from_record(ext_state *st, const nvio_error_t *e, PyObject *
 			  e->op_seq, e->is_write, -1);
 }
 
+PyObject *ext_raise_record(ext_state *st, const nvio_error_t *rec, PyObject *filename)
+{
+	PyObject *exc = ext_error_from_record(st, rec, filename);
+	if (exc) {
+		PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+		Py_DECREF(exc);
+	}
+	return NULL;
+}
+
+void ext_record_of(nvio_handle_t *h, int rc, nvio_error_t *rec)
+{
+	memset(rec, 0, sizeof(*rec));
+	rec->struct_size = sizeof(*rec);
+	if (nvio_last_error(h, rec) != rc) {
+		memset(rec, 0, sizeof(*rec));
+		rec->struct_size = sizeof(*rec);
+		rec->err = rc;
+	}
+}
+
 PyObject *ext_raise_io(ext_state *st, nvio_handle_t *h, int rc, PyObject *target,
 		       int fd, int64_t offset, uint64_t nbytes, const char *op,
 		       int is_write)

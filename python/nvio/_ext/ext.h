@@ -11,11 +11,26 @@
  * ext_*_exec(), called in order by module.c:
  *   module.c   module definition (PEP 489 multi-phase init), the module
  *              state, machine-wide functions (probe, gds_*, file_size)
- *   errors.c   NvioError and its errno subclasses; raising from a failure
- *   buffers.c  borrowing a buffer for one op; holds for async ops
+ *   handle.c   the Handle type: its methods beside its method table
+ *   calls.c    Handle's one-buffer calls by name or fd (pread, read, ...)
+ *   file.c     the File type (open files, their blocking calls)
+ *   stream.c   the Stream type (File.stream())
+ *   tagged.c   tagged ops on a queue (Handle.submit/reap), the Queue type
+ *   blocking.c the blocking runner: one op on a private queue, cancelled
+ *              on a signal
  *   locked.c   LockedBuffer (nvio_mem_*), mem_query
- *   handle.c   the Handle type; handle configuration
- *   files.c    File (open files), tagged ops (Handle.submit/reap), Stream
+ *   crc.c copy.c pickling.c   CRC-32, vectored memcpy, torch.save's ids
+ *   buffers.c  borrowing a buffer or a vector for one op; holds
+ *   errors.c   NvioError and its errno subclasses; raising from a failure
+ *   args.c     argument parsers; the module of a type
+ *
+ * Calls go one way, down this list: module.c -> handle.c -> calls.c,
+ * file.c, tagged.c; file.c -> stream.c, blocking.c; calls.c ->
+ * blocking.c; all of them -> locked/crc/copy/pickling -> buffers.c ->
+ * errors.c -> args.c. No file calls one above it (tests/cycles_check.sh
+ * checks it from the objects' symbols): what a lower file needs of a
+ * higher one's struct is an inline function here (ext_handle_check_open,
+ * ext_file_check_open, ext_state_of).
  *
  * Names shared between these files start with ext_ (they are hidden in
  * the shared object: only PyInit__nvio is exported).
@@ -74,6 +89,7 @@ typedef struct ext_state {
 	PyObject *locked_buffer_type;
 	PyObject *file_type;
 	PyObject *stream_type;
+	PyObject *queue_type;
 	/* buffers.c: interned names, and what it learnt about torch */
 #define EXT_DECLARE_NAME(n) PyObject *s_##n;
 	EXT_TORCH_NAMES(EXT_DECLARE_NAME)
@@ -92,9 +108,15 @@ typedef struct ext_state {
 } ext_state;
 
 extern PyModuleDef ext_moduledef;
+/* &ext_moduledef, set by module.c's exec before any type is made
+ * (args.c's, so that lower files need not reach module.c). */
+extern const PyModuleDef *ext_def;
 
 /* The state of a module made from ext_moduledef. */
-ext_state *ext_state_of(PyObject *module);
+static inline ext_state *ext_state_of(PyObject *module)
+{
+	return (ext_state *)PyModule_GetState(module);
+}
 
 /*
  * The module that defined `type` or the nearest base of it (a stand-in
@@ -119,6 +141,18 @@ int ext_errors_exec(PyObject *m, ext_state *st);
 PyObject *ext_raise_io(ext_state *st, nvio_handle_t *h, int rc, PyObject *target,
 		       int fd, int64_t offset, uint64_t nbytes, const char *op,
 		       int is_write);
+
+/* Raises the NvioError of a failure record; returns NULL. */
+PyObject *ext_raise_record(ext_state *st, const nvio_error_t *rec, PyObject *filename);
+
+/* An NvioError instance (not raised) for a record; filename may be NULL.
+ * New reference, or NULL with an exception set. */
+PyObject *ext_error_from_record(ext_state *st, const nvio_error_t *e,
+				PyObject *filename);
+
+/* *rec := nvio_last_error(h) when it describes the failure rc, else a
+ * record with only rc. */
+void ext_record_of(nvio_handle_t *h, int rc, nvio_error_t *rec);
 
 /* An error that belongs to no handle op (config, allocation, probe):
  * ValueError for -EINVAL, else the errno's NvioError class. NULL. */
@@ -161,6 +195,20 @@ int ext_buf_keep_storage(ext_buf *b, PyObject *tensor);
  * them raised (KeyboardInterrupt) set: the caller must return it. */
 int ext_torch_bump_version(ext_state *st, PyObject *obj);
 
+/* ext_buf_get, and with keep_storage (an op that outlives the call) a
+ * tensor's storage too. 0, or -1 with an exception set. */
+int ext_borrow(ext_state *st, PyObject *obj, int writable, int keep_storage, ext_buf *b);
+
+/*
+ * A vector: seq is a list or tuple of buffers, or with per_iov of
+ * (buffer, offset) pairs in increasing order. Fills *bufs_out / *iov_out
+ * (PyMem), *n_out and *total. 0, or -1 with an exception set and nothing
+ * borrowed.
+ */
+int ext_borrow_vector(ext_state *st, PyObject *seq, int per_iov, int writable,
+		      int keep_storage, ext_buf **bufs_out, nvio_iovec_t **iov_out,
+		      uint32_t *n_out, uint64_t *total);
+
 /* What an accepted asynchronous op borrows until a wait() covers it. */
 typedef struct {
 	uint64_t seq;
@@ -202,104 +250,8 @@ int ext_copy_exec(PyObject *m, ext_state *st);
 int ext_pickling_exec(PyObject *m, ext_state *st);
 
 /* ------------------------------------------------------------------ */
-/* Handle (handle.c)                                                   */
+/* Arguments (args.c)                                                  */
 /* ------------------------------------------------------------------ */
-
-int ext_handle_exec(PyObject *m, ext_state *st);
-
-typedef struct ext_tag ext_tag;
-typedef struct ext_file ext_file;
-
-/*
- * A handle's tagged ops (files.c): what each accepted op borrows, in a
- * slot whose index + 1 is the op's C user_data, until reap() returns it.
- */
-typedef struct {
-	ext_tag **slot;		/* NULL where free */
-	size_t cap;
-	size_t *free;		/* free slot indices (a stack) */
-	size_t nfree;
-	size_t used;		/* slots [0, used) were handed out once */
-} ext_tags;
-
-typedef struct ext_waiter ext_waiter;
-
-typedef struct {
-	PyObject_HEAD
-	nvio_handle_t *h;	/* NULL once closed */
-	PyObject *module;	/* strong: keeps the state alive */
-	int busy;		/* calls now running with the GIL released */
-	ext_holds holds;
-	ext_tags tags;
-	ext_file *files;	/* open files (borrowed; each unlinks itself) */
-	/* Blocking calls run as tagged ops of their own (ext_run_sync);
-	 * whoever reaps hands their completions to them, and keeps the
-	 * user's for reap() in the backlog. Touched only with the GIL. */
-	ext_waiter *waiters;
-	uint64_t next_waiter;
-	uint32_t internal_inflight;	/* ops of waiters not yet reaped */
-	nvio_completion_t *backlog;
-	size_t nbacklog, capbacklog;
-} ext_handle;
-
-static inline ext_state *ext_handle_state(ext_handle *self)
-{
-	return ext_state_of(self->module);
-}
-
-/* 0 if the handle is open, else -1 with ValueError set. */
-int ext_handle_check_open(ext_handle *self);
-
-/*
- * Resolves a file target: a path (str, bytes, os.PathLike) or an open
- * descriptor (int, or the fd= keyword). *pathb gets the encoded path
- * (new reference) and *shown the object to name in errors, or NULL with
- * *fd set. 0, or -1 with an exception set.
- */
-int ext_parse_target(PyObject *filename, PyObject *fdobj, PyObject **pathb,
-		     int *fd, PyObject **shown);
-
-/* An engine (None, a name or an NVIO_ENGINE_* number) and a direct mode
- * (None, a bool or a name). 0, or -1 with an exception set. */
-int ext_parse_engine(PyObject *o, int *out);
-int ext_parse_direct(PyObject *o, int *out);
-
-/* ------------------------------------------------------------------ */
-/* Files, tagged ops and streams (files.c)                             */
-/* ------------------------------------------------------------------ */
-
-int ext_files_exec(PyObject *m, ext_state *st);
-
-/*
- * Before the C handle is destroyed: closes every open file of the handle
- * (and their streams; an ATOMIC file not committed is abandoned), waiting
- * for their ops without the GIL. The handle must not be busy.
- */
-void ext_files_close_all(ext_handle *self);
-/* After the C handle is destroyed: releases what tagged ops borrowed. */
-void ext_tags_release_all(ext_handle *self);
-
-/*
- * Runs one blocking transfer on an open file as tagged ops of its own,
- * at most sync_chunk() bytes each (files.c: 64 MiB, less for psync) and
- * a few in flight, reaping them in short slices with the GIL released;
- * between slices signal handlers run (PyErr_CheckSignals), so Ctrl-C is
- * seen promptly. On a failure or an
- * exception from a handler no more is submitted, and the ops in flight
- * are waited for (without further signal checks: they are bounded)
- * before it returns, so the memory is never released under the kernel.
- * iov (with iovcnt) moves a vector as one op instead of ptr/n. A growing
- * write that fails or is interrupted is cut back to the old size.
- * Returns 0; a negative errno with *rec describing the failure; or
- * EXT_RAISED with a Python exception set. Call with the GIL held.
- */
-#define EXT_RAISED 1
-int ext_run_sync(ext_handle *hd, nvio_file_t *f, const char *path, int is_write,
-		 void *ptr, uint64_t n, int64_t off, unsigned flags,
-		 const nvio_iovec_t *iov, uint32_t iovcnt, nvio_error_t *rec);
-
-/* Raises the NvioError of a failure record; returns NULL. */
-PyObject *ext_raise_record(ext_state *st, const nvio_error_t *rec, PyObject *filename);
 
 /*
  * A flag argument: True/False or the ints 0/1; anything else (a string
@@ -314,17 +266,198 @@ typedef struct {
 } ext_flag_arg;
 int ext_flag_converter(PyObject *o, void *arg);
 
-/* Handle methods defined in files.c. */
-PyObject *ext_h_open(PyObject *self, PyObject *args, PyObject *kw);
-PyObject *ext_h_open_fd(PyObject *self, PyObject *args, PyObject *kw);
-PyObject *ext_h_submit(PyObject *self, PyObject *args, PyObject *kw);
-PyObject *ext_h_reap(PyObject *self, PyObject *args, PyObject *kw);
-PyObject *ext_h_completion_fd(PyObject *self, PyObject *unused);
-PyObject *ext_h_get_inflight(PyObject *self, void *unused);
+/*
+ * Resolves a file target: a path (str, bytes, os.PathLike) or an open
+ * descriptor (int, or the fd= keyword). *pathb gets the encoded path
+ * (new reference) and *shown the object to name in errors, or NULL with
+ * *fd set. 0, or -1 with an exception set.
+ */
+int ext_parse_target(PyObject *filename, PyObject *fdobj, PyObject **pathb,
+		     int *fd, PyObject **shown);
 
-/* An NvioError instance (not raised) for a record; filename may be NULL.
- * New reference, or NULL with an exception set. */
-PyObject *ext_error_from_record(ext_state *st, const nvio_error_t *e,
-				PyObject *filename);
+/* An engine (None, a name or an NVIO_ENGINE_* number) and a direct mode
+ * (None, a bool or a name). 0, or -1 with an exception set. */
+int ext_parse_engine(PyObject *o, int *out);
+int ext_parse_direct(PyObject *o, int *out);
+/* An offset that fits int64_t; a flag word that fits 32 bits. 0 or -1. */
+int ext_parse_offset(PyObject *o, int64_t *out);
+int ext_parse_flags(PyObject *o, unsigned *out);
+
+/* ------------------------------------------------------------------ */
+/* Handle (handle.c)                                                   */
+/* ------------------------------------------------------------------ */
+
+int ext_handle_exec(PyObject *m, ext_state *st);
+
+typedef struct ext_tag ext_tag;
+typedef struct ext_file ext_file;
+typedef struct ext_stream ext_stream;
+typedef struct ext_queue ext_queue;
+
+/*
+ * A queue's tagged ops (tagged.c): what each accepted op borrows, in a
+ * slot whose index + 1 is the op's C user_data, until reap() returns it.
+ */
+typedef struct {
+	ext_tag **slot;		/* NULL where free */
+	size_t cap;
+	size_t *free;		/* free slot indices (a stack) */
+	size_t nfree;
+	size_t used;		/* slots [0, used) were handed out once */
+} ext_tags;
+
+/* One consumer's completion queue: the C queue, its ops' borrows, and
+ * what an interrupted reap() took (returned by the next). GIL only. */
+typedef struct {
+	nvio_queue_t *q;	/* NULL once released */
+	ext_tags tags;
+	nvio_completion_t *kept;
+	size_t nkept, capkept;
+} ext_cq;
+
+typedef struct {
+	PyObject_HEAD
+	nvio_handle_t *h;	/* NULL once closed */
+	PyObject *module;	/* strong: keeps the state alive */
+	int busy;		/* calls now running with the GIL released */
+	ext_holds holds;
+	ext_cq cq;		/* the default queue: Handle.submit/reap's */
+	ext_queue *queues;	/* open Queue objects (borrowed; each unlinks itself) */
+	ext_file *files;	/* open files (borrowed; each unlinks itself) */
+} ext_handle;
+
+static inline ext_state *ext_handle_state(ext_handle *self)
+{
+	return ext_state_of(self->module);
+}
+
+/* 0 if the handle is open, else -1 with ValueError set. */
+static inline int ext_handle_check_open(ext_handle *self)
+{
+	if (!self->h) {
+		PyErr_SetString(PyExc_ValueError, "nvio: I/O operation on a closed handle");
+		return -1;
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* One-buffer calls by name or fd (calls.c)                            */
+/* ------------------------------------------------------------------ */
+
+enum { EXT_IO_READ, EXT_IO_WRITE, EXT_IO_READ_FILE, EXT_IO_WRITE_FILE };
+
+/*
+ * One call of kind EXT_IO_*: pread/pwrite (async with NVIO_ASYNC in
+ * flags: kept in the holds until a wait()), read()/write() of a whole
+ * file. 0 (*moved: the bytes a blocking call moved), or -1 with an
+ * exception set.
+ */
+int ext_handle_io(ext_handle *self, int kind, PyObject *bufobj, PyObject *filename,
+		  PyObject *fdobj, long long offset, unsigned flags, int allow_short,
+		  uint64_t *moved);
+
+/* ------------------------------------------------------------------ */
+/* Files (file.c) and streams (stream.c)                               */
+/* ------------------------------------------------------------------ */
+
+struct ext_file {
+	PyObject_HEAD
+	nvio_file_t *f;		/* NULL once closed */
+	ext_handle *handle;	/* strong */
+	PyObject *name;		/* what the user gave (path), or NULL (an fd) */
+	PyObject *pathb;	/* bytes: nvio_file_path(), for error records */
+	unsigned flags;
+	int user_fd;		/* open_fd's descriptor, else -1 */
+	int busy;		/* calls running without the GIL */
+	ext_file *next, **pprev;	/* in handle->files while open */
+	ext_stream *streams;	/* open streams (borrowed) */
+};
+
+static inline ext_state *ext_file_state(ext_file *f)
+{
+	return ext_handle_state(f->handle);
+}
+
+/* 0 if the file (and its handle) is open, else -1 with ValueError set. */
+static inline int ext_file_check_open(ext_file *self)
+{
+	if (!self->f || !self->handle->h) {
+		PyErr_SetString(PyExc_ValueError, "nvio: I/O operation on a closed file");
+		return -1;
+	}
+	return 0;
+}
+
+int ext_file_exec(PyObject *m, ext_state *st);
+
+/* Handle.open/open_fd: a File (of the handle's _file_class) over path
+ * (pathobj) or fd; NULL with an exception set. */
+PyObject *ext_file_open(ext_handle *hd, PyObject *pathobj, int fd, unsigned flags);
+
+/*
+ * Before the C handle is destroyed: closes every open file of the handle
+ * (and their streams; an ATOMIC file not committed is abandoned), waiting
+ * for their ops without the GIL. The handle must not be busy.
+ */
+void ext_files_close_all(ext_handle *self);
+
+int ext_stream_exec(PyObject *m, ext_state *st);
+/* File.stream(mode, offset=0, buffer_bytes=0, depth=0). */
+PyObject *ext_stream_open(PyObject *file, PyObject *args, PyObject *kw);
+/* Whether a stream of f is inside a call; closes f's streams (no commit). */
+int ext_streams_busy(ext_file *f);
+void ext_streams_close_all(ext_file *f);
+
+/* ------------------------------------------------------------------ */
+/* Tagged ops and queues (tagged.c)                                    */
+/* ------------------------------------------------------------------ */
+
+int ext_tagged_exec(PyObject *m, ext_state *st);
+
+/* submit(ops, pending) and reap(max, min, timeout) on cq (see Handle's
+ * docstrings). New reference, or NULL with an exception set. */
+PyObject *ext_cq_submit(ext_handle *hd, ext_cq *cq, PyObject *ops, PyObject *pending);
+PyObject *ext_cq_reap(ext_handle *hd, ext_cq *cq, PyObject *args, PyObject *kw);
+/* Ops of cq accepted and not yet returned by reap(). */
+uint32_t ext_cq_inflight(const ext_cq *cq);
+/* After cq's ops have ended (its C queue destroyed, or the handle):
+ * releases what they borrowed. Idempotent. */
+void ext_cq_release(ext_cq *cq);
+
+/* Handle.queue(): a Queue of its own. */
+PyObject *ext_queue_new(ext_handle *hd);
+/*
+ * A closing handle, before anything else: detaches its Queue objects
+ * (closed for every caller from then on; each held) and returns them;
+ * after the C handle is destroyed, ext_queues_release drops their
+ * borrows and the holds.
+ */
+ext_queue *ext_queues_detach(ext_handle *hd);
+void ext_queues_release(ext_queue *list);
+
+/* ------------------------------------------------------------------ */
+/* The blocking runner (blocking.c)                                    */
+/* ------------------------------------------------------------------ */
+
+/*
+ * Runs one blocking transfer on an open file: at most 8 MiB as one plain
+ * call with the GIL released; more as ONE op on a private queue, waited
+ * for in slices with the GIL released; between slices signal handlers
+ * run (PyErr_CheckSignals), so Ctrl-C is seen promptly. When a handler
+ * raises, the op is cancelled (pieces not started are skipped; pieces in
+ * flight finish) and waited for until it has ended, so the memory is
+ * never released under the kernel. A cancelled write leaves the bytes of
+ * the pieces that ran, and a growing one the file at its old size
+ * (libnvio shrinks back what a failed write grew); the file is marked
+ * failed (an ATOMIC file then refuses to commit). iov (with iovcnt)
+ * moves a vector (n: its total). Returns 0; a negative errno with *rec
+ * describing the failure; or EXT_RAISED with a Python exception set.
+ * Call with the GIL held.
+ */
+#define EXT_RAISED 1
+int ext_run_sync(ext_handle *hd, nvio_file_t *f, const char *path, int is_write,
+		 void *ptr, uint64_t n, int64_t off, unsigned flags,
+		 const nvio_iovec_t *iov, uint32_t iovcnt, nvio_error_t *rec);
 
 #endif

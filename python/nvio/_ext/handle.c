@@ -22,56 +22,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-int ext_parse_flag(PyObject *o, const char *what, int *out)
-{
-	if (PyBool_Check(o)) {
-		*out = o == Py_True;
-		return 0;
-	}
-	if (PyLong_Check(o)) {
-		int overflow = 0;
-		long v = PyLong_AsLongAndOverflow(o, &overflow);
-		if (v == -1 && PyErr_Occurred())
-			return -1;
-		if (!overflow && (v == 0 || v == 1)) {
-			*out = (int)v;
-			return 0;
-		}
-	}
-	/* A truthy "False" or "no" must not silently mean True. */
-	PyObject *tn = PyType_GetName(Py_TYPE(o));
-	if (!tn)
-		return -1;
-	PyErr_Format(PyExc_TypeError, "nvio: %s must be True or False (or 0/1), not %S %R",
-		     what, tn, o);
-	Py_DECREF(tn);
-	return -1;
-}
-
-int ext_flag_converter(PyObject *o, void *arg)
-{
-	ext_flag_arg *a = arg;
-	return ext_parse_flag(o, a->name, &a->v) == 0;
-}
-
-int ext_handle_check_open(ext_handle *self)
-{
-	if (!self->h) {
-		PyErr_SetString(PyExc_ValueError, "nvio: I/O operation on a closed handle");
-		return -1;
-	}
-	return 0;
-}
-
 /*
- * Closes the handle's open files (their ops end first), destroys the C
- * handle (waiting for the rest of the ops in flight), then drops holds
- * and the borrows of tagged ops never reaped. While it waits, without
- * the GIL, the handle counts as busy: another thread's close() is
+ * Closes the handle's queues and open files (their ops end first),
+ * destroys the C handle (waiting for the rest of the ops in flight), then
+ * drops holds and the borrows of tagged ops never reaped. While it waits,
+ * without the GIL, the handle counts as busy: another thread's close() is
  * refused instead of dropping the holds of ops that are still running.
  */
 static void handle_shutdown(ext_handle *self)
 {
+	ext_queue *queues = ext_queues_detach(self);	/* closed for all from here */
 	if (self->h)
 		ext_files_close_all(self);	/* files live in the handle */
 	nvio_handle_t *h = self->h;
@@ -84,121 +44,73 @@ static void handle_shutdown(ext_handle *self)
 		self->busy--;
 	}
 	ext_holds_release(&self->holds, UINT64_MAX);
-	ext_tags_release_all(self);
+	ext_cq_release(&self->cq);
+	ext_queues_release(queues);
 }
 
-/* A name through one of libnvio's parsers; `what` names it in errors. */
-static int parse_name(PyObject *o, int (*from_name)(const char *),
-		      const char *what, int *out)
-{
-	Py_ssize_t len;
-	const char *name = PyUnicode_AsUTF8AndSize(o, &len);
-	char fmt[96];
-	int v;
-
-	if (!name)
-		return -1;
-	v = (size_t)len == strlen(name) ? from_name(name) : -EINVAL;	/* "psync\0x" */
-	if (v < 0) {
-		snprintf(fmt, sizeof(fmt), "nvio: unknown %s", what);
-		PyErr_Format(PyExc_ValueError, fmt, name);
-		return -1;
-	}
-	*out = v;
-	return 0;
-}
-
-int ext_parse_engine(PyObject *o, int *out)
-{
-	if (!o || o == Py_None) {
-		*out = NVIO_ENGINE_AUTO;
-		return 0;
-	}
-	if (PyLong_Check(o) && !PyBool_Check(o)) {
-		long v = PyLong_AsLong(o);
-		if (v == -1 && PyErr_Occurred())
-			return -1;
-		if (v < 0 || v >= NVIO_ENGINE_COUNT_) {
-			PyErr_Format(PyExc_ValueError, "nvio: unknown engine %ld", v);
-			return -1;
-		}
-		*out = (int)v;
-		return 0;
-	}
-	if (PyUnicode_Check(o))
-		return parse_name(o, nvio_engine_from_name,
-				  "engine '%s' (auto, io_uring, libaio, psync)", out);
-	PyErr_SetString(PyExc_TypeError, "nvio: engine must be a name such as 'io_uring'");
-	return -1;
-}
-
-int ext_parse_direct(PyObject *o, int *out)
-{
-	if (!o || o == Py_None) {
-		*out = NVIO_DIRECT_AUTO;
-		return 0;
-	}
-	if (PyBool_Check(o)) {
-		*out = o == Py_True ? NVIO_DIRECT_ON : NVIO_DIRECT_OFF;
-		return 0;
-	}
-	if (PyUnicode_Check(o))
-		return parse_name(o, nvio_direct_from_name,
-				  "direct mode '%s' (auto, on, off)", out);
-	PyErr_SetString(PyExc_TypeError, "nvio: direct must be True, False, None or 'auto'/'on'/'off'");
-	return -1;
-}
-
-static PyObject *handle_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+/* The configuration of Handle(...)'s arguments into *cfg (for errors:
+ * *block, *depth, *par). 0, or -1 with an exception set. */
+static int handle_config(PyObject *args, PyObject *kw, nvio_config_t *cfg,
+			 long long *block, long long *depth, long long *par)
 {
 	static char *kwlist[] = { "block_size", "queue_depth", "single_submit",
 		"overlap_events", "intra_op_parallelism", "engine", "direct",
 		"staging_bytes", "gds", NULL };
-	long long block = NVIO_DEFAULT_BLOCK_SIZE, staging = 0;
-	long long depth = NVIO_DEFAULT_QUEUE_DEPTH, par = 1;
+	long long staging = 0;
 	ext_flag_arg single = { "single_submit", 0 }, overlap = { "overlap_events", 0 };
 	ext_flag_arg gds = { "gds", 0 };
 	PyObject *engine = NULL, *direct = NULL;
 
+	*block = NVIO_DEFAULT_BLOCK_SIZE;
+	*depth = NVIO_DEFAULT_QUEUE_DEPTH;
+	*par = 1;
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "|LLO&O&L$OOLO&:AioHandle", kwlist,
-					 &block, &depth, ext_flag_converter, &single,
-					 ext_flag_converter, &overlap, &par,
+					 block, depth, ext_flag_converter, &single,
+					 ext_flag_converter, &overlap, par,
 					 &engine, &direct, &staging, ext_flag_converter, &gds))
-		return NULL;
+		return -1;
 	/* Each limit named with its value: a bare "invalid" says nothing. */
-	if (block <= 0) {
-		PyErr_Format(PyExc_ValueError, "nvio: block_size must be > 0, not %lld", block);
-		return NULL;
+	if (*block <= 0) {
+		PyErr_Format(PyExc_ValueError, "nvio: block_size must be > 0, not %lld", *block);
+		return -1;
 	}
-	if (depth <= 0 || depth > NVIO_MAX_QUEUE_DEPTH) {
+	if (*depth <= 0 || *depth > NVIO_MAX_QUEUE_DEPTH) {
 		PyErr_Format(PyExc_ValueError, "nvio: queue_depth must be 1..%u "
-			     "(NVIO_MAX_QUEUE_DEPTH), not %lld", NVIO_MAX_QUEUE_DEPTH, depth);
-		return NULL;
+			     "(NVIO_MAX_QUEUE_DEPTH), not %lld", NVIO_MAX_QUEUE_DEPTH, *depth);
+		return -1;
 	}
-	if (par <= 0 || par > NVIO_MAX_PARALLELISM) {
+	if (*par <= 0 || *par > NVIO_MAX_PARALLELISM) {
 		PyErr_Format(PyExc_ValueError, "nvio: intra_op_parallelism must be 1..%u "
-			     "(NVIO_MAX_PARALLELISM), not %lld", NVIO_MAX_PARALLELISM, par);
-		return NULL;
+			     "(NVIO_MAX_PARALLELISM), not %lld", NVIO_MAX_PARALLELISM, *par);
+		return -1;
 	}
 	if (staging < 0) {
 		PyErr_Format(PyExc_ValueError, "nvio: staging_bytes must be >= 0, not %lld",
 			     staging);
-		return NULL;
+		return -1;
 	}
-	nvio_config_t cfg;
-	nvio_config_init(&cfg);
-	cfg.block_size = (uint64_t)block;
-	cfg.queue_depth = (uint32_t)depth;
-	cfg.intra_op_parallelism = (uint32_t)par;
-	cfg.single_submit = (uint32_t)single.v;
-	cfg.overlap_events = (uint32_t)overlap.v;
+	nvio_config_init(cfg);
+	cfg->block_size = (uint64_t)*block;
+	cfg->queue_depth = (uint32_t)*depth;
+	cfg->intra_op_parallelism = (uint32_t)*par;
+	cfg->single_submit = (uint32_t)single.v;
+	cfg->overlap_events = (uint32_t)overlap.v;
 	if (staging)
-		cfg.staging_bytes = (uint64_t)staging;
+		cfg->staging_bytes = (uint64_t)staging;
 	if (gds.v)
-		cfg.flags |= NVIO_HANDLE_GDS;
-	if (ext_parse_engine(engine, &cfg.engine) < 0 || ext_parse_direct(direct, &cfg.direct) < 0)
-		return NULL;
+		cfg->flags |= NVIO_HANDLE_GDS;
+	if (ext_parse_engine(engine, &cfg->engine) < 0 || ext_parse_direct(direct, &cfg->direct) < 0)
+		return -1;
+	return 0;
+}
 
+static PyObject *handle_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+	long long block, depth, par;
+	nvio_config_t cfg;
+
+	if (handle_config(args, kw, &cfg, &block, &depth, &par) < 0)
+		return NULL;
 	PyObject *module = ext_module_of_type(type);
 	if (!module)
 		return NULL;
@@ -229,6 +141,7 @@ static PyObject *handle_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 		return ext_raise_plain(ext_state_of(module), rc, what);
 	}
 	self->h = h;
+	self->cq.q = nvio_handle_queue(h);
 	return (PyObject *)self;
 }
 
@@ -242,309 +155,6 @@ static void handle_dealloc(PyObject *o)
 	freefunc f = (freefunc)PyType_GetSlot(tp, Py_tp_free);
 	f(o);
 	Py_DECREF(tp);
-}
-
-/*
- * Resolves the file target: a path (str, bytes, os.PathLike) or an open
- * descriptor (int, or the fd= keyword). *pathb gets the encoded path
- * (new reference) or NULL with *fd set.
- */
-int ext_parse_target(PyObject *filename, PyObject *fdobj, PyObject **pathb,
-		     int *fd, PyObject **shown)
-{
-	*pathb = NULL;
-	*fd = -1;
-	*shown = NULL;
-	if (filename == Py_None)
-		filename = NULL;
-	if (fdobj == Py_None)
-		fdobj = NULL;
-	if (filename && fdobj) {
-		PyErr_SetString(PyExc_TypeError, "nvio: give a filename or fd=, not both");
-		return -1;
-	}
-	if (!filename && !fdobj) {
-		PyErr_SetString(PyExc_TypeError, "nvio: a filename (or fd=) is required");
-		return -1;
-	}
-	PyObject *t = filename ? filename : fdobj;
-	if (PyLong_Check(t)) {
-		if (PyBool_Check(t)) {
-			PyErr_SetString(PyExc_TypeError, "nvio: a file descriptor must be an int, not bool");
-			return -1;
-		}
-		int overflow = 0;
-		long v = PyLong_AsLongAndOverflow(t, &overflow);
-		if (v == -1 && PyErr_Occurred())
-			return -1;
-		if (overflow || v < INT32_MIN || v > INT32_MAX) {
-			PyErr_SetString(PyExc_OverflowError, "nvio: file descriptor out of range");
-			return -1;
-		}
-		*fd = (int)v;
-		return 0;
-	}
-	if (fdobj) {
-		PyErr_SetString(PyExc_TypeError, "nvio: fd must be an int");
-		return -1;
-	}
-	if (!PyUnicode_Check(t) && !PyBytes_Check(t) &&
-	    !PyObject_HasAttrString(t, "__fspath__")) {
-		PyObject *tn = PyType_GetName(Py_TYPE(t));
-		PyErr_Format(PyExc_TypeError,
-			     "nvio: filename must be str, bytes, os.PathLike or an int fd, not %S",
-			     tn ? tn : Py_None);
-		Py_XDECREF(tn);
-		return -1;
-	}
-	if (!PyUnicode_FSConverter(t, pathb))
-		return -1;
-	*shown = t;
-	return 0;
-}
-enum { OP_READ, OP_WRITE, OP_READ_FILE, OP_WRITE_FILE };
-
-/*
- * Opens the file of a blocking call: by path (a write creates it, noting
- * so in *created) or over the caller's fd. NULL with an exception set.
- */
-static nvio_file_t *open_for(ext_handle *self, int kind, const char *path, int fd,
-			     PyObject *shown, int *created)
-{
-	ext_state *st = ext_handle_state(self);
-	nvio_handle_t *h = self->h;
-	int is_write = kind == OP_WRITE || kind == OP_WRITE_FILE;
-	unsigned fl = kind == OP_WRITE_FILE ? NVIO_FILE_ATOMIC
-		    : is_write ? NVIO_FILE_WRITE : NVIO_FILE_READ;
-	nvio_file_t *f;
-	int err = 0;
-
-	*created = 0;
-	self->busy++;
-	Py_BEGIN_ALLOW_THREADS
-	if (!path) {
-		f = nvio_file_from_fd(h, fd, is_write ? NVIO_FILE_WRITE : NVIO_FILE_READ, &err);
-	} else {
-		f = nvio_file_open(h, path, fl, &err);
-		/* Not there: create it, knowing it is ours to remove on failure. */
-		for (int tries = 0; !f && err == -ENOENT && kind == OP_WRITE && tries < 3; tries++) {
-			f = nvio_file_open(h, path, NVIO_FILE_WRITE | NVIO_FILE_CREATE |
-					   NVIO_FILE_EXCL, &err);
-			if (f)
-				*created = 1;
-			else if (err == -EEXIST)
-				f = nvio_file_open(h, path, fl, &err);
-		}
-	}
-	Py_END_ALLOW_THREADS
-	self->busy--;
-	if (!f)
-		ext_raise_io(st, h, err ? err : -EIO, shown, fd, 0, 0, "open", is_write);
-	return f;
-}
-
-static void close_private(ext_handle *self, nvio_file_t *f, const char *path, int created,
-			  int failed)
-{
-	struct stat a, b;
-	int same = 0;
-	nvio_file_info_t fi;
-
-	memset(&fi, 0, sizeof(fi));
-	fi.struct_size = sizeof(fi);
-	self->busy++;
-	Py_BEGIN_ALLOW_THREADS
-	/* A file this call created and failed to fill is removed, if its
-	 * name still leads to it. */
-	if (created && failed && nvio_file_info(f, &fi) == 0 && fstat(fi.fd, &a) == 0 &&
-	    stat(path, &b) == 0)
-		same = a.st_dev == b.st_dev && a.st_ino == b.st_ino;
-	(void)nvio_file_close(f);
-	if (same)
-		(void)unlink(path);
-	Py_END_ALLOW_THREADS
-	self->busy--;
-}
-
-/*
- * One I/O call. Returns 0 on success (with the op accepted or done),
- * or -1 with an exception set. *moved gets the bytes moved by a
- * blocking call.
- */
-static int do_io(ext_handle *self, int kind, PyObject *bufobj, PyObject *filename,
-		 PyObject *fdobj, long long offset, unsigned flags, int allow_short,
-		 uint64_t *moved)
-{
-	static const char *names[] = { "pread", "pwrite", "read", "write" };
-	int is_write = kind == OP_WRITE || kind == OP_WRITE_FILE;
-	ext_state *st = ext_handle_state(self);
-	if (ext_handle_check_open(self) < 0)
-		return -1;
-	if (offset < 0) {
-		PyErr_Format(PyExc_ValueError, "nvio: file_offset must be >= 0, not %lld", offset);
-		return -1;
-	}
-	PyObject *pathb, *shown;
-	int fd;
-	if (ext_parse_target(filename, fdobj, &pathb, &fd, &shown) < 0)
-		return -1;
-	if ((kind == OP_READ_FILE || kind == OP_WRITE_FILE) && !pathb) {
-		PyErr_SetString(PyExc_TypeError, "nvio: read()/write() need a filename, not an fd");
-		return -1;
-	}
-	if (kind == OP_WRITE_FILE && offset != 0)
-		kind = OP_WRITE;	/* at an offset, write() is a pwrite */
-	ext_hold *x = ext_hold_new();
-	if (!x) {
-		Py_XDECREF(pathb);
-		return -1;
-	}
-	x->path = pathb;
-	int async = (flags & NVIO_ASYNC) != 0;
-	/* a torch tensor (its own keeper): for async ops, its storage too */
-	if (ext_buf_get(st, bufobj, !is_write, &x->buf) < 0 ||
-	    (async && x->buf.keep == bufobj && ext_buf_keep_storage(&x->buf, bufobj) < 0)) {
-		ext_hold_free(x);
-		return -1;
-	}
-	int torch = x->buf.keep == bufobj;
-	/* converting the arguments ran Python code: another thread may
-	 * have closed the handle meanwhile */
-	if (ext_handle_check_open(self) < 0) {
-		ext_hold_free(x);
-		return -1;
-	}
-	const char *path = pathb ? PyBytes_AsString(pathb) : NULL;
-	nvio_handle_t *h = self->h;
-	void *ptr = x->buf.ptr;
-	uint64_t n = x->buf.nbytes;
-	int rc = 0;
-
-	if (async) {
-		self->busy++;
-		Py_BEGIN_ALLOW_THREADS
-		if (kind == OP_READ)
-			rc = path ? nvio_pread(h, ptr, n, path, offset, flags)
-				  : nvio_pread_fd(h, ptr, n, fd, offset, flags);
-		else
-			rc = path ? nvio_pwrite(h, ptr, n, path, offset, flags)
-				  : nvio_pwrite_fd(h, ptr, n, fd, offset, flags);
-		Py_END_ALLOW_THREADS
-		self->busy--;
-		if (rc < 0) {
-			ext_raise_io(st, h, rc, shown, fd, offset, n, names[kind], is_write);
-			ext_hold_free(x);
-			return -1;
-		}
-		if (ext_holds_add(&self->holds, x) < 0) {
-			/* The op is running: it must not lose its buffer. */
-			self->busy++;
-			Py_BEGIN_ALLOW_THREADS
-			(void)nvio_wait(h);
-			Py_END_ALLOW_THREADS
-			self->busy--;
-			ext_hold_free(x);
-			return -1;
-		}
-		return 0;
-	}
-
-	/* Blocking: the transfer runs as tagged ops reaped in slices, so
-	 * that Ctrl-C is seen while it runs (ext_run_sync). */
-	int created = 0;
-	nvio_file_t *f = open_for(self, kind, path, fd, shown, &created);
-	if (!f) {
-		ext_hold_free(x);
-		return -1;
-	}
-	nvio_error_t *rec = PyMem_Malloc(sizeof(*rec));
-	if (!rec) {
-		close_private(self, f, path, created, 1);
-		ext_hold_free(x);
-		PyErr_NoMemory();
-		return -1;
-	}
-	uint64_t count = n;
-	int own = 0;	/* a size mismatch found here, not by libnvio */
-	if (kind == OP_READ_FILE) {
-		nvio_file_info_t fi;
-		memset(&fi, 0, sizeof(fi));
-		fi.struct_size = sizeof(fi);
-		rc = nvio_file_info(f, &fi);
-		uint64_t left = rc == 0 && fi.size > (uint64_t)offset
-			? fi.size - (uint64_t)offset : 0;
-		PyObject *msg = NULL;
-		if (rc == 0 && left > n)
-			msg = PyUnicode_FromFormat(
-				"nvio: read(): %s has %llu bytes from offset %lld but the "
-				"buffer holds only %llu bytes", path, (unsigned long long)left,
-				offset, (unsigned long long)n);
-		else if (rc == 0 && left < n && !allow_short)
-			/* DeepSpeed's contract: buffer and file have one size.
-			 * A short file (a truncated checkpoint) must not load
-			 * silently with a stale tail. */
-			msg = PyUnicode_FromFormat(
-				"nvio: read(): %s has %llu bytes from offset %lld but the "
-				"buffer holds %llu bytes; sizes must match (allow_short=True "
-				"reads the %llu bytes there are and returns that count)",
-				path, (unsigned long long)left, offset, (unsigned long long)n,
-				(unsigned long long)left);
-		if (msg || PyErr_Occurred()) {
-			own = 1;
-			PyObject *e = msg ? PyObject_CallFunction(st->error, "iOO",
-				left > n ? EOVERFLOW : ENODATA, msg, shown) : NULL;
-			Py_XDECREF(msg);
-			if (e) {
-				PyErr_SetObject(st->error, e);
-				Py_DECREF(e);
-			}
-		}
-		count = left;
-	}
-	int r = 0;
-	if (!own) {
-		if (rc == 0) {
-			r = ext_run_sync(self, f, path, is_write, ptr, count, offset, flags,
-					 NULL, 0, rec);
-		} else {
-			r = rc;
-			memset(rec, 0, sizeof(*rec));
-			rec->struct_size = sizeof(*rec);
-			rec->err = rc;
-		}
-	}
-	if (r == 0 && !own && kind == OP_WRITE_FILE) {
-		/* in place only now that every byte is written */
-		self->busy++;
-		Py_BEGIN_ALLOW_THREADS
-		r = nvio_file_commit(f);
-		Py_END_ALLOW_THREADS
-		self->busy--;
-		if (r < 0) {
-			memset(rec, 0, sizeof(*rec));
-			rec->struct_size = sizeof(*rec);
-			if (nvio_last_error(h, rec) != r) {
-				memset(rec, 0, sizeof(*rec));
-				rec->struct_size = sizeof(*rec);
-				rec->err = r;
-			}
-		}
-	}
-	close_private(self, f, path, created, own || r != 0);
-	if (torch && !is_write && !own && r == 0 && ext_torch_bump_version(st, bufobj) < 0)
-		r = EXT_RAISED;
-	if (!own && r < 0) {
-		if (rec->what[0] || rec->path[0])
-			ext_raise_record(st, rec, shown);
-		else
-			ext_raise_io(st, NULL, r, shown, fd, offset, n, names[kind], is_write);
-	}
-	PyMem_Free(rec);
-	ext_hold_free(x);
-	if (own || r != 0)
-		return -1;
-	*moved = count;
-	return 0;
 }
 
 static int resolve_async(PyObject *a, PyObject *b, int *out)
@@ -583,26 +193,26 @@ static PyObject *rw_generic(ext_handle *self, PyObject *args, PyObject *kw, int 
 	unsigned flags;
 	uint64_t moved;
 	if (!PyArg_ParseTupleAndKeywords(args, kw,
-		kind == OP_READ ? "O|OO&OL$OOO&:pread" : "O|OO&OL$OOO&:pwrite", kwlist,
+		kind == EXT_IO_READ ? "O|OO&OL$OOO&:pread" : "O|OO&OL$OOO&:pwrite", kwlist,
 		&buf, &fn, ext_flag_converter, &validate, &a1, &off, &a2, &fdobj,
 		ext_flag_converter, &fs))
 		return NULL;
 	if (resolve_async(a1, a2, &as) < 0 ||
-	    op_flags(kind == OP_READ, validate.v, as, fs.v, &flags) < 0)
+	    op_flags(kind == EXT_IO_READ, validate.v, as, fs.v, &flags) < 0)
 		return NULL;
-	if (do_io(self, kind, buf, fn, fdobj, off, flags, 0, &moved) < 0)
+	if (ext_handle_io(self, kind, buf, fn, fdobj, off, flags, 0, &moved) < 0)
 		return NULL;
 	return PyLong_FromLong(as ? 0 : 1);
 }
 
 static PyObject *h_pread(PyObject *s, PyObject *a, PyObject *k)
 {
-	return rw_generic((ext_handle *)s, a, k, OP_READ);
+	return rw_generic((ext_handle *)s, a, k, EXT_IO_READ);
 }
 
 static PyObject *h_pwrite(PyObject *s, PyObject *a, PyObject *k)
 {
-	return rw_generic((ext_handle *)s, a, k, OP_WRITE);
+	return rw_generic((ext_handle *)s, a, k, EXT_IO_WRITE);
 }
 
 static PyObject *rw_fixed(ext_handle *self, PyObject *args, PyObject *kw, int kind, int as)
@@ -618,35 +228,35 @@ static PyObject *rw_fixed(ext_handle *self, PyObject *args, PyObject *kw, int ki
 		{ "O|OL$OO&O&:sync_pread", "O|OL$OO&O&:async_pread" },
 		{ "O|OL$OO&O&:sync_pwrite", "O|OL$OO&O&:async_pwrite" },
 	};
-	if (!PyArg_ParseTupleAndKeywords(args, kw, fmts[kind == OP_WRITE][as != 0], kwlist,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, fmts[kind == EXT_IO_WRITE][as != 0], kwlist,
 					 &buf, &fn, &off, &fdobj, ext_flag_converter, &validate,
 					 ext_flag_converter, &fs))
 		return NULL;
-	if (op_flags(kind == OP_READ, validate.v, as, fs.v, &flags) < 0)
+	if (op_flags(kind == EXT_IO_READ, validate.v, as, fs.v, &flags) < 0)
 		return NULL;
-	if (do_io(self, kind, buf, fn, fdobj, off, flags, 0, &moved) < 0)
+	if (ext_handle_io(self, kind, buf, fn, fdobj, off, flags, 0, &moved) < 0)
 		return NULL;
 	return PyLong_FromLong(as ? 0 : 1);
 }
 
 static PyObject *h_sync_pread(PyObject *s, PyObject *a, PyObject *k)
 {
-	return rw_fixed((ext_handle *)s, a, k, OP_READ, 0);
+	return rw_fixed((ext_handle *)s, a, k, EXT_IO_READ, 0);
 }
 
 static PyObject *h_sync_pwrite(PyObject *s, PyObject *a, PyObject *k)
 {
-	return rw_fixed((ext_handle *)s, a, k, OP_WRITE, 0);
+	return rw_fixed((ext_handle *)s, a, k, EXT_IO_WRITE, 0);
 }
 
 static PyObject *h_async_pread(PyObject *s, PyObject *a, PyObject *k)
 {
-	return rw_fixed((ext_handle *)s, a, k, OP_READ, 1);
+	return rw_fixed((ext_handle *)s, a, k, EXT_IO_READ, 1);
 }
 
 static PyObject *h_async_pwrite(PyObject *s, PyObject *a, PyObject *k)
 {
-	return rw_fixed((ext_handle *)s, a, k, OP_WRITE, 1);
+	return rw_fixed((ext_handle *)s, a, k, EXT_IO_WRITE, 1);
 }
 
 static PyObject *file_rw(ext_handle *self, PyObject *args, PyObject *kw, int kind)
@@ -659,18 +269,18 @@ static PyObject *file_rw(ext_handle *self, PyObject *args, PyObject *kw, int kin
 	long long off = 0;
 	unsigned flags;
 	uint64_t moved;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, kind == OP_READ_FILE ? "OO|O&L$O&O&:read" :
+	if (!PyArg_ParseTupleAndKeywords(args, kw, kind == EXT_IO_READ_FILE ? "OO|O&L$O&O&:read" :
 					 "OO|O&L$O&O&:write", kwlist, &buf, &fn,
 					 ext_flag_converter, &validate, &off,
 					 ext_flag_converter, &fs, ext_flag_converter, &short_ok))
 		return NULL;
-	if (short_ok.v && kind != OP_READ_FILE) {
+	if (short_ok.v && kind != EXT_IO_READ_FILE) {
 		PyErr_SetString(PyExc_TypeError, "nvio: allow_short applies to read() only");
 		return NULL;
 	}
-	if (op_flags(kind == OP_READ_FILE, validate.v, 0, fs.v, &flags) < 0)
+	if (op_flags(kind == EXT_IO_READ_FILE, validate.v, 0, fs.v, &flags) < 0)
 		return NULL;
-	if (do_io(self, kind, buf, fn, NULL, off, flags, short_ok.v, &moved) < 0)
+	if (ext_handle_io(self, kind, buf, fn, NULL, off, flags, short_ok.v, &moved) < 0)
 		return NULL;
 	/* DeepSpeed returns 0; the opt-in short read says how much it read */
 	return PyLong_FromUnsignedLongLong(short_ok.v ? moved : 0);
@@ -678,12 +288,12 @@ static PyObject *file_rw(ext_handle *self, PyObject *args, PyObject *kw, int kin
 
 static PyObject *h_read(PyObject *s, PyObject *a, PyObject *k)
 {
-	return file_rw((ext_handle *)s, a, k, OP_READ_FILE);
+	return file_rw((ext_handle *)s, a, k, EXT_IO_READ_FILE);
 }
 
 static PyObject *h_write(PyObject *s, PyObject *a, PyObject *k)
 {
-	return file_rw((ext_handle *)s, a, k, OP_WRITE_FILE);
+	return file_rw((ext_handle *)s, a, k, EXT_IO_WRITE_FILE);
 }
 
 static PyObject *h_wait(PyObject *s, PyObject *unused)
@@ -773,6 +383,76 @@ static PyObject *h_exit(PyObject *s, PyObject *args)
 		return NULL;
 	Py_DECREF(r);
 	Py_RETURN_FALSE;
+}
+
+static PyObject *h_open(PyObject *s, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "path", "flags", NULL };
+	PyObject *path, *fl = NULL;
+	unsigned flags = NVIO_FILE_READ;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:open", kwlist, &path, &fl))
+		return NULL;
+	if (fl && ext_parse_flags(fl, &flags) < 0)
+		return NULL;
+	if (PyLong_Check(path)) {
+		PyErr_SetString(PyExc_TypeError, "nvio: open() takes a path; use open_fd() for a descriptor");
+		return NULL;
+	}
+	return ext_file_open((ext_handle *)s, path, -1, flags);
+}
+
+static PyObject *h_open_fd(PyObject *s, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "fd", "flags", NULL };
+	int fd;
+	PyObject *fl = NULL;
+	unsigned flags = NVIO_FILE_READ;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "i|O:open_fd", kwlist, &fd, &fl))
+		return NULL;
+	if (fl && ext_parse_flags(fl, &flags) < 0)
+		return NULL;
+	return ext_file_open((ext_handle *)s, NULL, fd, flags);
+}
+
+/* Tagged ops on the handle's default queue: the user's (tagged.c). */
+static PyObject *h_submit(PyObject *s, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "", "pending", NULL };
+	ext_handle *self = (ext_handle *)s;
+	PyObject *ops, *pending = Py_None;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:submit", kwlist, &ops, &pending))
+		return NULL;
+	return ext_cq_submit(self, &self->cq, ops, pending);
+}
+
+static PyObject *h_reap(PyObject *s, PyObject *args, PyObject *kw)
+{
+	ext_handle *self = (ext_handle *)s;
+	return ext_cq_reap(self, &self->cq, args, kw);
+}
+
+static PyObject *h_completion_fd(PyObject *s, PyObject *unused)
+{
+	ext_handle *self = (ext_handle *)s;
+	if (ext_handle_check_open(self) < 0)
+		return NULL;
+	int fd = nvio_queue_fd(self->cq.q);
+	if (fd < 0)
+		return ext_raise_plain(ext_handle_state(self), fd, "nvio_completion_fd");
+	return PyLong_FromLong(fd);
+}
+
+static PyObject *h_get_inflight(PyObject *s, void *unused)
+{
+	return PyLong_FromUnsignedLong(ext_cq_inflight(&((ext_handle *)s)->cq));
+}
+
+static PyObject *h_queue(PyObject *s, PyObject *unused)
+{
+	return ext_queue_new((ext_handle *)s);
 }
 
 #define GETTER(fname, expr)						\
@@ -924,19 +604,19 @@ static PyMethodDef handle_methods[] = {
 	  "pending($self)\n--\n\nNumber of queued ops not yet reported by wait()." },
 	{ "close", h_close, METH_NOARGS,
 	  "close($self)\n--\n\nWait for ops in flight, then free the handle. Idempotent." },
-	{ "open", (PyCFunction)(void (*)(void))ext_h_open, METH_VARARGS | METH_KEYWORDS,
+	{ "open", (PyCFunction)(void (*)(void))h_open, METH_VARARGS | METH_KEYWORDS,
 	  "open($self, path, flags=FILE_READ)\n--\n\n"
 	  "Open path once for any number of ops: a File. flags: FILE_READ, FILE_WRITE,\n"
 	  "FILE_CREATE, FILE_EXCL, FILE_TRUNC, FILE_ATOMIC, with it FILE_NOSYNC and\n"
 	  "FILE_SPARE (nvio_file_open(3))." },
-	{ "open_fd", (PyCFunction)(void (*)(void))ext_h_open_fd, METH_VARARGS | METH_KEYWORDS,
+	{ "open_fd", (PyCFunction)(void (*)(void))h_open_fd, METH_VARARGS | METH_KEYWORDS,
 	  "open_fd($self, fd, flags=FILE_READ)\n--\n\n"
 	  "A File over an open descriptor, which nvio never closes or changes.\n"
 	  "flags: FILE_READ and/or FILE_WRITE." },
-	{ "submit", (PyCFunction)(void (*)(void))ext_h_submit, METH_VARARGS | METH_KEYWORDS,
+	{ "submit", (PyCFunction)(void (*)(void))h_submit, METH_VARARGS | METH_KEYWORDS,
 	  "submit($self, ops, /, pending=None)\n--\n\n"
 	  "Submit tagged ops; each is a tuple (opcode, file, buf, offset[, user_data[, flags]]):\n"
-	  "opcode OP_READ or OP_WRITE; buf one buffer, or a list/tuple of buffers laid\n"
+	  "opcode EXT_IO_READ or EXT_IO_WRITE; buf one buffer, or a list/tuple of buffers laid\n"
 	  "end to end from offset, or with offset OFFSET_PER_IOV (-1) a list of\n"
 	  "(buffer, offset) pairs; user_data any object (reap() gives it back);\n"
 	  "flags VALIDATE | FSYNC. Every buffer and the file are kept alive until\n"
@@ -946,16 +626,22 @@ static PyMethodDef handle_methods[] = {
 	  "pending: a set that gets the user_data of every accepted op (and never of a\n"
 	  "refused one) before any of them can complete, with no Python code run in\n"
 	  "between: an exception such as KeyboardInterrupt cannot leave it wrong." },
-	{ "reap", (PyCFunction)(void (*)(void))ext_h_reap, METH_VARARGS | METH_KEYWORDS,
+	{ "reap", (PyCFunction)(void (*)(void))h_reap, METH_VARARGS | METH_KEYWORDS,
 	  "reap($self, max=64, min=0, timeout=None)\n--\n\n"
 	  "Up to max ended tagged ops as a list of (user_data, result): result is the\n"
 	  "bytes moved, or the NvioError the op failed with. Waits, without the GIL,\n"
 	  "until min have ended (min is capped at the ops in flight) or timeout\n"
 	  "seconds passed (None: no limit; 0: poll)." },
-	{ "completion_fd", ext_h_completion_fd, METH_NOARGS,
+	{ "completion_fd", h_completion_fd, METH_NOARGS,
 	  "completion_fd($self)\n--\n\n"
 	  "An eventfd, owned by the handle, readable while completions wait to be\n"
 	  "reaped (poll it, then reap(timeout=0))." },
+	{ "queue", h_queue, METH_NOARGS,
+	  "queue($self)\n--\n\n"
+	  "A Queue of its own (nvio_queue_create) with submit/reap/completion_fd as\n"
+	  "here: its ops complete on it only, never in this handle's reap(), and\n"
+	  "this handle's never on it. One consumer per queue (the futures layer has\n"
+	  "its own). Closed with the handle." },
 	{ "__enter__", h_enter, METH_NOARGS, NULL },
 	{ "__exit__", h_exit, METH_VARARGS, NULL },
 	{ "get_block_size", h_get_block_size, METH_NOARGS, "get_block_size($self)\n--\n\n" },
@@ -983,8 +669,9 @@ static PyMethodDef handle_methods[] = {
 
 static PyGetSetDef handle_getset[] = {
 	{ "closed", h_get_closed, NULL, "True once close() was called.", NULL },
-	{ "inflight", ext_h_get_inflight, NULL,
-	  "Tagged ops accepted by submit() and not yet returned by reap().", NULL },
+	{ "inflight", h_get_inflight, NULL,
+	  "Tagged ops accepted by submit() and not yet returned by reap() (the default\n"
+	  "queue's: not a Queue's, not the blocking calls').", NULL },
 	{ NULL, NULL, NULL, NULL, NULL }
 };
 

@@ -8,57 +8,23 @@
  * what buffers.c learnt about torch. Each module object has its own, so
  * the extension keeps no Python object in a C global. Functions reach the
  * state through their module, methods through their handle (which keeps
- * its module alive), type slots through ext_module_of_type().
+ * its module alive), type slots through ext_module_of_type() (args.c).
  *
  * Execution runs each concern's ext_*_exec in order: errors first (the
  * others raise them), then buffers, locked memory, the handle, and the
- * files, tagged ops and streams over it.
+ * files, streams and queues over it.
  */
 #include "ext.h"
 
 #include <stdio.h>
 #include <string.h>
 
-ext_state *ext_state_of(PyObject *module)
-{
-	return (ext_state *)PyModule_GetState(module);
-}
-
-PyObject *ext_module_of_type(PyTypeObject *type)
-{
-	/* Our own types first: no lookup of __mro__ for them. */
-	PyObject *m = PyType_GetModule(type);
-	if (m && PyModule_GetDef(m) == &ext_moduledef)
-		return m;
-	PyErr_Clear();
-	PyObject *mro = PyObject_GetAttrString((PyObject *)type, "__mro__");
-	if (!mro)
-		return NULL;
-	m = NULL;
-	for (Py_ssize_t i = 0; !m && PyTuple_Check(mro) && i < PyTuple_Size(mro); i++) {
-		PyObject *t = PyTuple_GetItem(mro, i);
-		if (!t || !PyType_Check(t) ||
-		    !(PyType_GetFlags((PyTypeObject *)t) & Py_TPFLAGS_HEAPTYPE))
-			continue;
-		m = PyType_GetModule((PyTypeObject *)t);
-		if (!m || PyModule_GetDef(m) != &ext_moduledef) {
-			PyErr_Clear();
-			m = NULL;
-		}
-	}
-	Py_DECREF(mro);
-	if (!m)
-		PyErr_Format(PyExc_TypeError, "nvio: %S is not an nvio._nvio type",
-			     (PyObject *)type);
-	return m;
-}
-
 /* ------------------------------------------------------------------ */
 /* State life cycle                                                    */
 /* ------------------------------------------------------------------ */
 
 #define ONE(name) + 1
-#define EXT_STATE_REFS (1 + EXT_NERRNO + 4 + (0 EXT_TORCH_NAMES(ONE)) + \
+#define EXT_STATE_REFS (1 + EXT_NERRNO + 5 + (0 EXT_TORCH_NAMES(ONE)) + \
 			EXT_TORCH_TYPES + EXT_TORCH_DTYPES + 3)
 
 /* Every reference the state owns, so that traverse and clear agree. */
@@ -73,6 +39,7 @@ static size_t state_refs(ext_state *st, PyObject **refs[EXT_STATE_REFS])
 	refs[n++] = &st->locked_buffer_type;
 	refs[n++] = &st->file_type;
 	refs[n++] = &st->stream_type;
+	refs[n++] = &st->queue_type;
 #define NAME_REF(name) refs[n++] = &st->s_##name;
 	EXT_TORCH_NAMES(NAME_REF)
 #undef NAME_REF
@@ -405,9 +372,11 @@ static int module_exec(PyObject *m)
 {
 	ext_state *st = ext_state_of(m);
 
+	ext_def = PyModule_GetDef(m);
 	if (ext_errors_exec(m, st) < 0 || ext_buffers_exec(m, st) < 0 ||
 	    ext_locked_exec(m, st) < 0 || ext_handle_exec(m, st) < 0 ||
-	    ext_files_exec(m, st) < 0 || ext_crc_exec(m, st) < 0 ||
+	    ext_file_exec(m, st) < 0 || ext_stream_exec(m, st) < 0 ||
+	    ext_tagged_exec(m, st) < 0 || ext_crc_exec(m, st) < 0 ||
 	    ext_copy_exec(m, st) < 0 || ext_pickling_exec(m, st) < 0)
 		return -1;
 	if (PyModule_AddIntConstant(m, "VERSION_NUM", (long)nvio_version()) < 0 ||

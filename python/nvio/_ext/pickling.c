@@ -287,12 +287,13 @@ static int scan_key(scan_state *s, const scan_item *pid)
 /* The opcodes torch's weights-only unpickler admits, and what each does to
  * the coarse stack. Returns 0 (go on), 1 (the scan lost track: stop; not
  * fast), 2 (STOP), -1 with an exception. */
-static int scan_op(scan_state *s)
+/* scan_op's parts: SCAN_OTHER for an opcode that is not theirs. */
+#define SCAN_OTHER 99
+
+/* Opcodes that push a value (or say the protocol or the end). */
+static int scan_value(scan_state *s, unsigned char op)
 {
-	const unsigned char *q = scan_take(s, 1);
-	if (!q)
-		return 1;
-	unsigned char op = q[0];
+	const unsigned char *q;
 	Py_ssize_t avail = scan_avail(s);
 	scan_item *top = avail ? &s->stack[s->depth - 1] : NULL;
 	int stop = 0;
@@ -357,6 +358,18 @@ static int scan_op(scan_state *s)
 		return scan_push(s, K_DICT);
 	case 0x8f:			/* EMPTY_SET */
 		return scan_push(s, K_SET);
+	default:
+		return SCAN_OTHER;
+	}
+}
+
+/* Marks, tuples and the memo. */
+static int scan_stack(scan_state *s, unsigned char op)
+{
+	const unsigned char *q;
+	Py_ssize_t avail = scan_avail(s);
+	scan_item *top = avail ? &s->stack[s->depth - 1] : NULL;
+	switch (op) {
 	case '(':			/* MARK */
 		if (scan_grow((void **)&s->fences, &s->fcap, s->nfences + 1, sizeof(Py_ssize_t)) < 0)
 			return -1;
@@ -416,6 +429,17 @@ static int scan_op(scan_state *s)
 		}
 		return scan_push(s, K_STORAGE);
 	}
+	default:
+		return SCAN_OTHER;
+	}
+}
+
+/* Opcodes that build on what is on the stack. */
+static int scan_build(scan_state *s, unsigned char op)
+{
+	Py_ssize_t avail = scan_avail(s);
+	scan_item *top = avail ? &s->stack[s->depth - 1] : NULL;
+	switch (op) {
 	case 'R': {			/* REDUCE */
 		if (avail < 2)
 			return 1;
@@ -480,10 +504,26 @@ static int scan_op(scan_state *s)
 		s->depth = from;
 		return 0;
 	}
-	default:			/* torch's weights-only unpickler refuses it */
+	default:
+		return SCAN_OTHER;
+	}
+}
+
+static int scan_op(scan_state *s)
+{
+	const unsigned char *q = scan_take(s, 1);
+	if (!q)
+		return 1;
+	int rc = scan_value(s, q[0]);
+	if (rc == SCAN_OTHER)
+		rc = scan_stack(s, q[0]);
+	if (rc == SCAN_OTHER)
+		rc = scan_build(s, q[0]);
+	if (rc == SCAN_OTHER) {	/* torch's weights-only unpickler refuses it */
 		s->fast = 0;
 		return 1;
 	}
+	return rc;
 }
 
 static PyObject *m_pickle_scan(PyObject *m, PyObject *args)
