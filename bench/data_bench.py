@@ -12,14 +12,23 @@ cgroup v1 memory group limited to --limit-frac of the corpus
 (memory.limit_in_bytes charges the page cache); with --warm the
 page-cache-friendly case too: no limit, the corpus cached first.
 
-    python3 bench/data_bench.py --dir /var/tmp/nvio-data --gb 3 --out bench/results/data-DATE.md
+    python3 bench/data_bench.py --out bench/results/data-DATE.md
 
-Contenders: megatron-mmap (workers 0 / 2 / 4 through a DataLoader),
-megatron-file, numpy.memmap windows, nvio.data IndexedDataset batches
-(BatchLoader, main process, prefetch 2; DataLoader 2 workers), nvio.data
-TokenWindows; fio --rw=randread --bs=<sample bytes rounded to 4 KiB>
---iodepth 1/32/128/256 (direct, --mem=mmaphuge where huge pages can be had)
-and sequential fio-best (1 MiB, depth 32).
+runs the whole matrix in about 6 minutes on a quiet machine (corpora built
+once and kept in --dir: 3 GB int32 and 3 GB uint16). A contender is
+NAME or NAME@BATCH:
+megatron-mmap / megatron-file (Megatron's IndexedDataset, its mmap and file
+readers; -w2 / -w4: through a DataLoader with 2 / 4 workers, else 0),
+numpy-memmap (nanoGPT's random windows), nvio-indexed (nvio.data's
+IndexedDataset: BatchLoader from the main process, prefetch 2; -w2 / -w4:
+DataLoader workers, each its own handle), nvio-windows (TokenWindows,
+BatchLoader). fio: --rw=randread --bs=<sample bytes, 4 KiB multiple>
+--iodepth 1/32/128/256 (direct, io_uring, huge-page buffers where they can
+be had), the covering 4 KiB pages at depth 128 (what an unaligned sample's
+direct read moves) and sequential fio-best (1 MiB, depth 32). --warm (on
+by default) adds the page-cache-friendly cases: no limit, cold, then warm.
+The markdown (--out) holds the command, load averages, every row, and the
+issue's three targets checked.
 """
 import argparse
 import datetime
@@ -130,6 +139,9 @@ def child(args):
     import torch
     torch.set_num_threads(1)
     prefix, name = args.prefix, args.run
+    if "@" in name:
+        name, b = name.split("@")
+        args.batch = int(b)
     from megatron.core.datasets.indexed_dataset import IndexedDataset as MI
     n_all = len(MI(prefix).sequence_lengths)
     # each contender its own shuffle: this VM's disk is a file cached by the
@@ -141,13 +153,17 @@ def child(args):
     done = 0
     extra = {}
 
+    cpu = [0.0]
+
     def loop(it):
         nonlocal done
+        c0 = time.process_time()
         t0 = time.perf_counter()
         for b in it:
             done += len(b) if not isinstance(b, dict) else len(b["x"])
             if time.perf_counter() - t0 > deadline:
                 break
+        cpu[0] = time.process_time() - c0       # this process's threads (not workers')
         return time.perf_counter() - t0
 
     if name.startswith("megatron"):
@@ -178,8 +194,9 @@ def child(args):
         import nvio.data as nd
         ds = nd.IndexedDataset(prefix, queue_depth=args.depth)
         extra["direct"] = ds.direct_why
-        if name.endswith("-w2"):
-            dl = torch.utils.data.DataLoader(ds, batch_sampler=batches, num_workers=2,
+        w = int(name.rsplit("-w", 1)[1]) if "-w" in name else 0
+        if w:
+            dl = torch.utils.data.DataLoader(ds, batch_sampler=batches, num_workers=w,
                                              collate_fn=nd.collate)
             secs = loop(dl)
         else:
@@ -195,8 +212,9 @@ def child(args):
     else:
         raise SystemExit("unknown contender %s" % name)
     isz = np.dtype(args.dtype).itemsize
-    print(json.dumps(dict(name=name, samples=done, secs=secs, sps=done / secs,
-                          gbps=done * (args.tokens + 1) * isz / secs / 1e9, **extra)))
+    print(json.dumps(dict(name=args.run, samples=done, secs=secs, sps=done / secs,
+                          gbps=done * (args.tokens + 1) * isz / secs / 1e9,
+                          cpu_us=cpu[0] / max(done, 1) * 1e6, batch=args.batch, **extra)))
 
 
 def run_child(args, name, cgroup, pass_no=0):
@@ -210,8 +228,9 @@ def run_child(args, name, cgroup, pass_no=0):
         print("%s failed (%d): %s" % (name, r.returncode, r.stderr[-1500:]))
         return dict(name=name, error="exit %d: %s" % (r.returncode, r.stderr.strip()[-300:]))
     res = json.loads(r.stdout.strip().splitlines()[-1])
-    print("%-22s %8.0f samples/s %6.3f GB/s  (%d samples, %.1f s) %s" % (
-        name, res["sps"], res["gbps"], res["samples"], res["secs"], res.get("direct", "")))
+    print("%-22s %8.0f samples/s %6.3f GB/s  (%d samples, %.1f s, %.1f us CPU each) %s" % (
+        name, res["sps"], res["gbps"], res["samples"], res["secs"], res["cpu_us"],
+        res.get("direct", "")), flush=True)
     return res
 
 
@@ -228,49 +247,46 @@ def run_fio(path, bs, depth, rw, seconds, huge):
     return dict(iops=j["iops"], gbps=j["bw_bytes"] / 1e9)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--dir", default="/var/tmp/nvio-data-bench")
-    ap.add_argument("--gb", type=float, default=3.0, help="corpus size (GB)")
-    ap.add_argument("--tokens", type=int, default=2048, help="sample = tokens + 1")
-    ap.add_argument("--dtype", default="int32", choices=["int32", "uint16"])
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--samples", type=int, default=20000)
-    ap.add_argument("--seconds", type=float, default=20.0, help="time box per contender")
-    ap.add_argument("--depth", type=int, default=128, help="nvio queue depth")
-    ap.add_argument("--limit-frac", type=float, default=1 / 3)
-    ap.add_argument("--contenders", default="megatron-mmap,megatron-mmap-w2,megatron-mmap-w4,"
-                    "megatron-file,numpy-memmap,nvio-indexed,nvio-indexed-w2,nvio-windows")
-    ap.add_argument("--fio-depths", default="1,32,128,256")
-    ap.add_argument("--warm", action="store_true", help="also: no limit, corpus cached")
-    ap.add_argument("--out")
-    ap.add_argument("--run")
-    ap.add_argument("--prefix")
-    ap.add_argument("--cgroup")
-    ap.add_argument("--pass-no", type=int, default=0)
-    args = ap.parse_args()
-    if args.run:
-        return child(args)
+def fio_rows(args, prefix, sample, depths, huge):
+    """fio at the sample size (a 4 KiB multiple: O_DIRECT), at the 4 KiB
+    pages an unaligned sample spans (what nvio's direct read of one moves),
+    and sequential fio-best."""
+    bs = (sample + 4095) // 4096 * 4096 if sample % 4096 > 64 else sample // 4096 * 4096
+    span = (sample + 4095) // 4096 * 4096
+    out = {}
+    for d in depths:
+        out["randread %d B qd%d" % (bs, d)] = r = run_fio(prefix + ".bin", bs, d, "randread",
+                                                          args.fio_seconds, huge)
+        print("fio randread bs=%d qd%d: %s" % (bs, d, r), flush=True)
+    if span != bs:
+        out["randread %d B qd128 (pages of an unaligned sample)" % span] = r = run_fio(
+            prefix + ".bin", span, 128, "randread", args.fio_seconds, huge)
+        print("fio randread bs=%d qd128: %s" % (span, r), flush=True)
+    if args.fio_best:
+        out["read 1 MiB qd32 (fio-best)"] = r = run_fio(prefix + ".bin", 1 << 20, 32, "read",
+                                                        args.fio_seconds, huge)
+        print("fio seq: %s" % r, flush=True)
+    return out, "randread %d B qd128" % bs
+
+
+def corpus_run(args, dtype, contenders, fio_depths, warm):
+    """One corpus: every contender limited, fio, and (warm) the cases
+    without a limit. A dict for report()."""
     import numpy as np
-    os.makedirs(args.dir, exist_ok=True)
-    args.prefix = os.path.join(args.dir, "corpus_%s_%d" % (args.dtype, args.tokens + 1))
-    build_corpus(args.prefix, args.gb, args.tokens, np.dtype(args.dtype))
-    size = os.path.getsize(args.prefix + ".bin")
+    a = argparse.Namespace(**vars(args))
+    a.dtype = dtype
+    a.prefix = os.path.join(args.dir, "corpus_%s_%d" % (dtype, args.tokens + 1))
+    build_corpus(a.prefix, args.gb, args.tokens, np.dtype(dtype))
+    size = os.path.getsize(a.prefix + ".bin")
     limit = int(size * args.limit_frac)
-    sample = (args.tokens + 1) * np.dtype(args.dtype).itemsize
-    load0 = os.getloadavg()
-    started = datetime.datetime.now(datetime.timezone.utc)
+    sample = (args.tokens + 1) * np.dtype(dtype).itemsize
     cg = make_group(limit)
-    rows, fio = [], {}
+    rows, fio, fio_ref = [], {}, None
     try:
-        for name in args.contenders.split(","):
+        for name in contenders:
             drop_caches()
-            rows.append(("limited", run_child(args, name, cg)))
-        # fio at the sample size rounded to 4 KiB (O_DIRECT), and at the
-        # 4 KiB pages an unaligned sample spans (what a direct read of one moves)
-        bs = (sample + 4095) // 4096 * 4096 if sample % 4096 > 64 else sample // 4096 * 4096
-        span = (sample + 4095) // 4096 * 4096
-        huge = None
+            rows.append(("limited", run_child(a, name, cg)))
+        huge, ctx = None, None
         try:
             sys.path.insert(0, HERE)
             import hugepages
@@ -280,85 +296,167 @@ def main():
             print("no huge pages for fio: %s" % e)
             ctx = None
         try:
-            for d in [int(x) for x in args.fio_depths.split(",") if x]:
-                fio["randread %d B qd%d" % (bs, d)] = r = run_fio(args.prefix + ".bin", bs, d,
-                                                                  "randread", 10, huge)
-                print("fio randread bs=%d qd%d: %s" % (bs, d, r))
-            if span != bs:
-                fio["randread %d B qd128" % span] = r = run_fio(args.prefix + ".bin", span, 128,
-                                                                "randread", 10, huge)
-                print("fio randread bs=%d qd128: %s" % (span, r))
-            fio["read 1 MiB qd32 (fio-best)"] = r = run_fio(args.prefix + ".bin", 1 << 20, 32,
-                                                            "read", 10, huge)
-            print("fio seq: %s" % r)
+            fio, fio_ref = fio_rows(a, a.prefix, sample, fio_depths, huge)
         finally:
             if ctx is not None:
                 ctx.__exit__(None, None, None)
-        if args.warm:
+        if warm:
             for name in ("megatron-mmap", "nvio-indexed"):
                 drop_caches()
-                rows.append(("cold, no limit", run_child(args, name, None, 1)))
-            subprocess.run("cat %s > /dev/null" % (args.prefix + ".bin"), shell=True)
+                rows.append(("cold, no limit", run_child(a, name, None, 1)))
             for k, name in enumerate(("megatron-mmap", "nvio-indexed") * 2):
-                rows.append(("warm, no limit", run_child(args, name, None, 2 + k // 2)))
+                # cached again before each: on a shared machine another
+                # benchmark may have dropped the page cache meanwhile
+                subprocess.run("cat %s > /dev/null" % (a.prefix + ".bin"), shell=True)
+                rows.append(("warm, no limit", run_child(a, name, None, 2 + k // 2)))
     finally:
         remove_group(cg)
+    return dict(dtype=dtype, rows=rows, fio=fio, fio_ref=fio_ref, size=size, limit=limit,
+                sample=sample, cg=cg)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dir", default="/var/tmp/nvio-data-bench")
+    ap.add_argument("--gb", type=float, default=3.0, help="corpus size (GB)")
+    ap.add_argument("--tokens", type=int, default=2048, help="sample = tokens + 1")
+    ap.add_argument("--dtype", default="int32", choices=["int32", "uint16"])
+    ap.add_argument("--batch", type=int, default=256, help="unless NAME@BATCH says")
+    ap.add_argument("--samples", type=int, default=100000)
+    ap.add_argument("--seconds", type=float, default=5.0, help="time box per contender")
+    ap.add_argument("--depth", type=int, default=128, help="nvio queue depth")
+    ap.add_argument("--limit-frac", type=float, default=1 / 3)
+    ap.add_argument("--contenders", default="megatron-mmap,megatron-mmap-w2,megatron-mmap-w4,"
+                    "megatron-file,megatron-file-w2,megatron-file-w4,numpy-memmap,"
+                    "nvio-indexed,nvio-indexed@64,nvio-indexed@512,nvio-indexed-w2,"
+                    "nvio-indexed-w4,nvio-windows")
+    ap.add_argument("--fio-depths", default="1,32,128,256")
+    ap.add_argument("--fio-seconds", type=int, default=5)
+    ap.add_argument("--u16-contenders", default="megatron-mmap,megatron-file,numpy-memmap,"
+                    "nvio-indexed,nvio-windows",
+                    help="a second corpus of uint16 tokens ('' for none)")
+    ap.add_argument("--no-warm", dest="warm", action="store_false",
+                    help="skip the cases without a memory limit")
+    ap.add_argument("--out")
+    ap.add_argument("--run")
+    ap.add_argument("--prefix")
+    ap.add_argument("--cgroup")
+    ap.add_argument("--pass-no", type=int, default=0)
+    args = ap.parse_args()
+    args.fio_best = True
+    if args.run:
+        return child(args)
+    os.makedirs(args.dir, exist_ok=True)
+    load0 = os.getloadavg()
+    started = datetime.datetime.now(datetime.timezone.utc)
+    t0 = time.time()
+    depths = [int(x) for x in args.fio_depths.split(",") if x]
+    runs = [corpus_run(args, args.dtype, args.contenders.split(","), depths, args.warm)]
+    u16 = [c for c in args.u16_contenders.split(",") if c]
+    if u16 and args.dtype != "uint16":
+        args.fio_best = False
+        runs.append(corpus_run(args, "uint16", u16, [128], False))
     load1 = os.getloadavg()
-    report(args, rows, fio, size, limit, sample, cg, load0, load1, started)
+    report(args, runs, load0, load1, started, time.time() - t0)
 
 
-def report(args, rows, fio, size, limit, sample, cg, load0, load1, started):
-    fio128 = next((v for k, v in fio.items() if k.endswith("qd128") and "iops" in v), None)
-    fio128_name = next((k for k, v in fio.items() if v is fio128), "-")
-    mm = {(c, r["name"]): r for c, r in rows if "sps" in r}
+def _targets(run):
+    """The issue's targets, checked on one corpus's rows."""
+    by = {}
+    for case, r in run["rows"]:
+        if "sps" in r:
+            by.setdefault((case, r["name"]), []).append(r["sps"])
+    fio = run["fio"].get(run["fio_ref"] or "", {})
+    out = []
+    nv = by.get(("limited", "nvio-indexed"))
+    if nv and "iops" in fio:
+        x = nv[0] / fio["iops"]
+        out.append("- limited page cache, one process: nvio-indexed %.0f samples/s = %.2fx fio %s "
+                   "(%.0f IOPS); target >= 0.8x: %s" % (nv[0], x, run["fio_ref"], fio["iops"],
+                                                        "met" if x >= 0.8 else "NOT met"))
+    for case, want, what in (("cold, no limit", 5.0, ">= 5x"), ("warm, no limit", 1.0, ">= 1x")):
+        n, m = by.get((case, "nvio-indexed")), by.get((case, "megatron-mmap"))
+        if n and m:
+            x = max(n) / max(m)
+            out.append("- %s: nvio-indexed %.0f against megatron-mmap %.0f samples/s (best of "
+                       "each) = %.1fx; target %s: %s" % (case, max(n), max(m), x, what,
+                                                         "met" if x >= want else "NOT met"))
+    return out
+
+
+def report(args, runs, load0, load1, started, elapsed):
     lines = ["# nvio.data benchmark — %s" % started.strftime("%Y-%m-%d"), "",
-             "- date: %s; load average %s at the start, %s at the end (a shared 2-core VM: "
-             "other sessions' builds and tests ran meanwhile)" % (
-                 started.strftime("%Y-%m-%d %H:%M UTC"), " ".join("%.1f" % x for x in load0),
-                 " ".join("%.1f" % x for x in load1)),
+             "- date: %s; load average %s at the start, %s at the end; the whole run took "
+             "%.0f s" % (started.strftime("%Y-%m-%d %H:%M UTC"),
+                         " ".join("%.1f" % x for x in load0), " ".join("%.1f" % x for x in load1),
+                         elapsed),
              "- machine: %d cores (%s), %s RAM, kernel %s; disk %s" % (
                  os.cpu_count(), sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").strip(),
                  sh("awk '/MemTotal/ {printf \"%.1f GiB\", $2/1048576}' /proc/meminfo"),
                  platform.release(), sh("findmnt -n -o SOURCE,FSTYPE --target %s" % args.dir)),
-             "- nvio git %s; torch %s; megatron-core %s; %s" % (
+             "- nvio git %s%s; torch %s; megatron-core %s; %s" % (
                  sh("git -C %s rev-parse --short HEAD" % REPO),
+                 " (+ uncommitted changes)" if sh("git -C %s status --porcelain -- python src"
+                                                  % REPO) else "",
                  sh("%s -c 'import torch;print(torch.__version__)'" % sys.executable),
                  sh("%s -c 'import megatron.core as m;print(m.__version__)' 2>/dev/null"
                     % sys.executable), sh("fio --version")),
              "- command: `python3 bench/data_bench.py %s`" % " ".join(sys.argv[1:]),
-             "- corpus: %.2f GB of %s tokens written by megatron-core's IndexedDatasetBuilder, "
-             "samples of %d tokens (%d B), shuffled; batches of %d; at most %d samples or %.0f s "
-             "per contender, the read loop timed inside its process; page cache dropped before "
-             "each" % (size / 1e9, args.dtype, args.tokens + 1, sample, args.batch, args.samples,
-                       args.seconds),
-             "- memory limit: %s" % ("cgroup v1 %s, memory.limit_in_bytes = %d (%.2f GiB, %.2f of "
-                                     "the corpus; it charges the page cache)" % (
-                                         cg, limit, limit / 2**30, limit / size) if cg else
-                                     "none could be made (no cgroup v1 memory controller)"),
-             "", "| contender | case | samples/s | GB/s | × fio %s | × megatron-mmap "
-             "| samples | I/O mode |" % fio128_name, "|---|---|---:|---:|---:|---:|---:|---|"]
-    for case, r in rows:
-        if "sps" not in r:
-            lines.append("| %s | %s | failed: %s | | | | | |" % (r["name"], case, r["error"][:120]))
-            continue
-        base = mm.get((case, "megatron-mmap"))
-        lines.append("| %s | %s | %.0f | %.3f | %s | %s | %d | %s |" % (
-            r["name"], case, r["sps"], r["gbps"],
-            "%.2f" % (r["sps"] / fio128["iops"]) if fio128 else "-",
-            "%.1f" % (r["sps"] / base["sps"]) if base else "-", r["samples"],
-            r.get("direct", "page cache (mmap / read)") if r["name"].startswith("nvio") else
-            "page cache"))
-    lines += ["", "fio (io_uring, O_DIRECT, %s, 10 s each):" % ("buffers in huge pages"
-                                                             if fio else "-"), "",
-              "| job | IOPS | GB/s |", "|---|---:|---:|"]
-    for k, v in fio.items():
-        lines.append("| %s | %s | %s |" % (k, "%.0f" % v["iops"] if "iops" in v else v,
-                                            "%.3f" % v["gbps"] if "gbps" in v else ""))
+             "- each contender in its own process, page cache dropped before it, its own "
+             "shuffle; at most %d samples or %.0f s each, the read loop timed inside the process "
+             "(CPU: that process's threads, not its DataLoader workers'); batches of %d unless "
+             "NAME@BATCH; nvio queue depth %d" % (args.samples, args.seconds, args.batch,
+                                                  args.depth)]
+    for run in runs:
+        lines += _corpus_report(args, run)
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
+
+
+def _corpus_report(args, run):
+    fio = run["fio"]
+    ref = fio.get(run["fio_ref"] or "", {})
+    ref = ref if "iops" in ref else None
+    mm = {(c, r["name"]): r for c, r in run["rows"] if "sps" in r}
+    cg, size, limit = run["cg"], run["size"], run["limit"]
+    lines = ["", "## %s tokens, samples of %d tokens (%d B)" % (run["dtype"], args.tokens + 1,
+                                                               run["sample"]), "",
+             "- corpus: %.2f GB written by megatron-core's IndexedDatasetBuilder, shuffled" % (
+                 size / 1e9),
+             "- memory limit (case 'limited'): %s" % (
+                 "cgroup v1 memory.limit_in_bytes = %d (%.2f GiB, %.2f of the corpus; it charges "
+                 "the page cache)" % (limit, limit / 2**30, limit / size) if cg else
+                 "none could be made (no cgroup v1 memory controller)"),
+             "", "### Targets", ""] + (_targets(run) or ["- (rows missing)"]) + [
+             "", "| contender | case | batch | samples/s | GB/s | × fio %s | × megatron-mmap "
+             "| CPU us/sample | samples | I/O mode |" % (run["fio_ref"] or "-"),
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for case, r in run["rows"]:
+        if "sps" not in r:
+            lines.append("| %s | %s | | failed: %s | | | | | | |" % (
+                r["name"], case, r["error"][:120].replace("|", "/").replace("\n", " ")))
+            continue
+        base = mm.get((case, "megatron-mmap"))
+        mode = r.get("direct", "page cache (mmap / read)") if r["name"].startswith("nvio") \
+            else "page cache"
+        lines.append("| %s | %s | %d | %.0f | %.3f | %s | %s | %.1f | %d | %s |" % (
+            r["name"].split("@")[0], case, r.get("batch", args.batch), r["sps"], r["gbps"],
+            "%.2f" % (r["sps"] / ref["iops"]) if ref else "-",
+            "%.1f" % (r["sps"] / base["sps"]) if base else "-", r.get("cpu_us", 0),
+            r["samples"], mode.split(":")[0]))
+    lines += ["", "fio (io_uring, O_DIRECT, %d s each; huge-page buffers where they could be "
+              "had):" % args.fio_seconds, "", "| job | IOPS | GB/s |", "|---|---:|---:|"]
+    for k, v in fio.items():
+        lines.append("| %s | %s | %s |" % (k, "%.0f" % v["iops"] if "iops" in v else v,
+                                            "%.3f" % v["gbps"] if "gbps" in v else ""))
+    why = sorted({r.get("direct") for _, r in run["rows"] if r.get("direct")})
+    if why:
+        lines += ["", "nvio's direct-or-cached choice (direct=\"auto\"), as each run reported "
+                  "it:", ""] + ["- %s" % w for w in why]
+    return lines
 
 
 if __name__ == "__main__":
