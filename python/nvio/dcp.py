@@ -60,10 +60,10 @@ import concurrent.futures as _cf
 import copy as _copy
 import datetime
 import io
+import json
 import logging
 import os
 import pickle
-import pickletools
 import re
 import secrets
 import stat
@@ -90,6 +90,7 @@ from ._base.crc import crc_device, crc_submit, executor
 from ._base.group import Group, GroupFailure, barrier, group_timeout
 from ._base.handle import default_handle
 from ._base.pieces import locked_buffer, write_device
+from ._base.pickles import check_pickle
 from ._base.plan import DEFAULT_ALIGN, CheckpointError, Plan
 from ._base.space import atomic_flags, reserve_space
 from ._base.views import tensor_u8 as _u8
@@ -304,9 +305,8 @@ def _host_exact(t):
 def _safetensors_blob(tensors, offsets):
     """The safetensors image DCP's writer appends to a rank file in the
     safetensors layout (same library, same metadata keys)."""
-    import json
-    from safetensors.torch import save as st_save
-    from torch.distributed.checkpoint import _hf_utils as hf
+    from safetensors.torch import save as st_save       # optional: only this format needs it
+    from torch.distributed.checkpoint import _hf_utils as hf  # torch-private, newer torches only
     return st_save(tensors, metadata={hf.CUSTOM_METADATA_KEY: json.dumps(offsets),
                                       hf.DCP_VERSION_KEY: str(hf.HF_DCP_VERSION),
                                       hf.FORMAT_KEY: hf.FORMAT_VALUE})
@@ -744,7 +744,7 @@ class _StagingPool:
                     c.copy_(loc.detach())
                 copies[id(loc)] = c
             if _is_dtensor(t):
-                from torch.distributed.tensor import DTensor
+                from torch.distributed.tensor import DTensor  # torch >= 2.4 (see _is_dtensor)
                 return DTensor.from_local(c, t.device_mesh, t.placements, run_check=False,
                                           shape=t.shape, stride=t.stride())
             return c
@@ -827,97 +827,12 @@ _SAFE_GLOBALS = frozenset(
        ("pathlib", "PurePosixPath"), ("collections", "OrderedDict")]
     + [("torch", n) for n, v in vars(torch).items()
        if isinstance(v, (torch.dtype, torch.layout, torch.memory_format))])
-#: The pickle opcodes such files use, and their relatives of other protocols
-#: that build only plain values. Not here: EXT1/2/4 (served from copyreg's
-#: cache without a global lookup), PERSID/BINPERSID, INST/OBJ, sets
-#: (ADDITEMS calls an object's add), DUP, out-of-band buffers.
-_SAFE_OPS = frozenset("""
-    PROTO FRAME STOP MARK POP POP_MARK NONE NEWTRUE NEWFALSE INT BININT BININT1 BININT2
-    LONG LONG1 LONG4 FLOAT BINFLOAT STRING BINSTRING SHORT_BINSTRING UNICODE BINUNICODE
-    SHORT_BINUNICODE BINUNICODE8 BINBYTES SHORT_BINBYTES BINBYTES8 EMPTY_TUPLE TUPLE TUPLE1
-    TUPLE2 TUPLE3 EMPTY_LIST LIST APPEND APPENDS EMPTY_DICT DICT SETITEM SETITEMS GET BINGET
-    LONG_BINGET PUT BINPUT LONG_BINPUT MEMOIZE GLOBAL STACK_GLOBAL REDUCE NEWOBJ NEWOBJ_EX
-    BUILD""".split())
-_PUTS = frozenset(("PUT", "BINPUT", "LONG_BINPUT"))
-_GETS = frozenset(("GET", "BINGET", "LONG_BINGET"))
-
-
-#: Opcodes that act on an object below their arguments, and how deep it lies:
-#: it must be a value the pickle built, never a global (a class or function
-#: of the allowlist): BUILD with slot state on a class runs setattr on it,
-#: changing that class for the whole process, as torch's weights_only
-#: unpickler never allows. REDUCE and NEWOBJ must call a global.
-#: (SETITEMS and APPENDS: counted once their marked items are popped.)
-_ON_VALUE = {"BUILD": 2, "SETITEM": 3, "APPEND": 2, "SETITEMS": 1, "APPENDS": 1}
-_ON_GLOBAL = {"REDUCE": 2, "NEWOBJ": 2, "NEWOBJ_EX": 3}
-_MARK = object()
 
 
 def _check_pickle(data, where):
-    """Refuse a pickle that uses an opcode outside _SAFE_OPS, a memo index
-    the pickle has not reached (the C unpickler allocates up to the index),
-    or BUILD/SETITEM(S)/APPEND(S) on a global or REDUCE/NEWOBJ on anything
-    else. The stack is followed by kind only (global or value), as
-    pickletools.dis follows it; a stack the opcodes do not fit is corrupt."""
-    memo = {}
-    stack = []
-    try:
-        for op, arg, pos in pickletools.genops(data):
-            name = op.name
-            if name not in _SAFE_OPS:
-                raise UnsafeCheckpointError(
-                    "nvio.dcp: %s: pickle opcode %s at byte %d is not one DCP's metadata "
-                    "needs: refused (FileSystemReader(..., trusted=True) loads it as torch's "
-                    "reader does)" % (where, name, pos), where)
-            if name in _PUTS and arg > len(memo):
-                raise UnsafeCheckpointError(
-                    "nvio.dcp: %s: memo index %d at byte %d, past the %d entries stored "
-                    "so far: refused" % (where, arg, pos, len(memo)), where)
-            if name in _GETS and arg not in memo:
-                raise CheckpointError("nvio.dcp: %s: memo index %d at byte %d was never "
-                                      "stored: the file is corrupt" % (where, arg, pos), where)
-            before, kind = op.stack_before, "value"
-            if pickletools.markobject in before or (name == "POP" and stack and
-                                                    stack[-1] is _MARK):
-                if _MARK not in stack:
-                    raise ValueError("%s at byte %d without a MARK" % (name, pos))
-                while stack[-1] is not _MARK:
-                    stack.pop()
-                stack.pop()
-                pops = before.index(pickletools.markobject) if name != "POP" else 0
-            else:
-                pops = len(before)
-            if len(stack) < pops:
-                raise ValueError("%s at byte %d: the stack holds %d items, it takes %d"
-                                 % (name, pos, len(stack), pops))
-            deep = _ON_VALUE.get(name)
-            if deep and stack[-deep] == "global":
-                raise UnsafeCheckpointError(
-                    "nvio.dcp: %s: pickle opcode %s at byte %d acts on a class or function, "
-                    "not on a value: refused" % (where, name, pos), where)
-            deep = _ON_GLOBAL.get(name)
-            if deep and stack[-deep] != "global":
-                raise UnsafeCheckpointError(
-                    "nvio.dcp: %s: pickle opcode %s at byte %d calls something that is not "
-                    "an allowed global: refused" % (where, name, pos), where)
-            if name in _GETS:
-                kind = memo[arg]
-            elif name in ("GLOBAL", "STACK_GLOBAL"):
-                kind = "global"
-            if name in _PUTS or name == "MEMOIZE":
-                if not stack or stack[-1] is _MARK:
-                    raise ValueError("%s at byte %d with nothing to store" % (name, pos))
-                memo[len(memo) if name == "MEMOIZE" else arg] = stack[-1]
-                continue
-            if pops:
-                del stack[-pops:]
-            for item in op.stack_after:
-                stack.append(_MARK if item is pickletools.markobject else kind)
-    except ValueError as e:         # pickletools: a truncated or malformed opcode
-        if isinstance(e, CheckpointError):
-            raise
-        raise CheckpointError("nvio.dcp: %s is corrupt or truncated: %s" % (where, e),
-                              where) from None
+    """A .metadata pickle checked before it is unpickled (nvio._base.pickles)."""
+    check_pickle(data, where, UnsafeCheckpointError, "nvio.dcp", "DCP's metadata",
+                 "FileSystemReader(..., trusted=True) loads it as torch's reader does")
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -1364,7 +1279,7 @@ class FileSystemReader(_fs.FileSystemReader):
 
         pe = entries[pkl[0]]
         data = img.read(data_of(pe), pe.size)
-        from torch import _weights_only_unpickler
+        from torch import _weights_only_unpickler  # torch-private: looked up when used
         up = _weights_only_unpickler.Unpickler(io.BytesIO(bytes(data)), encoding="utf-8")
         meta = _MetaUnpickler()
         up.persistent_load = meta

@@ -201,7 +201,7 @@ class _MetaStorages:
     persistent id said."""
 
     def __init__(self, device="meta", read=None):
-        import torch
+        import torch    # `python -m nvio.checkpoint info` starts without torch until here
         self.torch = torch
         self.device = device
         self.read = read           # key, nbytes -> bytes (host rebuilds)
@@ -246,7 +246,7 @@ def _unpickle_meta(data, read=None):
     Tensor kinds that cannot be rebuilt on meta (quantized, nested) are
     rebuilt once more on host storages filled by read(key, nbytes), if
     given."""
-    from torch import _weights_only_unpickler
+    from torch import _weights_only_unpickler  # torch-private: looked up when used
 
     def run(device):
         ms = _MetaStorages(device, read if device == "cpu" else None)

@@ -435,7 +435,7 @@ def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad,
 def _fast_globals():
     global _fast_table
     if _fast_table is None:
-        from torch import _weights_only_unpickler as wo
+        from torch import _weights_only_unpickler as wo  # torch-private: looked up when used
         allowed = wo._get_allowed_globals()
         table = {}
         for full in _FAST_GLOBALS:
@@ -507,7 +507,7 @@ def _load_weights_only(data, reader, fast):
 
 def _unpickler(data, weights_only):
     if weights_only:
-        from torch import _weights_only_unpickler
+        from torch import _weights_only_unpickler  # torch-private: looked up when used
         return _weights_only_unpickler.Unpickler(io.BytesIO(data), encoding="utf-8")
 
     class _Full(pickle.Unpickler):
