@@ -249,6 +249,10 @@ int ext_copy_exec(PyObject *m, ext_state *st);
 /* A persistent_id for torch.save's pickling (pickling.c) */
 int ext_pickling_exec(PyObject *m, ext_state *st);
 
+/* Files several processes write, streams over the caller's staging
+ * memory (shared.c) */
+int ext_shared_exec(PyObject *m, ext_state *st);
+
 /* ------------------------------------------------------------------ */
 /* Arguments (args.c)                                                  */
 /* ------------------------------------------------------------------ */

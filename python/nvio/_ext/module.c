@@ -377,7 +377,8 @@ static int module_exec(PyObject *m)
 	    ext_locked_exec(m, st) < 0 || ext_handle_exec(m, st) < 0 ||
 	    ext_file_exec(m, st) < 0 || ext_stream_exec(m, st) < 0 ||
 	    ext_tagged_exec(m, st) < 0 || ext_crc_exec(m, st) < 0 ||
-	    ext_copy_exec(m, st) < 0 || ext_pickling_exec(m, st) < 0)
+	    ext_copy_exec(m, st) < 0 || ext_pickling_exec(m, st) < 0 ||
+	    ext_shared_exec(m, st) < 0)
 		return -1;
 	if (PyModule_AddIntConstant(m, "VERSION_NUM", (long)nvio_version()) < 0 ||
 	    PyModule_AddStringConstant(m, "version_string", nvio_version_string()) < 0 ||
