@@ -1,17 +1,25 @@
-"""Atomic files made from Python: a named temporary beside the target that
-several writers (processes, ranks) open by name, renamed over the target
-once complete.
+"""Policy around libnvio's atomic files, in Python.
 
-libnvio's atomic files (``FILE_ATOMIC``) serve one writer; a file written
-by many ranks, or through Python's own file object, needs a name the
-others can open. The name comes from libnvio (``temp_name``: it carries
-this process as the owner), so a later atomic write to the same target, or
-``nvio clean``, removes it if this process is killed; dead owners'
-temporaries of the target go first, as libnvio's atomic open does.
+Durability is libnvio's: an atomic file (``FILE_ATOMIC``) is a temporary
+that its commit makes durable and renames over the target; a file several
+processes write is one opened with ``FILE_ATOMIC | FILE_SHARED`` by its
+creator, whose writers open it with :func:`join_shared`
+(``FILE_SHARED``: libnvio refuses a link, a FIFO, another user's file, a
+file of other names) and whose creator commits or abandons it. Here:
+
+* :func:`join_shared`, a writer's open of such a file, checked to be the
+  creator's very file;
+* :func:`hold_replaced` / :func:`release_replaced` / :func:`remove`:
+  freeing a replaced or removed big file's blocks off the caller's path;
+* :func:`fsync_dir`, for directories whose entries a save made itself
+  (nvio.dcp's files);
+* :func:`create_temp` / :func:`commit` / :func:`follow_links`: a named
+  temporary for code that writes through its own file object and the
+  rename of one (no save of nvio's uses them: they make and replace
+  files as libnvio's atomic open and commit do, for tests and tools).
 """
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import stat
@@ -139,21 +147,48 @@ def create_temp(path, size=0):
     return tmp
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_fallocate = _libc.fallocate
-_fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+_alloc_handle = None
+_alloc_lock = threading.Lock()
 
 
 def _allocate(fd, size):
-    """fallocate(2) the first size bytes of fd, or (a file system without
-    it) a sparse ftruncate. Not posix_fallocate, which glibc emulates there
-    by writing a byte into every block."""
-    if _fallocate(fd, 0, 0, size) == 0:
-        return
-    e = ctypes.get_errno()
-    if e not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-        raise OSError(e, os.strerror(e))
-    os.ftruncate(fd, size)
+    """Reserve the first size bytes of fd with libnvio (nvio_file_allocate:
+    fallocate(2)), or (a file system without it) a sparse ftruncate. Not
+    posix_fallocate, which glibc emulates there by writing a byte into
+    every block."""
+    global _alloc_handle
+    with _alloc_lock:
+        if _alloc_handle is None or _alloc_handle.closed:
+            _alloc_handle = _nvio.Handle(engine="psync", direct=False)
+        h = _alloc_handle
+    try:
+        with h.open_fd(fd, _nvio.FILE_WRITE) as f:
+            f.allocate(0, size)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise OSError(e.errno, os.strerror(e.errno)) from None
+        os.ftruncate(fd, size)
+
+
+def join_shared(handle, share, flags=_nvio.FILE_WRITE):
+    """A writer's File of a file several processes write: ``share`` is
+    ``(temp_path, dev, ino)`` from ``_nvio.file_share`` of the creator's
+    ``FILE_ATOMIC | FILE_SHARED`` File. Opened through ``handle.open`` with
+    ``FILE_SHARED`` (libnvio opens the temporary and nothing else: no link
+    followed, nothing created or truncated, a regular file of one name,
+    the caller's), then refused (ESTALE) unless it is the creator's very
+    file. Close it; the creator commits."""
+    tmp, dev, ino = share
+    f = handle.open(tmp, flags | _nvio.FILE_SHARED)
+    try:
+        st = os.fstat(f.fd)
+        if (st.st_dev, st.st_ino) != (dev, ino):
+            raise OSError(errno.ESTALE, "not the creator's temporary (replaced, or the "
+                          "save was abandoned)", tmp)
+    except BaseException:
+        f.close()
+        raise
+    return f
 
 
 def commit(tmp, path, durable):
@@ -225,7 +260,8 @@ def _forget_releases_after_fork():
     """In a child: the parent's release threads are not here, but its held
     fds are, and would keep the replaced files (their blocks) for as long
     as the child lives: close them."""
-    global _releasing, _releasing_lock
+    global _releasing, _releasing_lock, _alloc_handle, _alloc_lock
+    _alloc_handle, _alloc_lock = None, threading.Lock()    # the parent's: not usable here
     for fd in list(_held):
         try:
             os.close(fd)

@@ -51,7 +51,8 @@ import socket
 import torch
 import torch.distributed as dist
 
-from .. import _atomic, _device, _nvio
+from .. import _device, _nvio
+from .._atomic import hold_replaced, join_shared, release_replaced
 from .._base.crc import crc32_combine, crc_submit
 from .._base.group import Group as _Group
 from .._base.group import GroupFailure  # noqa: F401  (nvio.checkpoint._dist.GroupFailure)
@@ -175,41 +176,32 @@ def save_group(obj, path, group, *, durable=True, handle=None, align=DEFAULT_ALI
     if handle is None:
         handle = default_handle()
 
-    # rank 0 makes the file; the others learn its name
-    tmp = err = af = None
+    # rank 0 makes the file; the others learn its name and identity
+    share = err = af = None
     if g.rank == 0:
         try:
-            if spare:
-                af = _open_spare(handle, path, plan.size, durable)
-            tmp = af.temp_path if af is not None else _atomic.create_temp(path, plan.size)
+            af = _open_shared(handle, path, plan.size, durable, spare)
+            share = _nvio.file_share(af)
         except Exception as e:  # noqa: BLE001
             err = _err_text(e)
     try:
-        made = g.gather("creating the file", (err, tmp))
+        made = g.gather("creating the file", (err, share))
         if made[0][0]:
             raise CheckpointError("nvio.save: %s: rank 0 could not create the file: %s"
                                   % (path, made[0][0]), path)
-        tmp = made[0][1]
-        return _write_share(g, plan, tmp, path, handle, writers, durable, af)
+        return _write_share(g, plan, made[0][1], path, handle, writers, durable, af)
     finally:
         if af is not None:
-            af.close()          # committed: nothing to do; else abandoned, the spare kept
-        elif g.rank == 0 and tmp is not None and os.path.lexists(tmp):
-            os.unlink(tmp)
+            af.close()          # committed: nothing to do; else abandoned (a spare kept)
 
 
-def _open_spare(handle, path, size, durable):
-    """spare=True on rank 0: an atomic nvio File writing into path's spare
-    (libnvio's FILE_SPARE: the blocks of the version before, swapped with
-    path at commit), which the other ranks open by its name; None where
-    there is no spare to take and libnvio's temporary has no name (a new
-    path without a spare, a spare in use): the save then makes a named
-    temporary of fresh blocks."""
-    f = handle.open(path, atomic_flags(durable, spare=True))
+def _open_shared(handle, path, size, durable, spare):
+    """On rank 0: the atomic nvio File of a file several ranks write
+    (libnvio's FILE_SHARED: a named temporary, or with ``spare`` path's
+    spare, which the other ranks join by name and identity; committed or
+    abandoned by libnvio), its space reserved."""
+    f = handle.open(path, atomic_flags(durable, spare=spare) | _nvio.FILE_SHARED)
     try:
-        if f.temp_path is None:
-            f.close()
-            return None
         reserve_space(f, size)
     except BaseException:
         f.close()
@@ -217,13 +209,13 @@ def _open_spare(handle, path, size, durable):
     return f
 
 
-def _write_share(g, plan, tmp, path, handle, writers, durable, af=None):
+def _write_share(g, plan, share, path, handle, writers, durable, af):
     sizes = [r.size for r, _ in plan.data]
     shares = split_shares(sizes, len(writers), plan.align)
     mine = shares[writers.index(g.rank)] if g.rank in writers else []
     crcs, err = [], None
     try:
-        with handle.open(tmp, _nvio.FILE_WRITE) as f:
+        with join_shared(handle, share) as f:
             hosts = {}
             regions, pieces = [], []
             for i, off, n in mine:
@@ -265,20 +257,17 @@ def _write_share(g, plan, tmp, path, handle, writers, durable, af=None):
                     crc = crc32_combine(crc, c, n)
                 r.crc = crc
             meta = [(b, off) for off, b in plan.meta_pieces()]
-            if af is not None:      # the spare: cut to size, synced, swapped with path
-                af.pwritev(meta, _nvio.OFFSET_PER_IOV)
-                af.truncate(plan.size)      # the size the ranks wrote, not af's own
-                af.commit()
-            else:
-                with handle.open(tmp, _nvio.FILE_WRITE) as f:
-                    f.pwritev(meta, _nvio.OFFSET_PER_IOV)
-                    if durable:
-                        f.sync()
-                _atomic.commit(tmp, path, durable)
+            af.pwritev(meta, _nvio.OFFSET_PER_IOV)
+            af.truncate(plan.size)      # the size the ranks wrote, not af's own
+            old = hold_replaced(path)   # the old file's blocks freed off this path
+            try:
+                af.commit()             # fsync, rename (a spare: swap), fsync of the dir
+            finally:
+                release_replaced(old)
             g.committed = True
         except Exception as e:  # noqa: BLE001
             # renamed, and then the directory's fsync failed: the new file is there
-            g.committed = af.committed if af is not None else not os.path.lexists(tmp)
+            g.committed = af.committed
             err = _err_text(e)
     g.stage = "committing"
     done = g.gather("committing", (err, g.committed))
