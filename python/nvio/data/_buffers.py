@@ -30,8 +30,8 @@ def host(nbytes):
 
 def device(nbytes, where):
     """A uint8 tensor of nbytes of device memory on where ("cuda", "cuda:1")."""
-    import torch
-    from nvio import _device
+    import torch                    # nvio.data runs without torch until a batch needs it
+    from nvio import _device        # (it imports torch)
     s = _device.empty(max(nbytes, 1), where)
     return torch.empty(0, dtype=torch.uint8, device=s.device).set_(s)
 

@@ -30,9 +30,10 @@ import numpy as np
 from megatron.core.datasets import indexed_dataset as _mid
 from megatron.core.datasets.gpt_dataset import GPTDataset
 
+from . import _buffers
 from ._datasets import IndexedDataset as _NvioIndexed
 from ._errors import DataFormatError, SampleIndexError
-from ._read import BLOCK_SIZE, QUEUE_DEPTH
+from ._read import BLOCK_SIZE, QUEUE_DEPTH, PendingBatch, plan_reads
 
 #: nvio's options for the datasets built here.
 options = dict(engine="auto", direct="auto", queue_depth=QUEUE_DEPTH, block_size=BLOCK_SIZE,
@@ -158,8 +159,6 @@ class _Recorder(_mid._BinReader):
                 raise SampleIndexError("%s: bytes %d..%d lie outside its %d bytes"
                                        % (src.path, off, off + n, src.size), src.path,
                                        offset=off, nbytes=n)
-        from . import _buffers
-        from ._read import PendingBatch, plan_reads
         offs = np.array([k[0] for k in keys], np.int64)
         sizes = np.array([k[1] for k in keys], np.int64)
         plan = plan_reads(offs, sizes, src.align(), src.size)
