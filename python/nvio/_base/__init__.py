@@ -22,4 +22,6 @@ none of them, so that each stays as light as its own imports):
 - torchzip: the zip records of torch's file format.
 - stformat: the safetensors format (header, dtypes, a model directory's
   index).
+- pickles: the one Python pickle allowlist (a gate run before unpickling;
+  why it is not _nvio.pickle_scan is in its docstring).
 """
