@@ -283,8 +283,14 @@ def test_header_and_index_errors(tmp_path):
                                                       r"dataset has 90 samples" % bad) as e:
             ds.read_batch([0, bad])
         assert isinstance(e.value, IndexError) and e.value.sample == bad
+        with pytest.raises(nd.SampleIndexError, match=r"sample %d out of range" % bad):
+            ds.read_batch(np.array([0, bad], np.int64))     # a batch checked at once
         with pytest.raises(IndexError):
             ds[bad]
+    with pytest.raises(nd.SampleIndexError, match=r"sample %d out of range" % (2**64 - 1)):
+        ds.read_batch(np.array([2**64 - 1], np.uint64))     # not -1 as an int64
+    assert ds.read_batch(np.array([-1, 0], np.int32)).numpy().tobytes() == \
+        np.stack([ds[89].numpy(), ds[0].numpy()]).tobytes()
     with pytest.raises(TypeError):
         ds["x"]
 

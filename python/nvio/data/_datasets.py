@@ -39,6 +39,11 @@ class _Reader:
                              block_size=block_size, gds=gds)
 
     def _fail_index(self, idx):
+        if not isinstance(idx, (bool, np.bool_)):
+            try:
+                idx = operator.index(idx)       # np.int64(90) said as 90
+            except TypeError:
+                pass
         raise SampleIndexError("%s: sample %r out of range: the dataset has %d samples"
                                % (self.source.path, idx, len(self)), self.source.path, sample=idx)
 
@@ -62,6 +67,25 @@ class _Reader:
             self._fail_index(idx)
         return i + n if i < 0 else i
 
+    def _positions(self, indices):
+        """_position of every index of a batch: a list or array of plain
+        integers at once (NumPy), anything else one by one."""
+        if isinstance(indices, np.ndarray) and (indices.dtype.kind == "i" or (
+                indices.dtype.kind == "u" and indices.dtype.itemsize < 8)):
+            arr = indices.astype(np.int64, copy=False).reshape(-1)
+        elif isinstance(indices, list) and all(type(i) is int for i in indices):
+            try:
+                arr = np.asarray(indices, dtype=np.int64)
+            except OverflowError:
+                return [self._position(i) for i in indices]
+        else:
+            return [self._position(i) for i in indices]
+        n = len(self)
+        bad = np.flatnonzero((arr < -n) | (arr >= n))
+        if bad.size:
+            self._fail_index(indices[int(bad[0])])
+        return np.where(arr < 0, arr + n, arr).tolist()
+
     def _read_into(self, arr, offset, sample):
         """Fill a NumPy array from offset (one pread), errors named."""
         if arr.nbytes:
@@ -76,7 +100,7 @@ class _Reader:
         vectored submission into one buffer; a PendingBatch whose wait()
         gives the batch. device: None (host) or a CUDA device. buffer: a
         function nbytes -> buffer to land in (host only), else a new one."""
-        samples = [self._position(i) for i in indices]
+        samples = self._positions(indices)
         offsets, nbytes = self._ranges(samples)
         on_device = device is not None and str(device) != "cpu"
         # host batches with O_DIRECT: each sample's aligned covering range,
