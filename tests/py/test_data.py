@@ -500,6 +500,53 @@ def test_dataloader_workers(tmp_path, workers, ctx):
         [toks[i:i + 64] for i in range(4)]).tobytes()
 
 
+def _fds_to(path):
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink("/proc/self/fd/" + fd) == path:
+                out.append(int(fd))
+        except OSError:
+            pass
+    return sorted(out)
+
+
+class _FdProbe(torch.utils.data.Dataset):
+    """In a worker: the descriptors of ds's file before and after its first
+    read there."""
+
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, i):
+        before = _fds_to(self.ds.source.path)
+        self.ds.read_batch([0])
+        return json.dumps([before, _fds_to(self.ds.source.path)])
+
+
+def test_forked_worker_drops_the_inherited_descriptors(tmp_path):
+    """A worker forked after the main process opened the dataset shares its
+    open file (and shared flock) only until its first read: its own handle
+    replaces the parent's, whose inherited descriptors are closed, so a
+    worker never holds the parent's lock after the parent closes."""
+    if sys.platform != "linux":
+        pytest.skip("/proc/self/fd")
+    p = str(tmp_path / "t.bin")
+    tokens_file(p, 10_000)
+    ds = nd.TokenWindows(p, 63)
+    ds.read_batch([0])
+    mine = _fds_to(p)
+    assert mine
+    dl = torch.utils.data.DataLoader(_FdProbe(ds), batch_size=None, num_workers=1,
+                                     multiprocessing_context="fork")
+    before, after = json.loads(next(iter(dl)))
+    assert before == mine                   # inherited: the parent's descriptors
+    assert after and not set(after) & set(before), (before, after)
+
+
 def test_pickle_reopens(tmp_path):
     p = str(tmp_path / "t.bin")
     toks = tokens_file(p, 10_000)
