@@ -4,9 +4,10 @@ The file is an ATOMIC nvio file (an unnamed temporary beside the destination
 that replaces it at commit: fsync, rename, fsync of the directory). Tensor
 bytes go to the file in one vectored op straight from the tensors' memory
 (each record's data starts on a page boundary, so the bulk moves with
-O_DIRECT), while other threads compute the records' CRC-32; then one more
-vectored op writes the headers, descriptors and directory, which need those
-CRCs. A checkpoint of many small host storages (a few hundred KB each)
+O_DIRECT), while other threads compute the records' CRC-32; as soon as
+those are known, one more vectored op writes the headers, descriptors,
+small tensors and directory in page-aligned runs that fill the file
+between the large tensors' pages (:func:`write_plans`). A checkpoint of many small host storages (a few hundred KB each)
 is written instead as its file image through two windows
 (:func:`write_packed`): one copy of the bytes, whole-window O_DIRECT writes,
 no small write per record. Anything failing on the way (a bad object,
@@ -144,11 +145,84 @@ def write_packed(plan, f):
     del bufs
 
 
+#: A host storage's bytes go to the file straight from its memory when its
+#: page-aligned part is at least this long; smaller ones (a 0-dim AdamW
+#: step, a norm's weight) and the unaligned ends of larger ones are written
+#: with the headers and descriptors around them.
+DIRECT_MIN = 64 << 10
+#: O_DIRECT writes that never touch the page cache start and end on pages.
+PAGE = 4096
+
+
+def _direct_range(r, s):
+    """The part [start, end) of record r's data (storage s) written straight
+    from memory: for a host storage its whole pages (or nothing, if fewer
+    than DIRECT_MIN bytes), for device memory all of it (the handle stages
+    device memory whatever its alignment)."""
+    if _device.is_device(s):
+        return r.data_offset, r.end
+    a = -(-r.data_offset // PAGE) * PAGE
+    b = r.end // PAGE * PAGE
+    return (a, b) if b - a >= DIRECT_MIN else (r.data_offset, r.data_offset)
+
+
+def _runs(plan, direct, host):
+    """(offset, bytes) of every byte of plan's file that is not written
+    straight from memory (``direct``: id(record) -> its direct range), in
+    file order, neighbours merged: headers, small records, descriptors, the
+    directory, and the bytes of host storages (``host``: id(record) -> its
+    uint8 view) outside their direct range. Each run ends where a direct
+    range starts and starts where one ends: on pages, so that with O_DIRECT
+    the whole file but its last page is written without the page cache and
+    without a write per record. Needs every data record's crc."""
+    runs = []
+    start, parts, pos = 0, [], 0
+
+    def cut(at, resume):
+        nonlocal start, parts
+        if parts:
+            runs.append((start, b"".join(parts)))
+        start, parts = resume, []
+        return resume
+
+    for r in plan.layout.records:
+        if r.header_offset != pos:          # never in nvio's layouts
+            cut(None, r.header_offset)
+        parts.append(r.local)
+        m = plan.meta.get(r.name)
+        if m is not None:
+            parts.append(m)
+        elif r.size:
+            a, b = direct.get(id(r), (r.end, r.end))
+            v = host.get(id(r))
+            if a > r.data_offset:
+                parts.append(v[:a - r.data_offset].numpy().tobytes())
+            if b > a:
+                cut(a, b)
+            if b < r.end:
+                parts.append(v[b - r.data_offset:].numpy().tobytes())
+        parts.append(r.descriptor())
+        pos = r.end + r.descriptor_size
+    if plan.dir_offset != pos:
+        cut(None, plan.dir_offset)
+    parts.append(plan.layout.directory())
+    cut(None, None)
+    return runs
+
+
 def write_plans(f, placed, size):
     """Write laid-out checkpoints [(base offset, Plan)] into an open writable
     nvio File of ``size`` bytes (several torch.save images in one file, as
-    DCP stores them): tensor bytes in one vectored op straight from their
-    memory while threads compute the CRC-32s, then everything else.
+    DCP stores them): the whole pages of each large tensor in one vectored
+    op straight from their memory while threads compute the CRC-32s, then,
+    as soon as the CRCs are known and while that op still runs, everything
+    else in runs that fill the file between those pages exactly (headers,
+    small records and small tensors, the unaligned ends of large ones,
+    descriptors, the directory: :func:`_runs`). Every write starts and
+    ends on a page (but the file's last), so with O_DIRECT no byte goes
+    through the page cache and no record costs a small write of its own;
+    the runs no longer wait for the data to drain (they were written
+    after it, a hole per record filled last).
 
     Storages in device memory (CUDA) go to the file from device memory,
     through the handle's bounce buffers or cuFile; their CRC-32s come from
@@ -163,7 +237,15 @@ def write_plans(f, placed, size):
     reserve_space(f, size)
     if dev:
         _device.synchronize([s for _, _, s in dev])   # torch's writes to them ended
-    pieces = [(u8(s), base + r.data_offset) for base, r, s in host if r.size]
+    direct, views, pieces = {}, {}, []
+    for base, r, s in host:
+        if r.size:
+            v = views[id(r)] = u8(s)
+            a, b = direct[id(r)] = _direct_range(r, s)
+            if b > a:
+                pieces.append((v[a - r.data_offset:b - r.data_offset], base + a))
+    for _, r, _ in dev:
+        direct[id(r)] = (r.data_offset, r.end)
     crcs = crc_submit([(s.data_ptr(), r.size) for _, r, s in host])
     dev_crcs = [executor().submit(crc_device, s, r.size) for _, r, s in dev]
     futs = []
@@ -176,12 +258,13 @@ def write_plans(f, placed, size):
             r.crc = crc
         for (_, r, _), crc in zip(dev, dev_crcs):
             r.crc = crc.result()
+        meta = [(b, base + off) for base, plan in placed
+                for off, b in _runs(plan, direct, views)]
+        futs.append(f.pwritev_async(meta, _nvio.OFFSET_PER_IOV))
     finally:
         crcs.settle()                     # they read host: it may be a copy
         _wait_all(futs)                   # also on an error: buffers are busy
-    meta = [(b, base + off) for base, plan in placed for off, b in plan.meta_pieces()]
-    f.pwritev(meta, _nvio.OFFSET_PER_IOV)
-    del pieces, host, dev
+    del pieces, host, dev, views
 
 
 def save(obj, f, *, durable=True, handle=None, align=DEFAULT_ALIGN,
