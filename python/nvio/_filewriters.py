@@ -36,13 +36,13 @@ What differs from DeepSpeed's, on purpose:
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import hashlib
 import os
 import time
 
-from . import _atomic, _nvio
+from . import _nvio
+from ._atomic import join_shared
 from ._base.handle import default_handle
 
 __all__ = ["FastFileWriter", "FastFileWriterConfig", "MockFileWriter", "PyFileWriter"]
@@ -323,13 +323,18 @@ class PyFileWriter(_BaseWriter):
     directory; ``durable=False`` skips the fsyncs)."""
 
     def __init__(self, file_path, *, durable=True):
-        self._f = self._tmp = None
+        self._f = self._nf = None
         super().__init__(file_path)
         self._durable = _nvio.check_flag(durable, "durable")
         try:
-            self._tmp = _atomic.create_temp(self._path)
-            fd = os.open(self._tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            # libnvio's atomic file (a named temporary: FILE_SHARED), written
+            # through a Python file object on a copy of its descriptor
+            self._nf = default_handle().open(
+                self._path, _nvio.FILE_ATOMIC | _nvio.FILE_SHARED |
+                (0 if self._durable else _nvio.FILE_NOSYNC))
+            fd = os.dup(self._nf.fd)
         except OSError as e:
+            self._drop()
             raise _path_error(e, self._path, "creating a temporary") from None
         self._f = os.fdopen(fd, "wb")
 
@@ -341,11 +346,13 @@ class PyFileWriter(_BaseWriter):
 
     def _finish(self):
         try:
-            self._f.flush()
-            if self._durable:
-                os.fsync(self._f.fileno())
-            self._f.close()
-            _atomic.commit(self._tmp, self._path, self._durable)
+            f, self._f = self._f, None
+            f.close()                   # flushed: a failed write shows here
+            nf, self._nf = self._nf, None
+            try:
+                nf.commit()             # fsync, rename, fsync of the directory
+            finally:
+                nf.close()
         except BaseException:
             self._drop()
             raise
@@ -357,9 +364,9 @@ class PyFileWriter(_BaseWriter):
                 f.close()
             except OSError:
                 pass
-        if self._tmp and os.path.lexists(self._tmp):
-            os.unlink(self._tmp)
-        self._tmp = None
+        nf, self._nf = self._nf, None
+        if nf is not None:
+            nf.close()                  # not committed: abandoned
 
     def save_torch_storage_object_list(self, storage_obj_list, save_size):
         """DeepSpeed's storage-list hook: each storage's element count (int64,
@@ -381,48 +388,21 @@ def _path_error(e, path, what):
     return type(e)(e.errno, "%s (%s of %s)" % (e.strerror, what, path), path)
 
 
-class _Staging:
-    """The staging memory: one or two halves, each a multiple of ALIGN."""
-
-    def __init__(self, tensor, double):
-        if tensor is None:
-            self._keep = _nvio.LockedBuffer(DEFAULT_STAGING)
-            addr, nbytes, self.cuda = self._keep.address, DEFAULT_STAGING, False
-        else:
-            if not hasattr(tensor, "data_ptr") or not tensor.is_contiguous():
-                raise ValueError("nvio: pinned_tensor must be a contiguous tensor")
-            self._keep = tensor
-            nbytes = tensor.numel() * tensor.element_size()
-            addr, self.cuda = tensor.data_ptr(), tensor.device.type == "cuda"
-        parts = 2 if double else 1
-        half = nbytes // parts // ALIGN * ALIGN
-        if half == 0:
-            raise ValueError("nvio: pinned_tensor of %d bytes is too small: %s needs at least "
-                             "%d bytes" % (nbytes, "double_buffer" if double else "a buffer",
-                                           parts * ALIGN))
-        self.half = half
-        if self.cuda:
-            import torch
-            flat = tensor.reshape(-1).view(torch.uint8)
-            self.views = [flat[i * half:(i + 1) * half] for i in range(parts)]
-        else:
-            arr = (ctypes.c_ubyte * (parts * half)).from_address(addr)
-            mv = memoryview(arr).cast("B")
-            self.views = [mv[i * half:(i + 1) * half] for i in range(parts)]
-
-    def fill(self, i, at, src):
-        if self.cuda:
-            import torch
-            import warnings
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")       # read-only source: we only read it
-                s = torch.frombuffer(src, dtype=torch.uint8)
-            self.views[i][at:at + len(src)].copy_(s)
-        else:
-            self.views[i][at:at + len(src)] = src
-
-    def piece(self, i, a, b):
-        return self.views[i][a:b]
+def _staging(tensor, double):
+    """(memory, depth) of the staging: the pinned_tensor (host or CUDA), or
+    nvio locked memory; checked to give every buffer ALIGN bytes at least."""
+    if tensor is None:
+        mem, nbytes = _nvio.LockedBuffer(DEFAULT_STAGING), DEFAULT_STAGING
+    else:
+        if not hasattr(tensor, "data_ptr") or not tensor.is_contiguous():
+            raise ValueError("nvio: pinned_tensor must be a contiguous tensor")
+        mem, nbytes = tensor, tensor.numel() * tensor.element_size()
+    parts = 2 if double else 1
+    if nbytes // parts // ALIGN == 0:
+        raise ValueError("nvio: pinned_tensor of %d bytes is too small: %s needs at least "
+                         "%d bytes" % (nbytes, "double_buffer" if double else "a buffer",
+                                       parts * ALIGN))
+    return mem, parts
 
 
 class FastFileWriter(_BaseWriter):
@@ -430,13 +410,17 @@ class FastFileWriter(_BaseWriter):
     ``config.pinned_tensor`` and written with the handle's engine (O_DIRECT
     where the file system allows), atomically. See the module's docstring.
 
+    The staging and the double buffering are libnvio's (a stream over the
+    caller's memory, ``_nvio.StagedStream``); so are the temporary, its
+    commit and, with parallel writers, the one file they share
+    (``FILE_SHARED``).
+
     ``file_path``: the checkpoint's path. ``config``: a
     :class:`FastFileWriterConfig` (None: all defaults).
     """
 
     def __init__(self, file_path, config=None):
-        self._file = self._tmp = self._group = None
-        self._inflight = []               # per half: (future, bytes, offset, t0) or None
+        self._file = self._creator = self._stream = self._group = None
         self._rank, self._filled = 0, 0
         super().__init__(file_path)
         cfg = config if config is not None else FastFileWriterConfig()
@@ -462,18 +446,22 @@ class FastFileWriter(_BaseWriter):
                             "(nvio.compat.AsyncIOBuilder().load().aio_handle()), not %s"
                             % type(h).__name__)
         self._handle = h
-        self._stage = _Staging(cfg.pinned_tensor, double)
-        self._inflight = [None] * len(self._stage.views)
-        self._cur = 0                     # the half being filled
-        self._segs = []                   # [(start in half, file offset, length)]
-        self._fill = 0                    # bytes in the current half
+        self._mem, self._depth = _staging(cfg.pinned_tensor, double)
         self._digest = hashlib.sha256()   # parallel writers: the stream's head
         self._tail = bytearray()          # ... and its last bytes
         if n > 1:
             self._open_shared()
         else:
-            flags = _nvio.FILE_ATOMIC | (0 if self._durable else _nvio.FILE_NOSYNC)
-            self._file = h.open(self._path, flags)
+            self._file = h.open(self._path, self._atomic_flags())
+        try:
+            self._stream = _nvio.StagedStream(self._file, self._mem, depth=self._depth,
+                                              ranges=n > 1)
+        except BaseException:
+            self._drop()
+            raise
+
+    def _atomic_flags(self):
+        return _nvio.FILE_ATOMIC | (0 if self._durable else _nvio.FILE_NOSYNC)
 
     # -- parallel writers: one shared temporary --------------------------------------
 
@@ -496,25 +484,26 @@ class FastFileWriter(_BaseWriter):
         g.fail = lambda what, e: OSError("nvio: FastFileWriter %s: %s failed on writer %d: %s"
                                          % (self._path, what, g.rank, e))
         self._group = g
-        tmp = err = None
-        if self._rank == 0:
+        share = err = None
+        if self._rank == 0:     # libnvio's named temporary, committed by writer 0
             try:
-                tmp = _atomic.create_temp(self._path)
+                self._creator = self._handle.open(
+                    self._path, self._atomic_flags() | _nvio.FILE_SHARED)
+                share = _nvio.file_share(self._creator)
             except OSError as e:
-                tmp, err = None, str(_path_error(e, self._path, "creating a temporary"))
-        self._tmp = tmp
+                err = str(_path_error(e, self._path, "creating a temporary"))
         try:
-            got = g.gather("creating the file", (err, tmp))
+            got = g.gather("creating the file", (err, share))
         except BaseException:
-            self._drop()            # a writer died: writer 0 removes the temporary
+            self._drop()            # a writer died: writer 0 abandons the temporary
             raise
         if got[0][0]:
+            self._drop()
             raise OSError("nvio: FastFileWriter %s: writer 0 could not create the file: %s"
                           % (self._path, got[0][0]))
-        self._tmp = got[0][1]
         err = None
         try:
-            self._file = self._handle.open(self._tmp, _nvio.FILE_WRITE)
+            self._file = join_shared(self._handle, got[0][1])
         except OSError as e:
             err = str(e)
         self._agree("opening the file", err)
@@ -524,7 +513,7 @@ class FastFileWriter(_BaseWriter):
             self._agree("writing the stripes", "%s: %s" % (type(exc).__name__, exc))
 
     def _agree(self, what, err):
-        """Raise on every writer if any writer failed (removing the temporary)."""
+        """Raise on every writer if any writer failed (abandoning the temporary)."""
         try:
             got = self._group.gather(what, err)
         except BaseException:
@@ -575,78 +564,33 @@ class FastFileWriter(_BaseWriter):
             del self._tail[:-k]
 
     def _put(self, src, off):
-        """Stage (or write straight) src, whose stream offset is off."""
-        half = self._stage.half
-        while len(src):
-            if self._fill == 0 and len(src) >= max(half, DIRECT_MIN) and off % ALIGN == 0:
-                k = len(src) // ALIGN * ALIGN
-                t0 = time.perf_counter()
-                self._check(self._file.pwrite(src[:k], off), k, off)
-                self._incr(AIO_WRITE_SEC_KEY, time.perf_counter() - t0)
-                self._incr(AIO_WRITE_BYTES_KEY, k)
-                src, off = src[k:], off + k
-                continue
-            k = min(len(src), half - self._fill)
-            if self._segs and self._segs[-1][1] + self._segs[-1][2] == off:
-                a, fo, ln = self._segs[-1]
-                self._segs[-1] = (a, fo, ln + k)
-            else:
-                self._segs.append((self._fill, off, k))
-            t0 = time.perf_counter()
-            self._stage.fill(self._cur, self._fill, src[:k])
-            self._incr(AIO_FILL_BUFFER_KEY, time.perf_counter() - t0)
-            self._incr(AIO_FILL_BUFFER_COUNT_KEY)
-            self._filled += k
-            self._fill += k
-            src, off = src[k:], off + k
-            if self._fill == half:
-                self._submit()
-
-    def _submit(self):
-        """Write the current half (its segments) and move to the other one."""
-        i, segs, self._segs = self._cur, self._segs, []
-        self._fill = 0
-        if not segs:
-            return
-        vec = [(self._stage.piece(i, a, a + n), fo) for a, fo, n in segs]
-        nbytes = sum(n for _, _, n in segs)
+        """src, whose stream offset is off, to libnvio's stream: copied into
+        the staging memory (a full buffer written while the next fills), or
+        a large aligned span straight from src."""
         t0 = time.perf_counter()
-        fut = self._file.pwritev_async(vec, _nvio.OFFSET_PER_IOV)
-        self._inflight[i] = (fut, nbytes, segs[0][1], t0)
-        if len(self._inflight) == 1:
-            self._wait(i)
-        else:
-            self._cur = 1 - i
-            self._wait(self._cur)
-
-    def _wait(self, i):
-        w, self._inflight[i] = self._inflight[i], None
-        if w is not None:
-            fut, nbytes, off, t0 = w
-            self._check(fut.result(), nbytes, off)
-            self._incr(AIO_WRITE_SEC_KEY, time.perf_counter() - t0)
-            self._incr(AIO_WRITE_BYTES_KEY, nbytes)
-
-    def _check(self, got, want, off):
-        if got != want:
-            raise OSError(5, "nvio: FastFileWriter %s: short write: %d of %d bytes at offset %d"
-                          % (self._path, got, want, off))
+        s = self._stream
+        if s.tell() != off:
+            s.seek(off)             # parallel writers: this writer's next stripe
+        s.write(src)
+        dt = time.perf_counter() - t0
+        self._incr(AIO_FILL_BUFFER_KEY, dt)
+        self._incr(AIO_FILL_BUFFER_COUNT_KEY)
+        self._incr(AIO_WRITE_SEC_KEY, dt)
+        self._incr(AIO_WRITE_BYTES_KEY, len(src))
+        self._filled += len(src)
 
     def _finish(self):
         try:
-            segs = self._segs
-            slow = sum(n for _, _, n in segs if n % ALIGN)
             t0 = time.perf_counter()
-            self._submit()
-            for i in range(len(self._inflight)):
-                self._wait(i)
-            if slow:
-                self._incr(SLOW_WRITE_BYTES_KEY, slow)
-                self._incr(SLOW_WRITE_SEC_KEY, time.perf_counter() - t0)
+            s, self._stream = self._stream, None
+            if self._n > 1:
+                s.close(fsync=self._durable)
+            else:
+                s.close(commit=True)        # the size, fsync, rename, fsync of the dir
+            self._incr(AIO_WRITE_SEC_KEY, time.perf_counter() - t0)
             if self._n > 1:
                 self._finish_shared()
             else:
-                self._file.commit()
                 self._file.close()
                 self._file = None
         except BaseException:
@@ -656,8 +600,6 @@ class FastFileWriter(_BaseWriter):
     def _finish_shared(self):
         err = None
         try:
-            if self._durable:
-                self._file.sync()
             self._file.close()
             self._file = None
         except OSError as e:
@@ -677,39 +619,31 @@ class FastFileWriter(_BaseWriter):
         err = None
         if self._rank == 0:
             try:
-                os.truncate(self._tmp, self._pos)
-                if self._durable:
-                    fd = os.open(self._tmp, os.O_WRONLY | os.O_CLOEXEC)
-                    try:
-                        os.fsync(fd)
-                    finally:
-                        os.close(fd)
-                _atomic.commit(self._tmp, self._path, self._durable)
-                self._tmp = None
+                c, self._creator = self._creator, None
+                try:
+                    c.truncate(self._pos)
+                    c.commit()          # fsync, rename, fsync of the directory
+                finally:
+                    c.close()
             except OSError as e:
                 err = str(_path_error(e, self._path, "committing"))
         self._agree("committing", err)
 
     def _drop(self):
-        for i in range(len(self._inflight)):
-            w, self._inflight[i] = self._inflight[i], None
-            if w is not None:
+        s, self._stream = self._stream, None
+        if s is not None:
+            try:
+                s.close()                  # its ops end; the file is abandoned below
+            except (OSError, ValueError):
+                pass
+        for name in ("_file", "_creator"):
+            f = getattr(self, name)
+            setattr(self, name, None)
+            if f is not None:
                 try:
-                    w[0].result()          # the buffer is busy until then
-                except BaseException:  # noqa: BLE001 - already failing
+                    f.close()              # ATOMIC and not committed: abandoned
+                except OSError:
                     pass
-        f, self._file = self._file, None
-        if f is not None:
-            try:
-                f.close()                  # ATOMIC and not committed: abandoned
-            except OSError:
-                pass
-        if self._tmp is not None and self._rank == 0:
-            try:
-                os.unlink(self._tmp)
-            except FileNotFoundError:
-                pass
-        self._tmp = None
 
     # -- DeepSpeed's extras ------------------------------------------------------------
 
