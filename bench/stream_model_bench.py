@@ -134,7 +134,7 @@ def child(a):
     cpu1 = os.times()
     assert out.shape[1] == a.prompt + a.tokens
     if a.child == "nvio":
-        s = m._nvio_streamer.stats()
+        s = m._nvio_from_disk.stats()
         extra = {k: s[k] for k in ("bytes_read", "wait_s", "pool_bytes", "resident_bytes",
                                    "peak_weight_bytes", "streamed_bytes", "block_reads")}
     res = dict(contender=a.child, wall=wall, tok_s=a.batch * a.tokens / wall, forwards=fwd,

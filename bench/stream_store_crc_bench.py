@@ -53,7 +53,7 @@ def main():
     ids = torch.randint(3, a.vocab, (a.batch, a.prompt))
     os.makedirs(a.dir, exist_ok=True)
     nvio.offload.run_from_disk(m, a.dir, source="store")      # writes the store once
-    streamed = m._nvio_streamer.stats()["streamed_bytes"]
+    streamed = m._nvio_from_disk.stats()["streamed_bytes"]
     nvio.offload.run_from_memory(m)
     print("model: %d layers, %.0f MB streamed per forward; %d threads; %d rounds"
           % (a.layers, streamed / 1e6, torch.get_num_threads(), a.rounds), flush=True)
@@ -70,7 +70,7 @@ def main():
                     m.generate(ids, max_new_tokens=a.tokens, min_new_tokens=a.tokens,
                                do_sample=False, pad_token_id=0)
                 t = time.perf_counter() - t0
-                s = m._nvio_streamer.stats()
+                s = m._nvio_from_disk.stats()
                 assert s["crc"] is verify
                 nvio.offload.run_from_memory(m)
                 times.setdefault((direct, verify), []).append(t)

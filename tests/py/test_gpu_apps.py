@@ -654,7 +654,7 @@ def test_stream_model_to_cuda(gpu, engine, prefetch, tmp_path):
         registered = gpu.sim.cuda.sim_cuda_host_registered()
         run_from_disk(m, str(tmp_path / "store"), device="cuda", prefetch=prefetch,
                      blocks="layers", engine=engine)
-        st = m._nvio_streamer.stats()
+        st = m._nvio_from_disk.stats()
         assert st["device"] == "cuda:0" and st["slots"] == prefetch + 1
         same(gpu, m.embed, embed, "embed")     # resident: moved to the device
         with torch.no_grad():
@@ -666,7 +666,7 @@ def test_stream_model_to_cuda(gpu, engine, prefetch, tmp_path):
         # blocks' reads and the resident embed's move alone
         assert gpu.provider.h2d - h2d >= 3 * 5 - prefetch
         assert gpu.sim.cuda.sim_cuda_pageable_copies() - pageable == 3 * 5 * 2 + 1
-        assert m._nvio_streamer.stats()["block_reads"] >= 3 * 5 - prefetch - 1
+        assert m._nvio_from_disk.stats()["block_reads"] >= 3 * 5 - prefetch - 1
         run_from_memory(m)
     finally:
         gpu.sim.cuda.sim_cuda_set_delay(0, 50)

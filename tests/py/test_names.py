@@ -146,6 +146,43 @@ def test_weight_read_error_is_caught_by_the_old_name(fresh):
     assert issubclass(off.WeightReadError, OSError)
 
 
+def test_run_from_disk_and_its_old_names_give_the_same_outputs(fresh, tmp_path, engine):
+    """The model run from disk by the new names and by the old ones computes
+    what it computes in memory; its runner is model._nvio_from_disk, and
+    _nvio_streamer (0.2's documented name) is the same object; both go
+    when the model is back in memory."""
+    torch = pytest.importorskip("torch")
+    import nvio.offload as off
+    from torch import nn
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), *[nn.Linear(16, 16) for _ in range(4)], nn.Linear(16, 4)).eval()
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        ref = m(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        old = (off.stream_model, off.unstream, off.streamed)
+    for run, back, ctx in ((off.run_from_disk, off.run_from_memory, off.running_from_disk), old):
+        assert run(m, str(tmp_path), engine=engine) is m
+        assert m._nvio_from_disk is m._nvio_streamer
+        assert [b.name for b in m._nvio_from_disk.blocks] == [str(i) for i in range(6)]
+        assert m[2].weight.device.type == "meta"
+        with torch.no_grad():
+            assert torch.equal(m(x), ref)
+        assert m._nvio_from_disk.stats()["block_reads"] >= 6
+        with pytest.raises(RuntimeError, match="runs from disk already"):
+            run(m, str(tmp_path), engine=engine)
+        back(m)
+        assert not hasattr(m, "_nvio_from_disk") and not hasattr(m, "_nvio_streamer")
+        with pytest.raises(ValueError, match="not run from disk"):
+            back(m)
+        with ctx(m, str(tmp_path), engine=engine) as mm, torch.no_grad():
+            assert mm is m and torch.equal(m(x), ref)
+        assert not hasattr(m, "_nvio_from_disk")
+        with torch.no_grad():
+            assert torch.equal(m(x), ref)
+
+
 # --- each word, one meaning ---------------------------------------------------
 
 # Types named File that are other projects' names (DCP's, DeepSpeed's and

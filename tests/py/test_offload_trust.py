@@ -348,7 +348,7 @@ def _store(tmp_path, engine, seed=0):
     with torch.no_grad():
         ref = m(x)
     run_from_disk(m, str(tmp_path), engine=engine)
-    assert m._nvio_streamer.stats()["crc"] is True
+    assert m._nvio_from_disk.stats()["crc"] is True
     run_from_memory(m)
     return m, x, ref
 
@@ -396,7 +396,7 @@ def test_flipped_byte_in_the_weight_store_is_caught(tmp_path, engine, direct):
     # verify=False reads it unchecked (and the outputs differ: what the CRC caught)
     m2 = _stack()
     run_from_disk(m2, str(tmp_path), engine=engine, verify=False)
-    assert m2._nvio_streamer.stats()["crc"] is False
+    assert m2._nvio_from_disk.stats()["crc"] is False
     with torch.no_grad():
         assert not torch.equal(m2(x), ref)
     run_from_memory(m2)
@@ -425,14 +425,14 @@ def test_store_without_crcs_still_streams(tmp_path, engine):
     p.write_text(json.dumps(man))
     st = os.stat(tmp_path / "nvio-weights.bin")
     run_from_disk(m, str(tmp_path), engine=engine)
-    assert m._nvio_streamer.stats()["crc"] is False
+    assert m._nvio_from_disk.stats()["crc"] is False
     with torch.no_grad():
         assert torch.equal(m(x), ref)
     run_from_memory(m)
     assert os.stat(tmp_path / "nvio-weights.bin").st_ino == st.st_ino     # not rewritten
     # rebuild=True writes it again, with CRCs
     run_from_disk(m, str(tmp_path), engine=engine, rebuild=True)
-    assert m._nvio_streamer.stats()["crc"] is True
+    assert m._nvio_from_disk.stats()["crc"] is True
     run_from_memory(m)
 
 
@@ -481,7 +481,7 @@ def test_tampered_store_manifest_is_refused_naming_the_field(tmp_path, engine, c
         run_from_disk(m, str(tmp_path), engine=engine)
     assert ei.value.field == field, (str(ei.value), field)
     assert field in str(ei.value) and str(p) in str(ei.value)
-    assert not hasattr(m, "_nvio_streamer")
+    assert not hasattr(m, "_nvio_from_disk")
     # rebuild=True replaces it (the weights are in memory)
     run_from_disk(m, str(tmp_path), engine=engine, rebuild=True)
     with torch.no_grad():

@@ -484,7 +484,7 @@ def test_from_pretrained(llama_dir):
 
 
 @pytest.mark.parametrize("window", [2, 4096, 50000, 1 << 30])
-def test_stream(handle, llama_dir, window):
+def test_iter_tensors(handle, llama_dir, window):
     d, ref = llama_dir
     idx = json.loads((d / "model.safetensors.index.json").read_text())["weight_map"]
     order = []
@@ -501,7 +501,7 @@ def test_stream(handle, llama_dir, window):
     it.close()                                  # stopping early waits and closes
 
 
-def test_stream_window_bounds_reads(tmp_path, monkeypatch):
+def test_iter_tensors_window_bounds_reads(tmp_path, monkeypatch):
     """Runs are at most half the window (unless one tensor is larger) and
     at most two are read ahead of the tensor being yielded."""
     from nvio.safetensors import _dir

@@ -91,13 +91,13 @@ def test_families_equal_in_memory(tmp_path, engine, family):
     for src, prefetch in combos:
         d = st if src == "safetensors" else tmp_path / "store"
         run_from_disk(m, str(d), prefetch=prefetch, source=src, engine=engine)
-        s = m._nvio_streamer.stats()
+        s = m._nvio_from_disk.stats()
         assert s["source"] == src and s["slots"] == prefetch + 1
         assert s["resident_bytes"] + s["streamed_bytes"] == full
         # outside a forward, only the resident tensors are materialised
         assert _materialised_bytes(m) == s["resident_bytes"]
         assert _same(_run(m), ref), (family, src, prefetch)
-        assert m._nvio_streamer.stats()["bytes_read"] > 0
+        assert m._nvio_from_disk.stats()["bytes_read"] > 0
         run_from_memory(m)
         assert _materialised_bytes(m) == full
     assert _same(_run(m), ref)
@@ -107,7 +107,7 @@ def test_families_equal_in_memory(tmp_path, engine, family):
         with pytest.raises(ValueError, match="model.layers.0.mlp.* is in none of the files"):
             run_from_disk(m, str(st), source="safetensors", engine=engine)
         with running_from_disk(m, str(st), engine=engine) as sm:
-            assert sm._nvio_streamer.source == "store"
+            assert sm._nvio_from_disk.source == "store"
             assert _same(_run(sm), ref)
 
 
@@ -125,7 +125,7 @@ def test_sharded_safetensors_into_a_meta_model(tmp_path, engine):
         e = transformers.AutoModelForCausalLM.from_config(_config("llama")).eval()
     assert all(p.device.type == "meta" for p in e.parameters())
     run_from_disk(e, str(tmp_path), prefetch=1, engine=engine)
-    s = e._nvio_streamer.stats()
+    s = e._nvio_from_disk.stats()
     assert s["source"] == "safetensors" and len(s["files"]) > 1
     assert _same(_run(e), ref)
     # no rewrite: nvio wrote nothing beside the shards
@@ -157,7 +157,7 @@ def test_generic_sequential_and_memory_bound(tmp_path, engine):
     block_bytes = _materialised_bytes(m[1])
     for prefetch in (0, 1, 2):
         run_from_disk(m, str(tmp_path), prefetch=prefetch, engine=engine)
-        st = m._nvio_streamer
+        st = m._nvio_from_disk
         assert [b.name for b in st.blocks] == [str(i) for i in range(1, 8)]
         s = st.stats()
         assert s["resident_bytes"] == full - 7 * block_bytes
@@ -192,7 +192,7 @@ def test_blocks_named_and_pinned(tmp_path, engine):
     with torch.no_grad():
         ref = m(x)
     run_from_disk(m, str(tmp_path), blocks=["2", "4", "6"], pin=["4.fc1"], engine=engine)
-    st = m._nvio_streamer
+    st = m._nvio_from_disk
     assert [b.name for b in st.blocks] == ["2", "4", "6"]
     assert m[4].fc1.weight.device.type == "cpu" and m[4].fc2.weight.device.type == "meta"
     assert m[3].fc1.weight.device.type == "cpu"
@@ -214,7 +214,7 @@ def test_a_block_with_nothing_to_stream_is_dropped_and_the_rest_renumbered(tmp_p
     for prefetch in (1, 2):
         run_from_disk(m, str(tmp_path), blocks=["2", "3", "4", "5", "6"], pin=["3"],
                      prefetch=prefetch, engine=engine)
-        st = m._nvio_streamer
+        st = m._nvio_from_disk
         assert [b.name for b in st.blocks] == ["2", "4", "5", "6"]
         assert m[3].fc1.weight.device.type == "cpu"
         with torch.no_grad():
@@ -253,7 +253,7 @@ def test_store_reused_and_invalidated(tmp_path, engine):
         empty = _stack(seed=2, d=32)
     with pytest.raises(ValueError, match="another model"):
         run_from_disk(empty, str(tmp_path), engine=engine)
-    assert not hasattr(empty, "_nvio_streamer")
+    assert not hasattr(empty, "_nvio_from_disk")
     # the right model on the meta device is filled from the store
     with torch.device("meta"):
         empty = _stack(seed=2)
@@ -288,7 +288,7 @@ def test_truncated_file_names_file_and_layer(tmp_path, engine):
             m(PROMPTS[0])
     msg = str(ei.value)
     assert str(p) in msg and "model.layers." in msg
-    assert m._nvio_streamer.running == set()
+    assert m._nvio_from_disk.running == set()
     unstream_err = None
     try:
         run_from_memory(m)
@@ -307,7 +307,7 @@ def test_read_error_mid_generation(tmp_path, engine):
     ref = _run(m)
     # explicit: direct="auto" could change handles (and so st.comps) mid-way
     run_from_disk(m, str(tmp_path), prefetch=1, engine=engine, direct=False)
-    st = m._nvio_streamer
+    st = m._nvio_from_disk
     real = st.comps.submit
     calls = {"n": 0}
 
@@ -336,7 +336,7 @@ def test_bad_arguments(tmp_path):
     m = _stack(seed=6)
     with pytest.raises(ValueError, match="too small for one block"):
         run_from_disk(m, str(tmp_path), pool_bytes=1000)
-    assert not hasattr(m, "_nvio_streamer")
+    assert not hasattr(m, "_nvio_from_disk")
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="CUDA is not available"):
             run_from_disk(m, str(tmp_path), device="cuda")
@@ -347,7 +347,7 @@ def test_bad_arguments(tmp_path):
     # a pool for two blocks lowers the prefetch to 1
     blk = _materialised_bytes(m[1])
     run_from_disk(m, str(tmp_path), prefetch=4, pool_bytes=2 * ((blk + 8191) // 4096 * 4096))
-    assert m._nvio_streamer.prefetch == 1
+    assert m._nvio_from_disk.prefetch == 1
     with pytest.raises(RuntimeError, match="already"):
         run_from_disk(m, str(tmp_path))
     x = torch.randn(2, 16, requires_grad=True)
@@ -585,7 +585,7 @@ def test_explicit_direct_wins(tmp_path, monkeypatch):
         run_from_disk(m, str(tmp_path), direct=direct)
         with torch.no_grad():
             assert torch.equal(m(x), ref)
-        s = m._nvio_streamer.stats()
+        s = m._nvio_from_disk.stats()
         assert s["direct"] is want and s["why"].startswith(why), (room, direct, s["why"])
         assert s["o_direct"] is (want and o_direct_ok)
         run_from_memory(m)
@@ -595,7 +595,7 @@ def test_explicit_direct_wins(tmp_path, monkeypatch):
     with running_from_disk(m, str(tmp_path)) as sm:
         with torch.no_grad():
             sm(x)
-        s = sm._nvio_streamer.stats()
+        s = sm._nvio_from_disk.stats()
         assert s["direct"] is o_direct_ok and s["o_direct"] is o_direct_ok
         assert s["why"].startswith("NVIO_DIRECT=")
     monkeypatch.delenv("NVIO_DIRECT")
@@ -604,12 +604,12 @@ def test_explicit_direct_wins(tmp_path, monkeypatch):
         with running_from_disk(m, str(tmp_path), handle=h) as sm:
             with torch.no_grad():
                 sm(x)
-            s = sm._nvio_streamer.stats()
+            s = sm._nvio_from_disk.stats()
             assert s["direct"] is False and s["o_direct"] is False
             assert s["why"] == "the handle given decides (direct=off)"
     with pytest.raises(ValueError, match="direct"):
         run_from_disk(m, str(tmp_path), direct="sometimes")
-    assert not hasattr(m, "_nvio_streamer")
+    assert not hasattr(m, "_nvio_from_disk")
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2", "mixtral"])
@@ -628,7 +628,7 @@ def test_same_tokens_direct_or_page_cache(tmp_path, monkeypatch, engine, family)
         if room is not None:
             _room_is(monkeypatch, room)
         run_from_disk(m, str(tmp_path), prefetch=1, engine=engine, direct=direct)
-        s = m._nvio_streamer
+        s = m._nvio_from_disk
         assert _same(_run(m), ref), (family, engine, room, direct)
         st = s.stats()
         assert st["direct"] is (direct is True or room == 0)
@@ -654,7 +654,7 @@ def test_page_cache_not_keeping_the_model_switches_to_direct(tmp_path, monkeypat
         monkeypatch.setattr(R, "cached_bytes", lambda ranges: (
             sum(n for _p, _o, n in ranges) if kept else 0))
         run_from_disk(m, str(tmp_path), prefetch=1, engine=engine)
-        st = m._nvio_streamer
+        st = m._nvio_from_disk
         seen = []
         for x, r in zip(xs, ref):
             with torch.no_grad():

@@ -13,7 +13,7 @@ wrapped optimizer is torch's own, results are bit-identical to in-memory
 training.
 """
 from ._swapper import ALIGN, SwapCorruptError, SwapError, Swapper
-from ._stream import WeightReadError, run_from_disk, run_from_memory, running_from_disk
+from ._fromdisk import WeightReadError, run_from_disk, run_from_memory, running_from_disk
 
 __all__ = ["Swapper", "SwapError", "SwapCorruptError", "ALIGN"]
 __all__ += ["run_from_disk", "run_from_memory", "running_from_disk", "WeightReadError"]

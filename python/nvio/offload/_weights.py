@@ -1,5 +1,5 @@
 """Where a streamed model's weights live on disk, and how a block's weights
-land in a pool slot (private to nvio.offload._stream).
+land in a pool slot (private to nvio.offload._fromdisk).
 
 Two sources:
 
@@ -26,7 +26,7 @@ Two sources:
   it is checked against what nvio writes (check_manifest) before use.
 
 Everything here is pure layout or small buffered reads of headers and
-samples; the bulk bytes move through libnvio in _stream.py.
+samples; the bulk bytes move through libnvio in _fromdisk.py.
 """
 from __future__ import annotations
 
@@ -293,7 +293,7 @@ def read_manifest(dir):
 
 
 def check_manifest(m, F):
-    """Every field of a manifest, as _stream's _write_store writes it:
+    """Every field of a manifest, as _fromdisk's _write_store writes it:
     blocks (with their CRC-32s, absent in stores written before them)
     inside data_size, in order, not overlapping."""
     F.dict(m, "", ("format", "version", "fingerprint", "sample", "data", "data_size",

@@ -97,7 +97,7 @@ def main(argv=None):
     run_from_disk(m, store, device=a.device, prefetch=a.prefetch, pool_bytes=a.pool_bytes,
                   direct=a.direct)
     setup = time.perf_counter() - t0
-    s = m._nvio_streamer
+    s = m._nvio_from_disk
     ids, tok = _prompt_ids(a.config, a.prompt, cfg.vocab_size, a.batch)
     ids = ids.to(a.device)
     read0 = s.stats()["bytes_read"]

@@ -21,7 +21,7 @@ copy has ended. Streams, events and copies go through ``nvio._device``
 (the tests run them on the simulated driver).
 
 Peak resident weight memory = resident tensors + (prefetch + 1) slots
-(``model._nvio_streamer.stats()`` states and measures both).
+(``model._nvio_from_disk.stats()`` states and measures both).
 
 The weights come from the model's safetensors (``save_pretrained``) when
 they match it, else from nvio's own weight store written once to ``dir``
@@ -50,7 +50,8 @@ from . import _weights as W
 
 __all__ = ["run_from_disk", "run_from_memory", "running_from_disk", "WeightReadError"]
 
-_ATTR = "_nvio_streamer"
+_ATTR = "_nvio_from_disk"
+_OLD_ATTR = "_nvio_streamer"     # its name before 0.3: the same object, removed with it
 _HF_PATHS = ("model.layers", "model.decoder.layers", "transformer.h", "transformer.layers",
              "transformer.blocks", "gpt_neox.layers", "model.language_model.layers", "layers", "h")
 
@@ -108,7 +109,7 @@ def run_from_disk(model, dir=None, device="cpu", prefetch=1, pool_bytes=None, bl
     CRC-32 written with it (WeightReadError, errno EBADMSG, on a mismatch);
     ``stats()["crc"]`` says whether blocks are checked (stores written
     before nvio kept CRC-32s are read unchecked; rebuild=True adds them).
-    ``model._nvio_streamer.stats()`` says what was chosen: ``direct``,
+    ``model._nvio_from_disk.stats()`` says what was chosen: ``direct``,
     ``why`` (the numbers), ``direct_inputs`` and ``o_direct`` (whether
     the open weight files do use O_DIRECT).
 
@@ -132,9 +133,10 @@ def run_from_disk(model, dir=None, device="cpu", prefetch=1, pool_bytes=None, bl
             dev = torch.device("cuda", _device.current_device())
     elif dev.type != "cpu":
         raise ValueError("nvio: device must be 'cpu' or 'cuda', not %r" % (device,))
-    s = _Streamer(model, dir, dev, prefetch, pool_bytes, blocks, pin, source, rebuild,
+    s = _DiskRunner(model, dir, dev, prefetch, pool_bytes, blocks, pin, source, rebuild,
                   handle, engine, direct, bool(verify))
     object.__setattr__(model, _ATTR, s)
+    object.__setattr__(model, _OLD_ATTR, s)
     return model
 
 
@@ -147,6 +149,7 @@ def run_from_memory(model):
         raise ValueError("nvio: the model is not run from disk (nvio.offload.run_from_disk)")
     s.restore()
     del model.__dict__[_ATTR]
+    model.__dict__.pop(_OLD_ATTR, None)
     return model
 
 
@@ -243,7 +246,7 @@ def _longest_run(model):
     return best
 
 
-# --- the streamer -------------------------------------------------------------
+# --- the runner ---------------------------------------------------------------
 
 
 class _Piece:
@@ -336,7 +339,7 @@ def _materialised(t):
     return t.device.type != "meta"
 
 
-class _Streamer:
+class _DiskRunner:
     def __init__(self, model, dir, dev, prefetch, pool_bytes, blocks, pin, source, rebuild,
                  handle, engine, direct, verify=True):
         self.model, self.dev = model, dev
