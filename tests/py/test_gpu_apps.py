@@ -642,7 +642,7 @@ class Reads:
 
 @pytest.mark.skipif(REAL, reason="the blocks read their weights through the simulator")
 @pytest.mark.parametrize("prefetch", [0, 1, 2])
-def test_stream_model_to_cuda(gpu, engine, prefetch, tmp_path):
+def test_run_from_disk_to_cuda(gpu, engine, prefetch, tmp_path):
     from nvio.offload import run_from_disk, run_from_memory
     want = {i: {"w": l.w.detach().clone(), "b": l.b.clone()} for i, l in enumerate(Model().layers)}
     embed = Model().embed.detach().clone()

@@ -1,4 +1,4 @@
-"""nvio.offload.run_from_disk: block weights streamed from disk.
+"""nvio.offload.run_from_disk: block weights read from disk as the blocks run.
 
 Every model family (Llama-, GPT-2-, Mixtral-style transformers built from
 tiny configs with random weights, and a generic nn.Sequential stack) gives
