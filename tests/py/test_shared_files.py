@@ -149,3 +149,24 @@ def test_staged_stream_arguments(tmp_path):
                 s.write(b"x")
     finally:
         h.close()
+
+
+def test_staged_stream_in_device_memory(handle, tmp_path):
+    """CUDA staging (DeepSpeed's pinned_tensor on the GPU): the stream copies
+    into device memory through the driver (the simulated one: a host access
+    to device memory is counted as a violation) and writes from it."""
+    import gpusim
+    sim = gpusim.load()
+    p = tmp_path / "dev"
+    data = pattern(N, 5)
+    mem = gpusim.DeviceBuffer(sim, 256 << 10)
+    before = sim.violations()
+    with handle.open(p, nvio.FILE_ATOMIC) as f:
+        s = _nvio.StagedStream(f, mem)
+        assert s.write(data[:1000]) == 1000
+        assert mem.bytes()[:1000] == data[:1000]           # staged on the device
+        for at in range(1000, N, 70001):
+            s.write(data[at:at + 70001])
+        s.close(commit=True)
+    assert read_file(p) == data
+    assert sim.violations() == before
