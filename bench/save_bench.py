@@ -724,7 +724,7 @@ def breakdown_table(res):
             cols = [row.get(k, 0.0) for k in BREAK_COLS]
             other = row["_wall"] - sum(v for k, v in row.items() if not k.startswith("_"))
             st = row.get("_strace")
-            split = ", ".join("%s %.3f" % (k, v) for k, v in sorted(st.items())) + \
+            split = ", ".join("%s %.4f" % (k, v) for k, v in sorted(st.items())) + \
                 " (of a %.2f s save under strace)" % row["_strace_wall"] if st else "—"
             out.append("| %s | %s | %s | %.3f | %.2f | %s | %.3f | %s |" % (
                 c["disk"], c["state"], what, row["_wall"], row["_cpu"],
@@ -801,6 +801,7 @@ def report(a, res, disk_lines, guest, t_start, load0, final):
                  "%d bytes; fio moves %d bytes" % (c["disk"], c["state"], c["ntensors"],
                                                    c["nst"], c["nbytes"], c["fsize"],
                                                    c["fio_bytes"]), "",
+                 "- this cell took %.0f s (validation, rounds, loads, breakdown)" % c["wall"],
                  "- validation: " + "; ".join(c["checks"]), ""]
         body += detail_table(s, "save (%s, %s)" % (c["disk"], c["state"]),
                              ["fio-new", "fio-best", "torch.save"])
@@ -878,6 +879,7 @@ def main():
                 MAKERS[sname](a.scale)
             for disk, d in dirs:
                 cell = Cell(a, disk, d, sname, sd, fio)
+                t_cell = time.time()
                 try:
                     cell.setup(disk == dirs[0][0])
                     saves = cell.run_saves()
@@ -888,7 +890,7 @@ def main():
                 res.append(dict(disk=disk, state=sname, nbytes=cell.nbytes,
                                 nst=len(cell.st), ntensors=cell.ntensors, fsize=cell.fsize,
                                 fio_bytes=cell.fio_bytes, checks=cell.checks, saves=saves,
-                                loads=loads, breakdown=bd))
+                                loads=loads, breakdown=bd, wall=time.time() - t_cell))
                 report(a, res, disk_lines, guest, t_start, load0, final=False)
                 del cell
                 gc.collect()
