@@ -1,5 +1,7 @@
 /*
- * handle.c - the Handle type (DeepNVMe aio_handle compatible) and the
+ * handle.c - the Handle type (DeepNVMe aio_handle compatible): every
+ * method beside its method table (the one-buffer calls' work is in
+ * calls.c, File in file.c, tagged ops and queues in tagged.c), and the
  * handle's configuration (engine, direct mode, tuned entries).
  *
  * Contracts:
@@ -19,8 +21,6 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 /*
  * Closes the handle's queues and open files (their ops end first),
