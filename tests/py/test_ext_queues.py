@@ -131,3 +131,61 @@ def test_queue_reaped_by_a_thread_while_another_submits(engine, tmp_path):
         assert all(bytes(bufs[i]) == blob[(i % 64) * 4096:(i % 64 + 1) * 4096]
                    for i in range(n))
         q.close()
+
+
+CANCEL_CHILD = r"""
+import os, sys, nvio
+path, engine, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+buf = bytearray(b"\x5a") * size
+h = nvio.AioHandle(engine=engine, direct=False)
+f = h.open(path, nvio.FILE_ATOMIC)
+inside = False
+print("ready", flush=True)
+try:
+    while True:
+        inside = True
+        f.pwrite(buf, 0)
+        inside = False
+except KeyboardInterrupt:
+    pass
+if not inside:            # the signal came between two calls: no op to cancel
+    print("between", flush=True)
+    sys.exit(0)
+try:
+    f.commit()
+    print("committed", flush=True)
+except nvio.NvioError as e:
+    print("refused", e.errno, os.path.exists(path), flush=True)
+f.close()
+h.close()
+"""
+
+
+def test_ctrl_c_cancels_a_blocking_write_and_its_atomic_file_refuses_to_commit(engine):
+    """The interrupted pwrite's op is cancelled (pieces not started are
+    skipped), so the file holds a write that did not complete: an ATOMIC
+    file must not commit it (the old chunked runner let it commit)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    shm, size = "/dev/shm", 256 << 20
+    if not os.path.isdir(shm) or os.statvfs(shm).f_bavail * os.statvfs(shm).f_frsize < 4 * size:
+        pytest.skip("needs %d MiB free on %s" % (4 * size >> 20, shm))
+    path = os.path.join(shm, "nvio_cancel_%d_%s.bin" % (os.getpid(), os.urandom(4).hex()))
+    for _ in range(5):
+        p = subprocess.Popen([sys.executable, "-c", CANCEL_CHILD, path, engine, str(size)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert p.stdout.readline().split() == ["ready"], p.stderr.read()
+            time.sleep(0.3)
+            p.send_signal(signal.SIGINT)
+            out, err = p.communicate(timeout=120)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if out.split()[:1] != ["between"]:
+            break
+    assert out.split() == ["refused", "5", "False"], (out, err)
+    assert not os.path.exists(path)
