@@ -25,7 +25,7 @@ A provider has these methods:
   from its device memory to host memory through the CUDA driver (what
   ``cpu_tensor.copy_(cuda_tensor)`` does for a real one);
   ``copy_to_device(dst_address, src_address, nbytes)`` the other way;
-* the stream and event methods listed below (stream_model).
+* the stream and event methods listed below (offload.run_from_disk).
 
 Saving from device memory (nvio.save) hands the device storages to
 libnvio as they are: they move to the file through its bounce buffers
@@ -210,7 +210,7 @@ def _flat_u8(t):
         (t.numel() * t.element_size(),), (1,))
 
 
-# --- streams and events (stream_model's copies to the device) ------------------
+# --- streams and events (run_from_disk's copies to the device) -----------------
 #
 # A provider stands in for these with the driver's streams, events and
 # asynchronous copies: ``current_device()``, ``new_stream(index)``,

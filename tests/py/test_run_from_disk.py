@@ -289,12 +289,12 @@ def test_truncated_file_names_file_and_layer(tmp_path, engine):
     msg = str(ei.value)
     assert str(p) in msg and "model.layers." in msg
     assert m._nvio_from_disk.running == set()
-    unstream_err = None
+    restore_err = None
     try:
         run_from_memory(m)
     except WeightReadError as e:
-        unstream_err = e
-    assert unstream_err is not None
+        restore_err = e
+    assert restore_err is not None
     # a truncated file is refused up front by the next run_from_disk
     with pytest.raises(ValueError, match="truncated"):
         run_from_disk(_model("llama", seed=4), str(tmp_path), source="safetensors", engine=engine)

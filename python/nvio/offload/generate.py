@@ -1,8 +1,8 @@
-"""python -m nvio.offload.generate: greedy generation with streamed weights.
+"""python -m nvio.offload.generate: greedy generation, the weights read from disk.
 
     python -m nvio.offload.generate --config /nvme/llama --prompt "Hello" --tokens 32
 
-``--config``: a ``save_pretrained`` directory (its safetensors are streamed
+``--config``: a ``save_pretrained`` directory (its safetensors are read
 in place; the model is built on the meta device, so its weights are never
 all in memory), or a config (a directory with only config.json, or a JSON
 file): then the model gets random weights in memory and nvio writes its
@@ -10,7 +10,7 @@ weight store to ``--dir`` once. The prompt goes through the directory's
 tokenizer when it has one, else it becomes token ids (its UTF-8 bytes
 modulo the vocabulary). Prints the tokens, tokens/s, the weight bytes read
 and the GB/s achieved, peak resident weight memory as stated by the
-streamer, the process's peak RSS, and whether blocks were read with O_DIRECT
+runner, the process's peak RSS, and whether blocks were read with O_DIRECT
 or through the page cache, and why (``--direct auto|on|off``).
 """
 from __future__ import annotations
