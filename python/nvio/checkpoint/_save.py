@@ -16,6 +16,7 @@ behind.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 
 import torch
@@ -194,13 +195,13 @@ def _runs(plan, direct, host):
             parts.append(m)
         elif r.size:
             a, b = direct.get(id(r), (r.end, r.end))
-            v = host.get(id(r))
+            addr = host[id(r)].data_ptr() - r.data_offset   # file offset -> address
             if a > r.data_offset:
-                parts.append(v[:a - r.data_offset].numpy().tobytes())
+                parts.append(ctypes.string_at(addr + r.data_offset, a - r.data_offset))
             if b > a:
                 cut(a, b)
             if b < r.end:
-                parts.append(v[b - r.data_offset:].numpy().tobytes())
+                parts.append(ctypes.string_at(addr + b, r.end - b))
         parts.append(r.descriptor())
         pos = r.end + r.descriptor_size
     if plan.dir_offset != pos:
