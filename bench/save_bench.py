@@ -603,9 +603,11 @@ class Cell:
                  ("nvio.dcp", lambda: self.timed(self.nvio_dcp, self.rm_dir(self.dnvio))),
                  ("torch.save", lambda: self.timed(self.torch_save)),
                  ("DCP", lambda: self.timed(self.torch_dcp, self.rm_dir(self.ddcp)))]
+        conts = [c for c in conts if c[0] not in self.a.skip]
         per = rounds(self.a.rounds, conts, "%s %s save" % (self.disk, self.name))
-        per["async.return"] = [x[0] for x in per["async"]]
-        per["async.total"] = [x[1] for x in per.pop("async")]
+        if "async" in per:
+            per["async.return"] = [x[0] for x in per["async"]]
+            per["async.total"] = [x[1] for x in per.pop("async")]
         for d in (self.dnvio, self.ddcp):
             shutil.rmtree(d, ignore_errors=True)
         self.ckpt.close()
@@ -668,12 +670,17 @@ def rounds(n, conts, what):
 # --- report --------------------------------------------------------------------
 
 def ratio(per, x, y):
-    """Per-round ratios of x's GB/s to y's: (median, min, max)."""
+    """Per-round ratios of x's GB/s to y's: (median, min, max); None when
+    either row was skipped."""
+    if x not in per or y not in per:
+        return None
     r = [a["gbps"] / b["gbps"] for a, b in zip(per[x], per[y])]
     return statistics.median(r), min(r), max(r)
 
 
 def fmt_r(t, bold=False):
+    if t is None:
+        return "—"
     m = ("**%s**" if bold else "%s") % fg(t[0])
     return "%s (%s–%s)" % (m, fg(t[1]), fg(t[2])) if t[1] != t[2] else m
 
@@ -777,7 +784,8 @@ def report(a, res, disk_lines, guest, t_start, load0, final):
             "GB = 10^9 bytes of tensor data (fio: its own bytes); torch threads %d; "
             "DCP FileSystemWriter thread_count %d" % (a.rounds, a.torch_threads,
                                                       a.dcp_threads),
-            "- scale %s; tiny50000 has %d tensors" % (a.scale, a.tiny_count), ""]
+            "- scale %s; tiny50000 has %d tensors; rows skipped: %s" % (
+               a.scale, a.tiny_count, ", ".join(sorted(a.skip)) or "none"), ""]
     out += ["## Targets (issue 33)", "",
             "Each cell: median (min–max) of per-round ratios. New-file rows × fio-new "
             "(target ≥ 0.95 for nvio.save, safetensors, nvio.dcp), spare rows × fio-best "
@@ -789,12 +797,13 @@ def report(a, res, disk_lines, guest, t_start, load0, final):
     body = []
     for c in res:
         s, ld = c["saves"], c["loads"]
-        rt = [x["secs"] / y["secs"] for x, y in zip(s["async.return"], s["memcpy"])]
+        rt = [x["secs"] / y["secs"] for x, y in zip(s.get("async.return", []),
+                                                    s.get("memcpy", []))]
         bold = {"nvio.save", "nvio.save(spare)"}
         out.append("| %s | %s | %s | %s | %s | %s |" % (
             c["disk"], c["state"],
             " | ".join(fmt_r(ratio(s, x, y), x in bold) for x, y in SUMMARY),
-            fmt_r((statistics.median(rt), min(rt), max(rt))),
+            fmt_r((statistics.median(rt), min(rt), max(rt)) if rt else None),
             fmt_r(ratio(ld, "nvio.load", "fio-best read"), True) if ld else "—",
             fmt_r(ratio(s, "fio-new", "fio-best"))))
         body += ["## %s, %s: %d tensors in %d storages, %d bytes of tensors; nvio's file "
@@ -804,7 +813,7 @@ def report(a, res, disk_lines, guest, t_start, load0, final):
                  "- this cell took %.0f s (validation, rounds, loads, breakdown)" % c["wall"],
                  "- validation: " + "; ".join(c["checks"]), ""]
         body += detail_table(s, "save (%s, %s)" % (c["disk"], c["state"]),
-                             ["fio-new", "fio-best", "torch.save"])
+                             [x for x in ("fio-new", "fio-best", "torch.save") if x in s])
         if ld:
             body += detail_table(ld, "load (%s, %s)" % (c["disk"], c["state"]),
                                  ["fio-best read", "torch.load"])
@@ -840,6 +849,10 @@ def main():
     ap.add_argument("--no-breakdown", dest="breakdown", action="store_false")
     ap.add_argument("--no-strace", dest="strace", action="store_false",
                     help="no strace-attached save for the commit's split")
+    ap.add_argument("--skip", default="",
+                    help="save rows left out, comma-separated (e.g. DCP,torch.save to "
+                         "shorten a run; 'async' is async.return and async.total); "
+                         "fio-new and fio-best always run")
     ap.add_argument("--dcp-threads", type=int, default=1,
                     help="torch's DCP FileSystemWriter thread_count (its default: 1)")
     ap.add_argument("--torch-threads", type=int, default=1,
@@ -847,6 +860,7 @@ def main():
     ap.add_argument("--out")
     a = ap.parse_args()
     a.scale = 0.02 if a.scale == "small" else float(a.scale)
+    a.skip = set(x for x in a.skip.split(",") if x) - {"fio-new", "fio-best"}
     states = [s for s in a.state.split(",") if s]
     disks = [d for d in a.disk.split(",") if d]
     bad = [x for x in states if x not in STATES] + [x for x in disks if x not in DISKS]
@@ -892,6 +906,11 @@ def main():
                                 fio_bytes=cell.fio_bytes, checks=cell.checks, saves=saves,
                                 loads=loads, breakdown=bd, wall=time.time() - t_cell))
                 report(a, res, disk_lines, guest, t_start, load0, final=False)
+                done, total = len(res), len(states) * len(dirs)
+                log("cell %d/%d (%s, %s) took %.0f s; %.1f min so far%s" % (
+                    done, total, disk, sname, res[-1]["wall"], (time.time() - t_start) / 60,
+                    "" if done == total else "; the rest ~%.0f min if cells cost alike" % (
+                        (time.time() - t_start) / done * (total - done) / 60)))
                 del cell
                 gc.collect()
             del sd
