@@ -195,18 +195,26 @@ FILE_OK = {"File", "FileSystemWriter", "FileSystemReader", "FastFileWriter",
 def _public_names():
     pytest.importorskip("torch")
     mods = ["nvio", "nvio.io", "nvio.handles", "nvio.safetensors", "nvio.offload",
-            "nvio.checkpoint", "nvio.data", "nvio.compat"]
+            "nvio.checkpoint", "nvio.data", "nvio.compat", "nvio.dcp", "nvio.integrations"]
     for m in mods:
         mod = importlib.import_module(m)
         for name in getattr(mod, "__all__", ()):
             yield m, name
 
 
-def test_file_stream_and_compat_each_name_one_thing():
+#: Names with "handle": libnvio's handle type, DeepNVMe's handle classes and
+#: their factories, and checkpoint's default (throughput) handle.
+HANDLE_OK = {"Handle", "AioHandle", "GdsHandle", "aio_handle", "gds_handle", "default_handle"}
+
+
+def test_file_stream_compat_and_handle_each_name_one_thing():
     """A public name that says File is nvio.File (or another project's own
-    name); one that says stream is nvio.Stream; compat is nvio.compat."""
+    name); one that says stream is nvio.Stream; compat is nvio.compat; a
+    handle is a libnvio handle."""
     bad = []
     for m, name in _public_names():
+        if "handle" in name.lower() and name not in HANDLE_OK:
+            bad.append("%s.%s (handle)" % (m, name))
         if "File" in name and name not in FILE_OK:       # a type (file_size is no type)
             bad.append("%s.%s (File)" % (m, name))
         if "stream" in name.lower() and name != "Stream":
@@ -216,6 +224,7 @@ def test_file_stream_and_compat_each_name_one_thing():
     assert not bad, bad
     assert nvio.File.__mro__[1] is nvio._nvio.File
     assert nvio.Stream is nvio._nvio.Stream
+    assert issubclass(nvio.GdsHandle, nvio.AioHandle) and issubclass(nvio.AioHandle, nvio.Handle)
 
 
 def test_the_old_abis_file_is_not_called_compat():
