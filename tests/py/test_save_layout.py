@@ -155,3 +155,46 @@ def test_save_and_spare_bytes_equal(handle, tmp_path):
         for t in _flat(sd):
             if t[1].dtype.is_floating_point and t[1].numel():
                 t[1].add_(1)
+
+
+class _RecHandle:
+    """A handle whose files record their writes (the last one opened: .rec)."""
+
+    def __init__(self, h):
+        self._h = h
+        self.rec = None
+
+    def open(self, *a, **k):
+        h = self
+
+        class _Ctx:
+            def __enter__(self):
+                self.f = h._h.open(*a, **k).__enter__()
+                h.rec = _Recorder(self.f)
+                return h.rec
+
+            def __exit__(self, *exc):
+                return self.f.__exit__(*exc)
+        return _Ctx()
+
+    def __getattr__(self, name):
+        return getattr(self._h, name)
+
+
+def test_async_save_writes_windows_in_order_while_checksumming(handle, tmp_path, monkeypatch):
+    from nvio.checkpoint import _async
+    monkeypatch.setattr(_async, "WRITE_WINDOW", 64 << 10)
+    sd = _state(3 * _save.DIRECT_MIN + 100)
+    p = str(tmp_path / "ck.pt")
+    rh = _RecHandle(handle)
+    with _async.AsyncCheckpointer(handle=rh) as ck:
+        size = ck.save(sd, p).result()
+    ranges = [(off, off + n) for _, items in rh.rec.calls for off, n in items]
+    # the image goes window by window in file order, each one write
+    assert len(ranges) == -(-size // (64 << 10)) > 8
+    assert ranges == [(a, min(a + (64 << 10), size)) for a in range(0, size, 64 << 10)]
+    # window k+1 is checksummed and started before window k is waited for
+    assert rh.rec.events.index("submit 1") < rh.rec.events.index("wait 0")
+    zipfile.ZipFile(p).testzip()
+    _same(torch.load(p, weights_only=True), sd)
+    _same(nvio.load(p), sd)
