@@ -2,7 +2,7 @@
 # Installs what nvio needs to build and test on Debian/Ubuntu:
 # a C compiler (gcc and clang), liburing, libaio, fio, groff for the man
 # page checks, pkg-config and venv for the packaging checks, and the Python
-# test requirements with auditwheel (torch is pinned to the
+# test requirements (pytest, pytest-xdist) with auditwheel (torch is pinned to the
 # CPU build: an unpinned torch pulls gigabytes of CUDA packages), and
 # xfsprogs for the full-disk tests on a loop-mounted xfs.
 # Safe to run again: it only installs what is missing.
@@ -27,6 +27,11 @@ fi
 PY=${PYTHON:-python3}
 if ! $PY -c "import pytest, numpy" 2>/dev/null; then
 	$PY -m pip install -q pytest numpy
+fi
+# scripts/test.sh runs the Python tests two at a time with pytest-xdist
+# (it depends on pytest and execnet only: torch stays as pinned below)
+if ! $PY -c "import xdist, sys; sys.exit(xdist.__version__ != '3.8.0')" 2>/dev/null; then
+	$PY -m pip install -q "pytest-xdist==3.8.0" || echo "deps.sh: pytest-xdist not installed; the Python tests run one at a time" >&2
 fi
 if ! $PY -m auditwheel --version >/dev/null 2>&1; then
 	$PY -m pip install -q auditwheel || echo "deps.sh: auditwheel not installed; its wheel check will skip" >&2

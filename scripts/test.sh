@@ -4,13 +4,22 @@
 #   ASan+UBSan and under TSan; the man page check; packaging (make install,
 #   pkg-config, exported symbols, sdist -> wheel -> venv); the Python tests.
 # Installs its own prerequisites first (scripts/deps.sh).
+#
+# After the gcc stage (its build/ is what the Python tests and the later
+# stages use), the other C stages run one after another in the background
+# while the Python tests run, NVIO_TEST_JOBS of them at a time (default 2,
+# pytest-xdist; 1: one at a time). The tests marked "serial" (they time
+# something: tests/py/conftest.py's SERIAL) run last, alone, once the
+# background stages are done. Each stage's output is shown whole, in the
+# order above, whatever order they finished in.
 # NVIO_TEST_FAST=1 runs only the plain gcc build and the Python tests.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 sh scripts/deps.sh || exit 1
 PY=${PYTHON:-python3}
 log=$(mktemp -d)
-trap 'rm -rf "$log"' EXIT
+chain=
+trap '[ -n "$chain" ] && kill "$chain" 2>/dev/null; rm -rf "$log"' EXIT
 passed=0 failed=0 skipped=0
 
 # Adds the counts of a log's last "N passed, N failed[, N skipped]" line.
@@ -23,18 +32,30 @@ count() {
 	passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + ${s:-0}))
 }
 
+# report NAME RC: shows a finished stage's output, counts its tests.
+report() {
+	echo "=== $1"
+	cat "$log/$1"
+	count "$log/$1"
+	if [ "$2" != 0 ] && ! grep -qE '^[0-9]+ passed, [1-9][0-9]* failed' "$log/$1"; then
+		echo "=== $1 exited $2"
+		grep -qE '^[0-9]+ passed, [0-9]+ failed' "$log/$1" && failed=$((failed + 1))
+	fi
+}
+
 # stage NAME COMMAND...: runs a stage, shows its output, counts its tests.
 stage() {
 	name=$1; shift
-	echo "=== $name"
 	"$@" >"$log/$name" 2>&1
-	rc=$?
-	cat "$log/$name"
-	count "$log/$name"
-	if [ $rc != 0 ] && ! grep -qE '^[0-9]+ passed, [1-9][0-9]* failed' "$log/$name"; then
-		echo "=== $name exited $rc"
-		grep -qE '^[0-9]+ passed, [0-9]+ failed' "$log/$name" && failed=$((failed + 1))
-	fi
+	report "$name" $?
+}
+
+# quiet NAME COMMAND...: runs a stage for report later: its output in
+# $log/NAME, its exit status in $log/NAME.rc.
+quiet() {
+	name=$1; shift
+	"$@" >"$log/$name" 2>&1
+	echo $? >"$log/$name.rc"
 }
 
 # The GPU tests run against the simulated CUDA driver and cuFile
@@ -55,27 +76,58 @@ gpu_teeth() {
 	echo "1 passed, 0 failed"
 }
 stage gpu-teeth gpu_teeth
+
+# The rest of the C stages, in their own build folders (build-clang,
+# build-asan, build-tsan; packaging's make finds build/ made), beside the
+# Python tests.
+later=
+c_rest() {
+	quiet c-clang make -j2 CC=clang BUILD=build-clang WERROR=1 check
+	quiet c-asan env NVIO_TEST_QUICK=1 make -j2 CC=clang SAN=address WERROR=1 check
+	quiet c-tsan env NVIO_TEST_QUICK=1 make -j2 CC=clang SAN=thread WERROR=1 check
+	quiet man sh tests/man_check.sh
+	quiet packaging env CC=gcc WERROR=1 sh tests/packaging_check.sh
+}
 if [ "${NVIO_TEST_FAST:-0}" != 1 ]; then
-	stage c-clang make -j2 CC=clang BUILD=build-clang WERROR=1 check
-	stage c-asan env NVIO_TEST_QUICK=1 make -j2 CC=clang SAN=address WERROR=1 check
-	stage c-tsan env NVIO_TEST_QUICK=1 make -j2 CC=clang SAN=thread WERROR=1 check
-	stage man sh tests/man_check.sh
-	stage packaging env CC=gcc WERROR=1 sh tests/packaging_check.sh
+	later="c-clang c-asan c-tsan man packaging"
+	c_rest &
+	chain=$!
 fi
 
-# pytest's own summary is "N passed, M skipped in Ts"; restate it in ours.
+# pytest's own summary is "N passed, M skipped in Ts"; restate it in ours,
+# both runs' counts added.
 pytest_stage() {
 	$PY -m pip install -q . || { echo "0 passed, 1 failed"; return 1; }
+	jobs=${NVIO_TEST_JOBS:-2}
+	par=
+	[ "$jobs" -gt 1 ] 2>/dev/null && $PY -c "import xdist" 2>/dev/null && par="-n $jobs"
 	out=$(mktemp)
-	(cd tests/py && $PY -m pytest -q -p no:cacheprovider . 2>&1) | tee "$out"
-	last=$(tail -n 1 "$out")
-	num() { echo "$last" | grep -oE "[0-9]+ $1" | grep -oE '[0-9]+' | head -n 1; }
-	p=$(num passed); f=$(num failed); e=$(num error); s=$(num skipped)
-	f=$(( ${f:-0} + ${e:-0} ))
+	tp=0 tf=0 ts=0
+	tally() {	# pytest's summary: its last line that counts tests and says how long
+		last=$(grep -E '[0-9]+ (passed|failed|errors?|skipped|deselected).* in [0-9.]+s' "$out" |
+			tail -n 1)
+		num() { echo "$last" | grep -oE "[0-9]+ $1" | grep -oE '[0-9]+' | head -n 1; }
+		p=$(num passed); f=$(num failed); e=$(num error); s=$(num skipped)
+		[ -n "$last" ] || f=1		# no summary: it did not finish
+		tp=$((tp + ${p:-0})); tf=$((tf + ${f:-0} + ${e:-0})); ts=$((ts + ${s:-0}))
+	}
+	echo "--- tests/py, ${par:-one at a time} (not marked serial)"
+	(cd tests/py && $PY -m pytest -q -p no:cacheprovider $par -m "not serial" . 2>&1) | tee "$out"
+	tally
+	if [ -n "$chain" ]; then wait "$chain"; chain=; fi
+	echo "--- tests/py, marked serial, alone"
+	(cd tests/py && $PY -m pytest -q -p no:cacheprovider -p no:xdist -m serial . 2>&1) | tee "$out"
+	tally
 	rm -f "$out"
-	echo "${p:-0} passed, ${f:-0} failed, ${s:-0} skipped"
+	echo "$tp passed, $tf failed, $ts skipped"
 }
-stage python pytest_stage
+quiet python pytest_stage
+[ -n "$chain" ] && wait "$chain"
+for name in $later python; do
+	rc=1
+	[ -f "$log/$name.rc" ] && rc=$(cat "$log/$name.rc")
+	report "$name" "$rc"
+done
 
 # What failed, again at the end, where a log cut to its head and tail
 # still shows it.
@@ -83,7 +135,7 @@ if [ "$failed" != 0 ]; then
 	echo "=== failures"
 	for f in "$log"/*; do
 		case $(basename "$f") in
-		teeth.out) continue ;;			# fails on purpose
+		teeth.out|*.rc) continue ;;			# fails on purpose; exit statuses
 		gpu-teeth) pat='^[0-9]+ passed, [1-9][0-9]* failed' ;;
 		*) pat='^(FAIL|FAILED|ERROR)|^[0-9]+ passed, [1-9][0-9]* failed' ;;
 		esac

@@ -22,6 +22,32 @@ ENGINES = ("io_uring", "libaio", "psync")
 OTHERS = ("test_cli.py",)
 
 
+# Tests that time something against a bound (Ctrl-C lands within a second,
+# ticks while a call holds no GIL, a late rank named after its timeout):
+# marked "serial", so that scripts/test.sh runs them after the rest, alone
+# (pytest-xdist runs the rest two at a time, beside the C stages). Module
+# names (every test in it) or module::test name (every parametrization).
+SERIAL = ("test_signals.py", "test_gil.py",
+          "test_offload_trust.py::test_ctrl_c_lands_within_a_second_on_a_slow_device",
+          "test_dead_ranks.py::test_a_late_rank_is_named_as_late_at_the_timeout",
+          "test_hostile.py::test_fifo_refused_without_blocking",
+          "test_testutil.py::test_big_tensors_are_quick",
+          "test_futures.py::test_interrupts_anywhere_leave_no_orphan_op")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "serial: times something; scripts/test.sh runs it alone, "
+                                       "after the tests that run in parallel")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        mod = os.path.basename(str(item.fspath))
+        name = getattr(item, "originalname", None) or item.name
+        if mod in SERIAL or "%s::%s" % (mod, name) in SERIAL:
+            item.add_marker(pytest.mark.serial)
+
+
 @pytest.fixture(autouse=True)
 def _explicit_choices_win(request, monkeypatch):
     """The binding's tests pick engines and direct modes explicitly: the

@@ -17,9 +17,41 @@ def read_file(path):
         return f.read()
 
 
+_ports = []
+
+
 def free_port():
-    """A TCP port free on 127.0.0.1 now (for a process group's store)."""
+    """A TCP port free on 127.0.0.1 now (for a process group's store).
+
+    Taken below the kernel's ephemeral range (where every connection of
+    the ranks, gloo's included, gets its local port, so none can take it
+    between this check and the store's bind), from a band of its own per
+    pytest-xdist worker (PYTEST_XDIST_WORKER gwN), so that tests running
+    at once in two workers never pick the same port; ports handed out
+    before are skipped. Falls back to a port the kernel picks."""
+    import os
     import socket
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    n = int(worker[2:]) if worker[2:].isdigit() else 0
+    band = 1000
+    start = 10000 + (n % 16) * band
+    if start + band <= low:
+        for i in range(band):
+            port = start + (os.getpid() + len(_ports) + i) % band
+            if port in _ports:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))   # no SO_REUSEADDR: TIME_WAIT counts as taken
+                except OSError:
+                    continue
+            _ports.append(port)
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
