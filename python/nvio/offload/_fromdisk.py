@@ -44,6 +44,8 @@ import torch
 from torch import nn
 
 from .. import _device, _nvio
+from .._base.handle import env_direct, throughput_handle
+from .._base.pieces import locked_buffer
 from .._futures import completions
 from . import _room
 from . import _weights as W
@@ -302,12 +304,11 @@ class _Slot:
                  "copied", "copy_ev", "free_ev", "check")
 
     def __init__(self, idx, nbytes, dev):
-        from ..handles import _locked_buffer
         self.idx = idx
         try:
-            self.buf = _locked_buffer(nbytes, False)
+            self.buf = locked_buffer(nbytes, False)
         except OSError:
-            self.buf = _locked_buffer(nbytes, True)   # RLIMIT_MEMLOCK: page-aligned still
+            self.buf = locked_buffer(nbytes, True)   # RLIMIT_MEMLOCK: page-aligned still
         self.host = torch.frombuffer(self.buf, dtype=torch.uint8) if nbytes else \
             torch.empty(0, dtype=torch.uint8)
         self.mv = memoryview(self.buf)
@@ -409,9 +410,7 @@ class _DiskRunner:
                                  "(accelerate.init_empty_weights(include_buffers=False))" % name)
 
     def _new_handle(self, direct):
-        from ..handles import AioHandle
-        return AioHandle(block_size=8 << 20, queue_depth=32, engine=self._engine, direct=direct,
-                         intra_op_parallelism=max(1, min(4, os.cpu_count() or 1)))
+        return throughput_handle(engine=self._engine, direct=direct)
 
     def _decide_direct(self, direct, handle, prefetch, pool_bytes):
         """Sets self.direct (O_DIRECT where the file system takes it, or
@@ -430,9 +429,9 @@ class _DiskRunner:
             self.direct = name not in ("false", "off", "0", "no")
             self.why = "direct=%r given" % (direct,)
             return direct        # AioHandle refuses what it does not know
-        env = os.environ.get("NVIO_DIRECT", "")
-        if env and env.lower() != "auto":
-            self.direct = env.lower() not in ("false", "off", "0", "no")
+        on, env = env_direct()
+        if on is not None:
+            self.direct = on
             self.why = "NVIO_DIRECT=%s in the environment" % env
             return "auto"        # the handle takes it from the environment
         streamed = sum(b.nbytes for b in self.blocks)

@@ -39,7 +39,7 @@ def _build(path, seed):
     cfg_path = path if os.path.isfile(path) else os.path.join(path, "config.json")
     if not os.path.exists(cfg_path):
         raise SystemExit("nvio: %s: no config.json" % path)
-    from ._trust import open_regular
+    from ._trust import open_regular    # imports torch: not before --help is answered
     with open_regular(cfg_path, "r", lambda msg, field=None: SystemExit("nvio: " + msg)) as f:
         d = json.load(f)
     cfg = transformers.AutoConfig.for_model(**d)
@@ -88,7 +88,7 @@ def main(argv=None):
     import torch
     import transformers
     transformers.logging.set_verbosity_error()
-    from . import run_from_disk
+    from . import run_from_disk         # nvio.offload imports torch (see above)
     m, cfg, has_weights = _build(a.config, a.seed)
     store = a.config if has_weights else a.dir
     if store is None:
