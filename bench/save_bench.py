@@ -71,7 +71,8 @@ with their min-max. CPU s/GB: user+system of this process (every thread);
 fio's from its own figures.
 
 Where the time goes (the breakdown tables): after the rounds, one more
-nvio.save (new) and nvio.save(spare) per state and disk, with timers put
+nvio.save (new), nvio.save(spare) and async_save call (the pool warmed by
+one save first) per state and disk, with timers put
 around nvio's internal functions IN THIS PROCESS (monkeypatched, found by
 name in whatever nvio module holds them; nvio has no timing hook of its
 own): pickling, planning, opening the temporary, fallocate, waits for the
@@ -230,6 +231,7 @@ class Hooks:
     # holds them (a module's `from x import f` copy too)
     FUNCS = [("write_plan", "writer's Python"), ("write_packed", "writer's Python"),
              ("write_plans", "writer's Python"),
+             ("_snapshot", "copies (snapshot)"),
              ("hold_replaced", "hold/release replaced"),
              ("release_replaced", "hold/release replaced"),
              ("reserve_space", "fallocate"),
@@ -348,7 +350,8 @@ class Hooks:
 
 _MISSING = object()
 
-BREAK_COLS = ["pickling", "planning", "writer's Python", "open", "fallocate",
+BREAK_COLS = ["pickling", "planning", "copies (snapshot)", "writer's Python", "open",
+              "fallocate",
               "copy+CRC wait", "CRC wait",
               "I/O submit", "I/O wait", "sync writes", "commit", "close",
               "hold/release replaced"]
@@ -651,6 +654,25 @@ class Cell:
                     os.unlink(logp)
                 self._after()
             out[what] = row
+        # async_save's call (what async.return measures): a warm pool first
+        ckpt = AsyncCheckpointer()
+        try:
+            ckpt.save(self.sd, self.p).result()
+            self._after()
+            core_bench.drop_caches()
+            hooks.reset()
+            with hooks.on():
+                c0, t0 = cb.cpu_self(), time.perf_counter()
+                fut = ckpt.save(self.sd, self.p)
+                wall, cpu = time.perf_counter() - t0, cb.cpu_self() - c0
+            fut.result()
+            row = dict(hooks.t)
+            row["_wall"], row["_cpu"], row["_calls"] = wall, cpu, dict(hooks.n)
+            out["async_save (call)"] = row
+        finally:
+            ckpt.close()
+            del ckpt
+            self._after()
         out["_found"] = sorted(hooks.found)
         return out
 
@@ -707,14 +729,17 @@ def detail_table(per, title, refs):
 
 
 def breakdown_table(res):
-    out = ["## Where the time goes (nvio.save, one save each, timers in the bench process)", "",
+    out = ["## Where the time goes (nvio.save, nvio.save(spare), async_save's call; one "
+           "each, timers in the bench process)", "",
            "Seconds on the calling thread, exclusive, from timers the bench puts around "
            "nvio's internal functions by monkeypatching (nvio has no timing hook): "
            "**measured from outside, approximate**. *copy+CRC wait* / *CRC wait*: the "
            "caller waiting for the CRC threads (which copy too, for packed saves); "
            "*I/O wait*: waiting on write futures; *sync writes*: blocking pwrite(v) calls; "
            "*commit*: fsync + link/rename + directory fsync (split by `strace -T` from a "
-           "second save where strace was present); *other*: the rest of the wall time "
+           "second save where strace was present); *copies (snapshot)*: async_save's copy of "
+           "the state into its pool (its call returns after it; the write behind it is not "
+           "in its row); *other*: the rest of the wall time "
            "(Python between the timed calls). CPU: user+system of every thread of the "
            "process during the save.", "",
            "| disk | state | save | wall s | CPU s | %s | other | commit split (strace) |"
@@ -724,7 +749,7 @@ def breakdown_table(res):
     for c in res:
         bd = c["breakdown"]
         found.update(bd.get("_found", []))
-        for what in ("nvio.save", "nvio.save(spare)"):
+        for what in BREAK_ROWS:
             row = bd.get(what)
             if not row:
                 continue
@@ -736,7 +761,7 @@ def breakdown_table(res):
             out.append("| %s | %s | %s | %.3f | %.2f | %s | %.3f | %s |" % (
                 c["disk"], c["state"], what, row["_wall"], row["_cpu"],
                 " | ".join("%.3f" % v if v else "·" for v in cols), other, split))
-    extra = sorted(set(k for c in res for w in ("nvio.save", "nvio.save(spare)")
+    extra = sorted(set(k for c in res for w in BREAK_ROWS
                        for k in c["breakdown"].get(w, {}) if not k.startswith("_")) -
                    set(BREAK_COLS))
     out += ["", "- hooks found: %s%s" % (", ".join(sorted(found)),
@@ -744,6 +769,8 @@ def breakdown_table(res):
             ""]
     return out
 
+
+BREAK_ROWS = ("nvio.save", "nvio.save(spare)", "async_save (call)")
 
 SUMMARY = [("nvio.save", "fio-new"), ("one-tensor", "fio-new"),
            ("nvio.save(spare)", "fio-best"), ("st.save_file", "fio-new"),
