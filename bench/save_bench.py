@@ -778,7 +778,7 @@ SUMMARY = [("nvio.save", "fio-new"), ("one-tensor", "fio-new"),
            ("async.total", "fio-new"), ("torch.save", "fio-new"), ("DCP", "fio-new")]
 
 
-def report(a, res, disk_lines, guest, t_start, load0, final):
+def report(a, res, disk_lines, guest, t_start, load0, final, huge=None):
     now = datetime.datetime.now(datetime.timezone.utc)
     cpu = core_bench.sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").strip()
     dirty = core_bench.sh("git -C %s status --porcelain -- src include python" % REPO)
@@ -806,6 +806,9 @@ def report(a, res, disk_lines, guest, t_start, load0, final):
            "- command: `%s`" % " ".join(shlex.quote(x) for x in ["python3"] + sys.argv)]
     out += disk_lines
     out += ["- %s (bench/guestmem.py)" % note,
+            "- fio's buffers: %s" % ("huge pages (hugetlbfs, bench/hugepages.py)" if huge else
+                                     "4 KiB pages: huge pages could NOT be reserved, so "
+                                     "fio-best/fio-new are below their usual ceiling"),
             "- %d rounds, rows interleaved and rotated each round; page cache dropped before "
             "every run; every save durable; ratios = median (min–max) of per-round ratios; "
             "GB = 10^9 bytes of tensor data (fio: its own bytes); torch threads %d; "
@@ -932,7 +935,8 @@ def main():
                                 nst=len(cell.st), ntensors=cell.ntensors, fsize=cell.fsize,
                                 fio_bytes=cell.fio_bytes, checks=cell.checks, saves=saves,
                                 loads=loads, breakdown=bd, wall=time.time() - t_cell))
-                report(a, res, disk_lines, guest, t_start, load0, final=False)
+                report(a, res, disk_lines, guest, t_start, load0, final=False,
+                       huge=fio.huge_path)
                 done, total = len(res), len(states) * len(dirs)
                 log("cell %d/%d (%s, %s) took %.0f s; %.1f min so far%s" % (
                     done, total, disk, sname, res[-1]["wall"], (time.time() - t_start) / 60,
@@ -942,7 +946,8 @@ def main():
                 gc.collect()
             del sd
             gc.collect()
-    report(a, res, disk_lines, guest, t_start, load0, final=True)
+        huge = fio.huge_path
+    report(a, res, disk_lines, guest, t_start, load0, final=True, huge=huge)
 
 
 if __name__ == "__main__":
