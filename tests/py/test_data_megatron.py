@@ -109,6 +109,25 @@ def test_indexed_dataset_in_workers(datasets):
                                      timeout=120)
     for b, idx in zip(dl, order):
         assert [t.numpy().tobytes() for t in b] == [ref[i].tobytes() for i in idx]
+        assert len({t.untyped_storage().data_ptr() for t in b if t.numel()}) <= 1
+
+
+def test_a_batch_pickles_as_its_one_buffer(datasets):
+    """A batch sent from a DataLoader worker is pickled: as one buffer and
+    the samples' places (torch pickles each view with its whole storage:
+    a batch of n samples cost n buffers), views of one storage again."""
+    import pickle
+    prefix, _ = datasets[6]
+    ref = mid.IndexedDataset(prefix)
+    ours = nd.IndexedDataset(prefix)
+    idx = list(range(len(ref))) * 3
+    b = ours.read_batch(idx)
+    size = b[0].untyped_storage().nbytes()
+    raw = pickle.dumps(b)
+    assert len(raw) < 2 * size + 4096, (len(raw), size)
+    back = pickle.loads(raw)
+    assert [t.numpy().tobytes() for t in back] == [ref[i].tobytes() for i in idx]
+    assert len({t.untyped_storage().data_ptr() for t in back if t.numel()}) == 1
 
 
 class Tok:
