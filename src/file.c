@@ -848,11 +848,30 @@ static void spare_give_back(struct nvio_file *f)
 		(void)nvio__sys.ftruncate(f->fd, (off_t)f->spare_size);
 }
 
+/*
+ * An abandoned SHARED spare is removed, not kept: its writers may still
+ * be writing to it (abandon is what a creator does when one of them
+ * failed), and kept it would be the next save's temporary, same inode,
+ * so their late bytes would land in that save and a late join with the
+ * old identity would pass. Removed while its lock is held, and only if
+ * its name still leads to it.
+ */
+static void shared_spare_drop(struct nvio_file *f)
+{
+	struct stat st;
+
+	if (f->spare && (f->flags & NVIO_FILE_SHARED) && !f->committed && f->tmp_path &&
+	    nvio__sys.lstat(f->tmp_path, &st) == 0 && st.st_dev == f->st.st_dev &&
+	    st.st_ino == f->st.st_ino)
+		nvio__sys.unlink(f->tmp_path);
+}
+
 /* Frees a file; an uncommitted atomic file is abandoned. */
 void nvio__file_free(struct nvio_file *f)
 {
 	if (!f)
 		return;
+	shared_spare_drop(f);
 	spare_give_back(f);
 	nvio__file_close_fds(f);
 	remove_created(f);

@@ -123,12 +123,24 @@ static int same_file(int fd, const struct stat *st, int nfd)
 int nvio__reopen(int fd, const char *name, int flags, const struct stat *st)
 {
 	char p[64];
-	int nfd = -ENOENT;
+	int nfd = -ENOENT, r;
 
 	if (name) {
-		nfd = nvio__open(name, flags, 0);
-		if (nfd >= 0 && same_file(fd, st, nfd))
-			return nfd;
+		/*
+		 * O_NONBLOCK: the name may lead to something else by now (a
+		 * FIFO put there would block this open forever); cleared once
+		 * it is known to be our file (io_uring would take it as
+		 * IOCB_NOWAIT and fail writes with EAGAIN).
+		 */
+		nfd = nvio__open(name, flags | O_NONBLOCK, 0);
+		if (nfd >= 0 && same_file(fd, st, nfd)) {
+			if ((flags & O_NONBLOCK) ||
+			    nvio__sys.fcntl(nfd, F_SETFL, flags & ~O_ACCMODE) == 0)
+				return nfd;
+			r = -errno;
+			nvio__sys.close(nfd);
+			return r;
+		}
 		if (nfd >= 0)
 			nvio__sys.close(nfd);	/* replaced: not ours */
 	}

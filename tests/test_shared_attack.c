@@ -1,0 +1,184 @@
+/*
+ * test_shared_attack.c - multi-writer atomic files (NVIO_FILE_SHARED,
+ * nvio_file_join) attacked as a careless caller and a hostile neighbour
+ * would (review of libnvio 0.3's shared files).
+ *
+ * 1. spare_abandon: a creator with NVIO_FILE_SPARE abandons while a
+ *    writer still writes (the documented reason to abandon: another
+ *    writer failed). nvio_file_join(3) promises that writers still
+ *    writing then write to a nameless file; with a spare the abandoned
+ *    temporary used to stay (same inode) and become the next save's
+ *    temporary, so the late writer's bytes landed in the NEXT save's
+ *    committed file, and a late join with the old identity still passed.
+ * 2. fifo_swap: after a writer joined, its temporary's name is replaced
+ *    by a FIFO (a neighbour with write access to the directory, or a
+ *    careless same-user cleanup). The writer's first O_DIRECT write
+ *    reopens the temporary by name: that open must not block on the FIFO
+ *    (it used to hang forever, no reader); the write goes to the file
+ *    the writer joined. A watchdog turns a hang into a failure.
+ *
+ * Writers here are second handles of this process: join compares only
+ * names and identities, so the processes need not differ (test_shared_file
+ * runs forked writers). Every engine, direct on and off.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "t.h"
+
+#define N (1u << 20)
+#define LATE 4096u	/* what the late writer writes at 0 */
+
+static unsigned char *old, *nu, *junk, *back;
+
+static void check_file(const char *path, const unsigned char *want, size_t n)
+{
+	memset(back, 0, n);
+	T_EQ_INT(t_file_size(path), (int64_t)n);
+	T_OK(t_pread_file(path, back, n, 0));
+	T_MEM_EQ(back, want, n);
+}
+
+static void spare_abandon(int e, int d, int i)
+{
+	char target[T_PATH_MAX], tmp[T_PATH_MAX];
+	nvio_handle_t *h, *hw;
+	nvio_file_t *c, *w, *late;
+	nvio_share_t sh = { .struct_size = sizeof(sh) };
+	unsigned fl = NVIO_FILE_ATOMIC | NVIO_FILE_SHARED | NVIO_FILE_SPARE;
+	int err;
+
+	if (t_handle(&h, e, d, 0, 0))
+		return;
+	if (t_handle(&hw, e, d, 0, 0)) {
+		nvio_handle_destroy(h);
+		return;
+	}
+	t_path(target, "spare%d", i);
+	T_OK(t_write_file(target, old, N));
+
+	/* save 1: a writer joins, the creator abandons (say another failed) */
+	c = nvio_file_open(h, target, fl, &err);
+	T_TRUE(c != NULL);
+	if (!c)
+		goto out;
+	T_TRUE(nvio_file_temp_path(c) != NULL);
+	snprintf(tmp, sizeof(tmp), "%s", nvio_file_temp_path(c));
+	T_OK(nvio_file_share(c, &sh));
+	w = nvio_file_join(hw, tmp, &sh, NVIO_FILE_WRITE, &err);
+	T_TRUE(w != NULL);
+	T_OK(nvio_file_close(c));
+
+	/* save 2 of the same target, written whole by its creator */
+	c = nvio_file_open(h, target, fl, &err);
+	T_TRUE(c != NULL);
+	if (!c) {
+		nvio_file_close(w);
+		goto out;
+	}
+	T_OK(nvio_file_pwrite(c, nu, N, 0, 0));
+	/* the abandoned save's writer goes on writing its share... */
+	if (w)
+		T_OK(nvio_file_pwrite(w, junk, LATE, 0, 0));
+	/* ...and a writer of it that joins late is refused */
+	late = nvio_file_join(hw, tmp, &sh, NVIO_FILE_WRITE, &err);
+	T_TRUE(late == NULL);
+	if (late) {
+		T_FAILF("a late join of the abandoned save's temporary %s succeeded", tmp);
+		nvio_file_close(late);
+	} else {
+		T_TRUE(err == -ENOENT || err == -ESTALE);
+	}
+	T_OK(nvio_file_commit(c));
+	T_OK(nvio_file_close(c));
+	if (w)
+		T_OK(nvio_file_close(w));
+	/* save 2 is its creator's bytes, none of the abandoned writer's */
+	check_file(target, nu, N);
+out:
+	nvio_handle_destroy(hw);
+	nvio_handle_destroy(h);
+}
+
+static void on_alarm(int sig)
+{
+	static const char m[] = "FAIL: test_shared_attack hung (a FIFO at the "
+				"temporary's name blocked an open)\n";
+
+	(void)sig;
+	(void)!write(2, m, sizeof(m) - 1);
+	_exit(T_FAIL);
+}
+
+static void fifo_swap(int e, int d, int i)
+{
+	char target[T_PATH_MAX], tmp[T_PATH_MAX], moved[T_PATH_MAX];
+	nvio_handle_t *h, *hw;
+	nvio_file_t *c, *w;
+	nvio_share_t sh = { .struct_size = sizeof(sh) };
+	int err;
+
+	if (t_handle(&h, e, d, 0, 0))
+		return;
+	if (t_handle(&hw, e, d, 0, 0)) {
+		nvio_handle_destroy(h);
+		return;
+	}
+	t_path(target, "fifo%d", i);
+	t_path(moved, "moved%d", i);
+	T_OK(t_write_file(target, old, N));
+	c = nvio_file_open(h, target, NVIO_FILE_ATOMIC | NVIO_FILE_SHARED, &err);
+	T_TRUE(c != NULL);
+	if (!c)
+		goto out;
+	snprintf(tmp, sizeof(tmp), "%s", nvio_file_temp_path(c));
+	T_OK(nvio_file_share(c, &sh));
+	w = nvio_file_join(hw, tmp, &sh, NVIO_FILE_WRITE, &err);
+	T_TRUE(w != NULL);
+	/* the name now leads to a FIFO nobody reads; the file lives on */
+	T_OK(rename(tmp, moved) < 0 ? -errno : 0);
+	T_OK(mkfifo(tmp, 0600) < 0 ? -errno : 0);
+	if (w) {
+		alarm(60);	/* a watchdog, not a timing: a hang fails */
+		T_OK(nvio_file_pwrite(w, nu, N, 0, 0));
+		alarm(0);
+		T_OK(nvio_file_close(w));
+	}
+	/* the bytes are in the file the writer joined */
+	check_file(moved, nu, N);
+	T_OK(nvio_file_close(c));
+	unlink(moved);
+	unlink(tmp);
+	/* abandoned: the old file stands */
+	check_file(target, old, N);
+out:
+	nvio_handle_destroy(hw);
+	nvio_handle_destroy(h);
+}
+
+int main(void)
+{
+	t_init("shared_attack");
+	signal(SIGALRM, on_alarm);
+	old = t_alloc(N);
+	nu = t_alloc(N);
+	junk = t_alloc(N);
+	back = t_alloc(N);
+	t_fill_random(old, N, 1);
+	t_fill_random(nu, N, 2);
+	t_fill_random(junk, N, 3);
+	T_FOR_EACH_COMBO(e, d) {
+		spare_abandon(e, d, t_combo_i);
+		fifo_swap(e, d, t_combo_i);
+	}
+	free(old);
+	free(nu);
+	free(junk);
+	free(back);
+	return t_done();
+}
