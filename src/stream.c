@@ -539,6 +539,18 @@ static int writer_seek(struct nvio_stream *s, uint64_t offset)
 		return 0;
 	if (b->len && (r = rotate(s)) < 0)
 		return r;
+	/*
+	 * Back over bytes a buffer still writes (a range written again):
+	 * that op ends first, or it could land after the new bytes (the
+	 * other buffer's op, or a large write straight from the caller's
+	 * memory) and undo them. Forward seeks keep both buffers busy.
+	 */
+	for (unsigned i = 0; i < s->nbuf; i++) {
+		struct sbuf *o = &s->bufs[i];
+
+		if (o->busy && offset < o->off + o->len && (r = settle(s, o)) < 0)
+			return r;
+	}
 	s->pos = offset;
 	b = &s->bufs[s->cur];
 	b->off = offset;
