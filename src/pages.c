@@ -28,7 +28,9 @@
  * Where the kernel cannot say how memory is mapped (PAGEMAP_SCAN is
  * Linux 6.7+), nothing changes: the op goes direct, as before.
  * $NVIO_STAGE_SMALL_PAGES=0 turns the staging off, =1 stages every such
- * write and read whatever its pages and device.
+ * write and read whatever its pages and device. Ops whose extents
+ * average under 256 KiB (scattered small pieces: no request of them is
+ * split) are never staged for their pages (submit.c plan_op).
  */
 #include <errno.h>
 #include <fcntl.h>

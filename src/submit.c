@@ -281,6 +281,10 @@ static uint64_t body_bytes(const struct nvio__op *op)
 	return n;
 }
 
+/* Extents (on average) at least this large may be staged for their 4 KiB
+ * pages (plan_op). */
+#define STAGE_PIECE_MIN (256u << 10)
+
 /* Whether some piece may need a bounce buffer (see workers.c fill). */
 static int may_stage(const struct nvio__op *op, uint32_t mem_align)
 {
@@ -340,9 +344,15 @@ static int plan_op(struct nvio_handle *h, struct nvio__op *op, const char **what
 	op->direct = 1;
 	op->dfd = dfd;
 	op->mem_align = f->mem_align;
-	/* a large op on 4 KiB pages on a device that splits them: staged */
+	/* a large op on 4 KiB pages on a device that splits them: staged,
+	 * unless its extents are small (a batch of scattered samples): a
+	 * request of STAGE_PIECE_MIN is split by no device seen (virtio-blk
+	 * 254 segments, loop 128), so a bounce buffer per piece only adds a
+	 * copy and caps the pieces in flight at the pool's buffers (a batch
+	 * of 512 pieces of 12 KiB: 0.65-0.8x the speed unstaged) */
 	op->stage_body = op->mem == NVIO__MEM_HOST &&
 			 body_bytes(op) >= NVIO__STAGE_PAGES_MIN &&
+			 body_bytes(op) / op->next >= STAGE_PIECE_MIN &&
 			 op->ext[0].plan.chunk <= h->workers[0].stage.size &&
 			 nvio__op_stage_small_pages(op);
 	return 0;

@@ -2,9 +2,9 @@
  * test_pages.c - large O_DIRECT writes from memory in 4 KiB pages, and
  * large O_DIRECT reads into memory present in 4 KiB pages, go through the
  * staging buffers where the file's device splits such memory into small
- * requests (src/pages.c); ops on huge pages, ops under 4 MiB and reads
- * into memory not faulted in yet go straight from (to) the caller's
- * memory. Which way an op went shows in the staging budget: a handle
+ * requests (src/pages.c); ops on huge pages, ops under 4 MiB, ops of
+ * small scattered pieces (a batch of samples) and reads into memory not
+ * faulted in yet go straight from (to) the caller's memory. Which way an op went shows in the staging budget: a handle
  * makes its bounce pools on first use. The bytes are compared on every
  * engine either way.
  */
@@ -95,6 +95,39 @@ static uint64_t read_fresh(int engine, const char *path, size_t n, const unsigne
 	return in_use;
 }
 
+/* One vectored read of 1,024 pieces of 12 KiB, each at its own offset
+ * 16 KiB apart (a batch of samples), into buf faulted in (4 KiB pages);
+ * compares them with want; returns the staging bytes taken. */
+static uint64_t read_scattered(int engine, const char *path, unsigned char *buf,
+			       const unsigned char *want)
+{
+	enum { N = 1024, LEN = 12u << 10, STRIDE = 16u << 10 };
+	static nvio_iovec_t v[N];
+	nvio_handle_t *h = NULL;
+	nvio_file_t *f;
+	nvio_config_t c;
+	uint64_t in_use = 0;
+	int err = 0;
+
+	memset(buf, 0, (size_t)N * LEN);
+	for (int i = 0; i < N; i++)
+		v[i] = (nvio_iovec_t){ buf + (size_t)i * LEN, LEN, (int64_t)i * STRIDE };
+	t_config(&c, engine, NVIO_DIRECT_ON, 128u << 10, 128);
+	if (T_OK(nvio_handle_create(&h, &c))) {
+		f = nvio_file_open(h, path, NVIO_FILE_READ, &err);
+		if (T_OK(err)) {
+			T_OK(nvio_file_preadv(f, v, N, NVIO_OFFSET_PER_IOV, 0));
+			nvio_staging_limit(&in_use);
+			nvio_file_close(f);
+		}
+		nvio_handle_destroy(h);
+	}
+	for (int i = 0; i < N; i++)
+		if (!T_MEM_EQ(buf + (size_t)i * LEN, want + (size_t)i * STRIDE, LEN))
+			break;
+	return in_use;
+}
+
 int main(void)
 {
 	unsigned char *small = region(BIG, 0), *huge = region(BIG, 1), *dst = region(BIG, 0);
@@ -137,6 +170,12 @@ int main(void)
 			 splits && nvio__mem_huge_bytes(small, BIG) == 0);
 		T_EQ_U64(read_with(e, path, dst, BIG, small) > 0,
 			 splits && nvio__mem_huge_bytes(dst, BIG) == 0);
+		/* 12 MiB in scattered 12 KiB pieces: no request is split,
+		 * never staged, even where asked to stage every large op */
+		T_EQ_U64(read_scattered(e, path, dst, small), 0);
+		setenv("NVIO_STAGE_SMALL_PAGES", "1", 1);
+		T_EQ_U64(read_scattered(e, path, dst, small), 0);
+		unsetenv("NVIO_STAGE_SMALL_PAGES");
 		/* a destination not faulted in yet takes the pages the read
 		 * faults in: direct */
 		T_EQ_U64(read_fresh(e, path, BIG, small), 0);
