@@ -699,6 +699,7 @@ static int open_joined(struct nvio_file *f, const nvio_share_t *sh, const char *
 		nvio__sys.close(fd);
 		return r;
 	}
+	f->flags |= NVIO_FILE_SHARED;	/* a share: its size is the creator's */
 	return fd;
 }
 

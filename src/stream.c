@@ -418,7 +418,11 @@ static int writer_close(struct nvio_stream *s, unsigned flags)
 	if (s->err)
 		return s->err;
 	size = atomic_load(&s->f->size);
-	if (!s->ranges && size != s->pos && size != UINT64_MAX &&
+	/* a writer of ranges, or any writer of a joined file (SHARED without
+	 * ATOMIC: a share, whose size is its creator's), leaves it alone */
+	if (!s->ranges &&
+	    (s->f->flags & (NVIO_FILE_SHARED | NVIO_FILE_ATOMIC)) != NVIO_FILE_SHARED &&
+	    size != s->pos && size != UINT64_MAX &&
 	    (r = nvio_file_truncate(s->f, s->pos)) < 0)
 		return r;
 	if ((flags & NVIO_STREAM_COMMIT) && (r = nvio_file_commit(s->f)) < 0)

@@ -105,6 +105,64 @@ out:
 	nvio_handle_destroy(h);
 }
 
+/*
+ * 3. stream_on_join: a writer writes its share with a plain (0.2) writer
+ *    stream, not a writer of ranges. Its close set the file's size to
+ *    where the stream ended, cutting off the shares other writers had
+ *    already written after it: the committed file lost them. A joined
+ *    file's size is its creator's, whatever stream writes it.
+ */
+static void stream_on_join(int e, int d, int i)
+{
+	char target[T_PATH_MAX], tmp[T_PATH_MAX];
+	nvio_handle_t *h, *hw;
+	nvio_file_t *c, *w0, *w1;
+	nvio_stream_t *s;
+	nvio_share_t sh = { .struct_size = sizeof(sh) };
+	int err;
+
+	if (t_handle(&h, e, d, 0, 0))
+		return;
+	if (t_handle(&hw, e, d, 0, 0)) {
+		nvio_handle_destroy(h);
+		return;
+	}
+	t_path(target, "stream%d", i);
+	T_OK(t_write_file(target, old, N));
+	c = nvio_file_open(h, target, NVIO_FILE_ATOMIC | NVIO_FILE_SHARED, &err);
+	T_TRUE(c != NULL);
+	if (!c)
+		goto out;
+	T_OK(nvio_file_truncate(c, N));
+	snprintf(tmp, sizeof(tmp), "%s", nvio_file_temp_path(c));
+	T_OK(nvio_file_share(c, &sh));
+	/* writer 1 writes the second half and is done first */
+	w1 = nvio_file_join(hw, tmp, &sh, NVIO_FILE_WRITE, &err);
+	T_TRUE(w1 != NULL);
+	if (w1) {
+		T_OK(nvio_file_pwrite(w1, nu + N / 2, N / 2, N / 2, 0));
+		T_OK(nvio_file_close(w1));
+	}
+	/* writer 0 streams the first half */
+	w0 = nvio_file_join(hw, tmp, &sh, NVIO_FILE_WRITE, &err);
+	T_TRUE(w0 != NULL);
+	if (w0) {
+		s = nvio_stream_open(w0, NVIO_STREAM_WRITE, 0, 0, 0, &err);
+		T_TRUE(s != NULL);
+		if (s) {
+			T_EQ_INT(nvio_stream_write(s, nu, N / 2), N / 2);
+			T_OK(nvio_stream_close(s, 0));
+		}
+		T_OK(nvio_file_close(w0));
+	}
+	T_OK(nvio_file_commit(c));
+	T_OK(nvio_file_close(c));
+	check_file(target, nu, N);
+out:
+	nvio_handle_destroy(hw);
+	nvio_handle_destroy(h);
+}
+
 static void on_alarm(int sig)
 {
 	static const char m[] = "FAIL: test_shared_attack hung (a FIFO at the "
@@ -175,6 +233,7 @@ int main(void)
 	T_FOR_EACH_COMBO(e, d) {
 		spare_abandon(e, d, t_combo_i);
 		fifo_swap(e, d, t_combo_i);
+		stream_on_join(e, d, t_combo_i);
 	}
 	free(old);
 	free(nu);
