@@ -114,6 +114,72 @@ static void overlap(int e, int d, int i, int big)
 	nvio_handle_destroy(h);
 }
 
+/*
+ * model: random seeks (back, forward, unaligned, overlapping) and writes
+ * (small staged ones, large ones straight from memory at aligned and
+ * unaligned addresses) through a writer of ranges whose buffers are the
+ * caller's memory (aligned, then at an odd address); the file must hold
+ * what an in-memory model of the same writes holds.
+ */
+#define M (1u << 20)
+
+static void model(int e, int d, int i, int odd)
+{
+	char path[T_PATH_MAX];
+	unsigned char *want = t_alloc(M), *src = t_alloc(M + 4096), *got = t_alloc(M);
+	unsigned char *area = t_alloc(4 * B + 4096);
+	uint64_t rs = 0x9e3779b97f4a7c15ull ^ (uint64_t)(i * 2 + odd);
+	nvio_handle_t *h;
+	nvio_file_t *f;
+	nvio_stream_t *s;
+	nvio_stream_config_t c = {
+		.struct_size = sizeof(c), .flags = NVIO_STREAM_WRITE | NVIO_STREAM_RANGES,
+		.buffer_bytes = 4 * B, .depth = 2, .memory = area + (odd ? 1 : 0),
+	};
+	int err;
+
+	t_fill_random(src, M + 4096, 7);
+	if (t_handle(&h, e, d, 4, 0))
+		goto out;
+	t_path(path, "model%d-%d", i, odd);
+	f = nvio_file_open(h, path, NVIO_FILE_WRITE | NVIO_FILE_CREATE, &err);
+	T_TRUE(f != NULL);
+	if (!f) {
+		nvio_handle_destroy(h);
+		goto out;
+	}
+	T_OK(nvio_file_truncate(f, M));
+	s = nvio_stream_open_config(f, &c, &err);
+	T_TRUE(s != NULL);
+	for (int k = 0; s && k < 60 && !t_failures(); k++) {
+		uint64_t r = t_rand64(&rs), off = r % M, n;
+		uint64_t from = (r >> 20) % 4096;
+
+		if (k % 5 == 0)
+			off = off / 4096 * 4096;
+		n = (r >> 40) % 3 == 0 ? (r >> 32) % (3 * B) : (r >> 32) % 9000;
+		if (off + n > M)
+			n = M - off;
+		if ((r >> 50) & 1)
+			from = 0;	/* page-aligned source: may go straight */
+		T_OK(nvio_stream_seek(s, (int64_t)off));
+		T_EQ_INT(nvio_stream_write(s, src + from, n), (int64_t)n);
+		memcpy(want + off, src + from, n);
+	}
+	if (s)
+		T_OK(nvio_stream_close(s, 0));
+	T_OK(nvio_file_close(f));
+	T_EQ_INT(t_file_size(path), M);
+	T_OK(t_pread_file(path, got, M, 0));
+	T_MEM_EQ(got, want, M);
+	nvio_handle_destroy(h);
+out:
+	free(want);
+	free(src);
+	free(got);
+	free(area);
+}
+
 int main(void)
 {
 	t_init("stream_attack");
@@ -127,6 +193,8 @@ int main(void)
 	T_FOR_EACH_COMBO(e, d) {
 		overlap(e, d, t_combo_i, 0);
 		overlap(e, d, t_combo_i, 1);
+		model(e, d, t_combo_i, 0);
+		model(e, d, t_combo_i, 1);
 	}
 	free(mem);
 	free(one);
