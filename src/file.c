@@ -1306,6 +1306,9 @@ int nvio_file_share(const nvio_file_t *f, nvio_share_t *out)
 
 	if (!f || !out || !(f->flags & NVIO_FILE_SHARED) || f->committed || !f->tmp_path)
 		return -EINVAL;
+	/* one that cannot hold the identity would pass for one that did */
+	if (out->struct_size < offsetof(nvio_share_t, ino) + sizeof(out->ino))
+		return -EINVAL;
 	memset(&s, 0, sizeof(s));
 	s.struct_size = sizeof(s);
 	s.dev = (uint64_t)f->st.st_dev;

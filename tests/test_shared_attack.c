@@ -163,6 +163,51 @@ out:
 	nvio_handle_destroy(h);
 }
 
+/*
+ * 4. abi: nvio_file_share into a struct too small for the identity
+ *    (struct_size covering dev only, or nothing) used to return 0 with
+ *    the identity cut or missing; join's check of the same size (and of
+ *    reserved fields that are not 0) holds.
+ */
+static void abi(void)
+{
+	char target[T_PATH_MAX];
+	nvio_handle_t *h;
+	nvio_file_t *c, *w;
+	nvio_share_t sh = { .struct_size = sizeof(sh) }, cut;
+	int err;
+
+	if (t_handle(&h, NVIO_ENGINE_PSYNC, NVIO_DIRECT_OFF, 0, 0))
+		return;
+	t_path(target, "abi");
+	c = nvio_file_open(h, target, NVIO_FILE_ATOMIC | NVIO_FILE_SHARED, &err);
+	T_TRUE(c != NULL);
+	if (!c) {
+		nvio_handle_destroy(h);
+		return;
+	}
+	memset(&cut, 0xa5, sizeof(cut));
+	cut.struct_size = offsetof(nvio_share_t, ino);
+	T_ERR(nvio_file_share(c, &cut), -EINVAL);
+	cut.struct_size = 8;
+	T_ERR(nvio_file_share(c, &cut), -EINVAL);
+	cut.struct_size = offsetof(nvio_share_t, reserved);	/* an older caller's */
+	T_OK(nvio_file_share(c, &cut));
+	T_OK(nvio_file_share(c, &sh));
+	T_EQ_U64(cut.dev, sh.dev);
+	T_EQ_U64(cut.ino, sh.ino);
+	w = nvio_file_join(h, nvio_file_temp_path(c), &cut, NVIO_FILE_WRITE, &err);
+	T_TRUE(w != NULL);	/* an older caller's share joins */
+	if (w)
+		T_OK(nvio_file_close(w));
+	sh.reserved[4] = 1;
+	w = nvio_file_join(h, nvio_file_temp_path(c), &sh, NVIO_FILE_WRITE, &err);
+	T_TRUE(w == NULL);
+	T_EQ_INT(err, -EINVAL);
+	T_OK(nvio_file_close(c));
+	nvio_handle_destroy(h);
+}
+
 static void on_alarm(int sig)
 {
 	static const char m[] = "FAIL: test_shared_attack hung (a FIFO at the "
@@ -235,6 +280,7 @@ int main(void)
 		fifo_swap(e, d, t_combo_i);
 		stream_on_join(e, d, t_combo_i);
 	}
+	abi();
 	free(old);
 	free(nu);
 	free(junk);
