@@ -179,35 +179,35 @@ def _runs(plan, direct, host):
     runs = []
     start, parts, pos = 0, [], 0
 
-    def cut(at, resume):
+    def cut(resume):            # the run so far ends; the next starts at resume
         nonlocal start, parts
         if parts:
             runs.append((start, b"".join(parts)))
         start, parts = resume, []
-        return resume
 
     for r in plan.layout.records:
         if r.header_offset != pos:          # never in nvio's layouts
-            cut(None, r.header_offset)
+            cut(r.header_offset)
         parts.append(r.local)
         m = plan.meta.get(r.name)
         if m is not None:
             parts.append(m)
         elif r.size:
             a, b = direct.get(id(r), (r.end, r.end))
-            addr = host[id(r)].data_ptr() - r.data_offset   # file offset -> address
+            if a > r.data_offset or b < r.end:      # host memory: file offset -> address
+                addr = host[id(r)].data_ptr() - r.data_offset
             if a > r.data_offset:
                 parts.append(ctypes.string_at(addr + r.data_offset, a - r.data_offset))
             if b > a:
-                cut(a, b)
+                cut(b)
             if b < r.end:
                 parts.append(ctypes.string_at(addr + b, r.end - b))
         parts.append(r.descriptor())
         pos = r.end + r.descriptor_size
     if plan.dir_offset != pos:
-        cut(None, plan.dir_offset)
+        cut(plan.dir_offset)
     parts.append(plan.layout.directory())
-    cut(None, None)
+    cut(None)
     return runs
 
 
