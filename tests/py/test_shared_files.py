@@ -170,3 +170,29 @@ def test_staged_stream_in_device_memory(handle, tmp_path):
         s.close(commit=True)
     assert read_file(p) == data
     assert sim.violations() == before
+
+
+def test_join_shared_checks_the_identity(tmp_path):
+    """_atomic.join_shared: libnvio's open (FILE_SHARED: no link followed),
+    then the creator's identity compared; a stale share is ESTALE."""
+    from nvio._atomic import join_shared
+    h = nvio.AioHandle(engine="psync")
+    try:
+        f = h.open(tmp_path / "t", nvio.FILE_ATOMIC | _nvio.FILE_SHARED)
+        tmp, dev, ino = _nvio.file_share(f)
+        with join_shared(h, (tmp, dev, ino)) as w:
+            w.pwrite(b"abc", 0)
+        with pytest.raises(OSError) as e:
+            join_shared(h, (tmp, dev, ino + 1))
+        assert e.value.errno == errno.ESTALE
+        f.truncate(3)
+        f.commit()
+        f.close()
+        assert read_file(tmp_path / "t") == b"abc"
+        os.symlink(tmp_path / "t", tmp)                  # a link at a temporary's name
+        with pytest.raises(OSError) as e:
+            join_shared(h, (tmp, dev, ino))
+        assert e.value.errno == errno.ELOOP
+        assert read_file(tmp_path / "t") == b"abc"
+    finally:
+        h.close()
