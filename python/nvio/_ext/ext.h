@@ -18,19 +18,22 @@
  *   tagged.c   tagged ops on a queue (Handle.submit/reap), the Queue type
  *   blocking.c the blocking runner: one op on a private queue, cancelled
  *              on a signal
+ *   shared.c   files several processes write; streams over a caller's
+ *              staging memory
  *   locked.c   LockedBuffer (nvio_mem_*), mem_query
  *   crc.c copy.c pickling.c   CRC-32, vectored memcpy, torch.save's ids
  *   buffers.c  borrowing a buffer or a vector for one op; holds
  *   errors.c   NvioError and its errno subclasses; raising from a failure
  *   args.c     argument parsers; the module of a type
  *
- * Calls go one way, down this list: module.c -> handle.c -> calls.c,
- * file.c, tagged.c; file.c -> stream.c, blocking.c; calls.c ->
- * blocking.c; all of them -> locked/crc/copy/pickling -> buffers.c ->
- * errors.c -> args.c. No file calls one above it (tests/cycles_check.sh
- * checks it from the objects' symbols): what a lower file needs of a
- * higher one's struct is an inline function here (ext_handle_check_open,
- * ext_file_check_open, ext_state_of).
+ * Calls go one way, down this list (a file calls only files below it):
+ * module.c -> handle.c -> calls.c, file.c, tagged.c; file.c ->
+ * stream.c, blocking.c; calls.c -> blocking.c; and any of them ->
+ * buffers.c, errors.c, args.c. tests/cycles_check.sh checks that no
+ * file is reached back from one it calls (from the objects' symbols);
+ * what a lower file needs of a higher one's struct is an inline
+ * function here (ext_handle_check_open, ext_file_check_open,
+ * ext_state_of).
  *
  * Names shared between these files start with ext_ (they are hidden in
  * the shared object: only PyInit__nvio is exported).
