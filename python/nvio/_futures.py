@@ -69,7 +69,7 @@ class Completions:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)   # pending became empty
         self._work = threading.Condition(self._lock)   # pending became non-empty
-        # The futures of the ops in flight. Handle.submit adds an accepted
+        # The futures of the ops in flight. Queue.submit adds an accepted
         # op's future in C (the future is the op's user_data), so no
         # exception can come between an op's acceptance and its entry
         # here; the reaper takes it out once the future is resolved.
