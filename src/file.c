@@ -849,6 +849,17 @@ static void spare_give_back(struct nvio_file *f)
 		(void)nvio__sys.ftruncate(f->fd, (off_t)f->spare_size);
 }
 
+/* Whether f->tmp_path still leads to f's file (not followed); one never
+ * stat'ed (a failed open) is taken as ours, as it was made just now. */
+static int name_is_ours(const struct nvio_file *f)
+{
+	struct stat st;
+
+	return !f->st.st_mode ||
+	       (nvio__sys.lstat(f->tmp_path, &st) == 0 && st.st_dev == f->st.st_dev &&
+		st.st_ino == f->st.st_ino);
+}
+
 /*
  * An abandoned SHARED spare is removed, not kept: its writers may still
  * be writing to it (abandon is what a creator does when one of them
@@ -859,11 +870,8 @@ static void spare_give_back(struct nvio_file *f)
  */
 static void shared_spare_drop(struct nvio_file *f)
 {
-	struct stat st;
-
 	if (f->spare && (f->flags & NVIO_FILE_SHARED) && !f->committed && f->tmp_path &&
-	    nvio__sys.lstat(f->tmp_path, &st) == 0 && st.st_dev == f->st.st_dev &&
-	    st.st_ino == f->st.st_ino)
+	    name_is_ours(f))
 		nvio__sys.unlink(f->tmp_path);
 }
 
@@ -876,8 +884,10 @@ void nvio__file_free(struct nvio_file *f)
 	spare_give_back(f);
 	nvio__file_close_fds(f);
 	remove_created(f);
-	if (f->tmp_path && !f->committed && !f->spare)
-		nvio__sys.unlink(f->tmp_path);	/* a spare stays: its blocks matter */
+	/* a spare stays: its blocks matter; a name that leads to another
+	 * file now (put there by one who knew it) is not ours to remove */
+	if (f->tmp_path && !f->committed && !f->spare && name_is_ours(f))
+		nvio__sys.unlink(f->tmp_path);
 	pthread_mutex_destroy(&f->lock);
 	free(f->path);
 	free(f->tmp_path);
@@ -1112,13 +1122,18 @@ static int commit(struct nvio_file *f, int durable, const char **what)
 	}
 	if (f->private && (r = nvio__file_close_fds(f)) < 0) {
 		*what = "close";
+	} else if (!name_is_ours(f)) {
+		/* a named temporary's name is known to others (SHARED: its
+		 * writers): what was put there is not what this file wrote */
+		*what = "rename (the temporary's name leads to another file now)";
+		r = -ESTALE;
 	} else if (nvio__sys.rename(f->tmp_path, f->target) < 0) {
 		*what = "rename";
 		r = -errno;
 	}
 renamed:
 	if (r < 0 && !f->spare) {
-		if (f->tmp_path)
+		if (f->tmp_path && name_is_ours(f))
 			nvio__sys.unlink(f->tmp_path);
 		free(f->tmp_path);
 		f->tmp_path = NULL;

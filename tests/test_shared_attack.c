@@ -164,6 +164,47 @@ out:
 }
 
 /*
+ * 5. replaced: the temporary's name is published, so a careless writer
+ *    (one that writes its share to a file of its own and renames it to
+ *    the name, the habit of a plain atomic write) or a neighbour with
+ *    write access to the directory can put another file there. The
+ *    creator's commit renamed the NAME over the target: the target became
+ *    that file (never fsynced by nvio, without the other shares), and
+ *    an abandon or failed commit removed that other file. Now commit is
+ *    -ESTALE, the target keeps its old bytes, the other file stays.
+ */
+static void replaced(int e, int d, int i, int abandon)
+{
+	char target[T_PATH_MAX], tmp[T_PATH_MAX], other[T_PATH_MAX];
+	nvio_handle_t *h;
+	nvio_file_t *c;
+	int err;
+
+	if (t_handle(&h, e, d, 0, 0))
+		return;
+	t_path(target, "replaced%d-%d", i, abandon);
+	t_path(other, "other%d-%d", i, abandon);
+	T_OK(t_write_file(target, old, N));
+	c = nvio_file_open(h, target, NVIO_FILE_ATOMIC | NVIO_FILE_SHARED, &err);
+	T_TRUE(c != NULL);
+	if (!c) {
+		nvio_handle_destroy(h);
+		return;
+	}
+	snprintf(tmp, sizeof(tmp), "%s", nvio_file_temp_path(c));
+	T_OK(nvio_file_pwrite(c, nu, N, 0, 0));
+	T_OK(t_write_file(other, junk, N));
+	T_OK(rename(other, tmp) < 0 ? -errno : 0);
+	if (!abandon)
+		T_ERR(nvio_file_commit(c), -ESTALE);
+	T_OK(nvio_file_close(c));
+	check_file(target, old, N);
+	check_file(tmp, junk, N);	/* not ours: left where it is */
+	unlink(tmp);
+	nvio_handle_destroy(h);
+}
+
+/*
  * 4. abi: nvio_file_share into a struct too small for the identity
  *    (struct_size covering dev only, or nothing) used to return 0 with
  *    the identity cut or missing; join's check of the same size (and of
@@ -279,6 +320,8 @@ int main(void)
 		spare_abandon(e, d, t_combo_i);
 		fifo_swap(e, d, t_combo_i);
 		stream_on_join(e, d, t_combo_i);
+		replaced(e, d, t_combo_i, 0);
+		replaced(e, d, t_combo_i, 1);
 	}
 	abi();
 	free(old);
