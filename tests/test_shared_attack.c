@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "t.h"
+#include "sys.h"
 
 #define N (1u << 20)
 #define LATE 4096u	/* what the late writer writes at 0 */
@@ -205,6 +206,76 @@ static void replaced(int e, int d, int i, int abandon)
 }
 
 /*
+ * 6. durable: whose fsync makes a writer's share durable? The creator's:
+ *    fsync(2) is per file (inode), and the commit's fsync is of the one
+ *    file every writer wrote. Checked through the sys table: writers
+ *    write (through the page cache too) and close without any fsync of
+ *    that file, and the commit fsyncs exactly that file (dev, ino) after
+ *    them, before the rename; the target then holds every share.
+ */
+static uint64_t synced_dev, synced_ino;
+static int synced;
+
+static int record_fsync(int fd)
+{
+	struct stat st;
+
+	if (fstat(fd, &st) == 0 && (uint64_t)st.st_dev == synced_dev &&
+	    (uint64_t)st.st_ino == synced_ino)
+		synced++;
+	return fsync(fd);
+}
+
+static void durable(int e, int d, int i)
+{
+	char target[T_PATH_MAX], tmp[T_PATH_MAX];
+	nvio_handle_t *h, *hw;
+	nvio_file_t *c, *w;
+	nvio_share_t sh = { .struct_size = sizeof(sh) };
+	int (*real_fsync)(int) = nvio__sys.fsync;
+	int err;
+
+	if (t_handle(&h, e, d, 0, 0))
+		return;
+	if (t_handle(&hw, e, d, 0, 0)) {
+		nvio_handle_destroy(h);
+		return;
+	}
+	t_path(target, "durable%d", i);
+	c = nvio_file_open(h, target, NVIO_FILE_ATOMIC | NVIO_FILE_SHARED, &err);
+	T_TRUE(c != NULL);
+	if (!c)
+		goto out;
+	snprintf(tmp, sizeof(tmp), "%s", nvio_file_temp_path(c));
+	T_OK(nvio_file_share(c, &sh));
+	synced_dev = sh.dev;
+	synced_ino = sh.ino;
+	synced = 0;
+	nvio__sys.fsync = record_fsync;
+	T_OK(nvio_file_truncate(c, N));
+	for (int k = 0; k < 2; k++) {	/* two writers, halves cut off a page */
+		uint64_t off = k ? N / 2 + 100 : 0, len = k ? N - off : N / 2 + 100;
+
+		w = nvio_file_join(hw, tmp, &sh, NVIO_FILE_WRITE, &err);
+		T_TRUE(w != NULL);
+		if (w) {
+			T_OK(nvio_file_pwrite(w, nu + off, len, (int64_t)off, 0));
+			T_OK(nvio_file_close(w));
+		}
+	}
+	T_EQ_INT(synced, 0);	/* the writers synced nothing */
+	T_OK(nvio_file_commit(c));
+	T_TRUE(synced >= 1);	/* the creator's commit synced their file */
+	nvio__sys.fsync = real_fsync;
+	T_OK(nvio_file_close(c));
+	check_file(target, nu, N);
+out:
+	nvio__sys.fsync = real_fsync;
+	nvio_handle_destroy(hw);
+	nvio_handle_destroy(h);
+}
+
+/*
  * 4. abi: nvio_file_share into a struct too small for the identity
  *    (struct_size covering dev only, or nothing) used to return 0 with
  *    the identity cut or missing; join's check of the same size (and of
@@ -322,6 +393,7 @@ int main(void)
 		stream_on_join(e, d, t_combo_i);
 		replaced(e, d, t_combo_i, 0);
 		replaced(e, d, t_combo_i, 1);
+		durable(e, d, t_combo_i);
 	}
 	abi();
 	free(old);
