@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "t.h"
@@ -276,6 +277,76 @@ out:
 }
 
 /*
+ * 7. stale: a creator that dies (crash, kill) leaves its named temporary:
+ *    the sweep (nvio_clean_temporaries, as `nvio clean` and the next save
+ *    of the target run it) finds it by the creator's stamp in the name
+ *    and removes it; a live creator's temporary (writers still need it)
+ *    is kept. Runs first, before this process has threads (fork).
+ */
+static void stale(void)
+{
+	char target[T_PATH_MAX], tmp[T_PATH_MAX] = "";
+	int fds[2], st, n;
+	pid_t pid;
+
+	t_path(target, "stale");
+	if (pipe(fds) < 0) {
+		T_FAILF("pipe");
+		return;
+	}
+	pid = fork();
+	if (pid == 0) {
+		nvio_handle_t *h;
+		nvio_file_t *c;
+		const char *t;
+		int err;
+
+		close(fds[0]);
+		if (nvio_handle_create(&h, NULL))
+			_exit(2);
+		c = nvio_file_open(h, target, NVIO_FILE_ATOMIC | NVIO_FILE_SHARED, &err);
+		t = c ? nvio_file_temp_path(c) : NULL;
+		if (!t || write(fds[1], t, strlen(t)) != (ssize_t)strlen(t))
+			_exit(3);
+		_exit(0);	/* dies with its file open: no close, no abandon */
+	}
+	close(fds[1]);
+	n = pid < 0 ? -1 : (int)read(fds[0], tmp, sizeof(tmp) - 1);
+	close(fds[0]);
+	T_TRUE(pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) &&
+	       WEXITSTATUS(st) == 0);
+	T_TRUE(n > 0);
+	if (n <= 0)
+		return;
+	tmp[n] = 0;
+	T_TRUE(access(tmp, F_OK) == 0);	/* left behind */
+	T_TRUE(nvio_clean_temporaries(t_tmpdir(), NULL, 0, NULL, NULL) >= 1);
+	T_TRUE(access(tmp, F_OK) < 0 && errno == ENOENT);
+	T_TRUE(access(target, F_OK) < 0);	/* and nothing was published */
+}
+
+/* A live creator's temporary survives the sweep. */
+static void live_kept(void)
+{
+	char target[T_PATH_MAX];
+	nvio_handle_t *h;
+	nvio_file_t *c;
+	int err;
+
+	if (t_handle(&h, NVIO_ENGINE_PSYNC, NVIO_DIRECT_OFF, 0, 0))
+		return;
+	t_path(target, "live");
+	c = nvio_file_open(h, target, NVIO_FILE_ATOMIC | NVIO_FILE_SHARED, &err);
+	T_TRUE(c != NULL);
+	if (c) {
+		T_OK(nvio_clean_temporaries(t_tmpdir(), NULL, 0, NULL, NULL));
+		T_TRUE(access(nvio_file_temp_path(c), F_OK) == 0);
+		T_OK(nvio_file_close(c));
+	}
+	nvio_handle_destroy(h);
+}
+
+/*
  * 4. abi: nvio_file_share into a struct too small for the identity
  *    (struct_size covering dev only, or nothing) used to return 0 with
  *    the identity cut or missing; join's check of the same size (and of
@@ -379,6 +450,8 @@ out:
 int main(void)
 {
 	t_init("shared_attack");
+	stale();
+	live_kept();
 	signal(SIGALRM, on_alarm);
 	old = t_alloc(N);
 	nu = t_alloc(N);
