@@ -865,8 +865,8 @@ static int name_is_ours(const struct nvio_file *f)
  * be writing to it (abandon is what a creator does when one of them
  * failed), and kept it would be the next save's temporary, same inode,
  * so their late bytes would land in that save and a late join with the
- * old identity would pass. Removed while its lock is held, and only if
- * its name still leads to it.
+ * old identity would pass. Removed while its lock is held (before the
+ * descriptors close), and only if its name still leads to it.
  */
 static void shared_spare_drop(struct nvio_file *f)
 {
@@ -1220,6 +1220,7 @@ int nvio_file_close(nvio_file_t *f)
 		return -ECHILD;
 	}
 	nvio__track_quiesce(f->h, f);
+	shared_spare_drop(f);	/* while its lock is held */
 	spare_give_back(f);
 	r = nvio__file_close_fds(f);
 	nvio__file_free(f);

@@ -26,6 +26,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -44,6 +45,28 @@ static void check_file(const char *path, const unsigned char *want, size_t n)
 	T_EQ_INT(t_file_size(path), (int64_t)n);
 	T_OK(t_pread_file(path, back, n, 0));
 	T_MEM_EQ(back, want, n);
+}
+
+/*
+ * The spare's removal happens while its lock is held: else another save
+ * of the target could take the spare (lock, name check) between the
+ * unlock and the unlink and lose its temporary's name. The sys table's
+ * unlink tries the lock on a spare it is asked to remove.
+ */
+static int unlocked_unlinks;
+
+static int checking_unlink(const char *path)
+{
+	size_t n = strlen(path), k = strlen(".nvio-spare");
+	int fd;
+
+	if (n > k && !strcmp(path + n - k, ".nvio-spare") &&
+	    (fd = open(path, O_RDONLY | O_CLOEXEC)) >= 0) {
+		if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+			unlocked_unlinks++;
+		close(fd);
+	}
+	return unlink(path);
 }
 
 static void spare_abandon(int e, int d, int i)
@@ -74,7 +97,11 @@ static void spare_abandon(int e, int d, int i)
 	T_OK(nvio_file_share(c, &sh));
 	w = nvio_file_join(hw, tmp, &sh, NVIO_FILE_WRITE, &err);
 	T_TRUE(w != NULL);
+	unlocked_unlinks = 0;
+	nvio__sys.unlink = checking_unlink;
 	T_OK(nvio_file_close(c));
+	nvio__sys.unlink = unlink;
+	T_EQ_INT(unlocked_unlinks, 0);
 
 	/* save 2 of the same target, written whole by its creator */
 	c = nvio_file_open(h, target, fl, &err);
