@@ -147,6 +147,7 @@ class _Image:
     """One item of a rank file: a laid-out torch.save image or raw bytes."""
 
     def __init__(self, item, base, plan=None, raw=None, keep=None):
+        self.ready = None       # waits for this image's CRCs (_crc_batches)
         self.item = item
         self.base = base
         self.plan = plan
@@ -181,13 +182,70 @@ def _layout_file(items, resolve, path, align, crc):
     if dev:
         _device.synchronize([s for _, s in dev])    # torch's writes to them ended
     if crc:
-        host = [(r, s) for r, s in recs if not _device.is_device(s)]
         dev_crcs = [executor().submit(crc_device, s, r.size) for r, s in dev]
-        for (r, _), c in zip(host, crc_submit([(s.data_ptr(), r.size) for r, s in host])()):
-            r.crc = c
-        for (r, _), c in zip(dev, dev_crcs):
-            r.crc = c.result()
+        _crc_batches(images)
+        try:
+            for (r, _), c in zip(dev, dev_crcs):
+                r.crc = c.result()
+        except BaseException:
+            for im in images:           # the CRC threads read the tensors
+                if im.ready is not None:
+                    im.ready.settle()
+            raise
     return images, pos
+
+
+#: Host tensor bytes per CRC batch of a rank file: each batch's CRCs are
+#: started at layout and waited for only when its images are written, so
+#: the file's first images go out while later ones are still checksummed.
+CRC_BATCH = 64 << 20
+
+
+def _crc_batches(images):
+    """Start the CRC-32s of the images' host records in file order, in
+    batches of about CRC_BATCH bytes; each image gets ``ready``, which
+    waits for its batch and fills in the CRCs (``ready.settle`` waits
+    without raising: error paths, before the tensors may go)."""
+    group, acc = [], 0
+
+    def flush():
+        recs = [(r, s) for im in group for r, s in im.plan.data
+                if not _device.is_device(s)]
+        wait = crc_submit([(s.data_ptr(), r.size) for r, s in recs])
+        done = []
+
+        def ready():
+            if not done:
+                for (r, _), c in zip(recs, wait()):
+                    r.crc = c
+                done.append(True)
+        ready.settle = wait.settle
+        for im in group:
+            im.ready = ready
+    for im in images:
+        if im.plan is None:
+            continue
+        group.append(im)
+        acc += sum(r.size for r, s in im.plan.data if not _device.is_device(s))
+        if acc >= CRC_BATCH:
+            flush()
+            group, acc = [], 0
+    if group:
+        flush()
+
+
+def _by_batch(images):
+    """The images in file order, cut where their CRC batch changes."""
+    part, cur = [], None
+    for im in images:
+        if part and im.ready is not cur and im.ready is not None:
+            yield part
+            part = []
+        if im.ready is not None:
+            cur = im.ready
+        part.append(im)
+    if part:
+        yield part
 
 
 def _file_vector(images):
@@ -469,6 +527,7 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
         h = _handle(self.handle)
         flags = atomic_flags(self.sync_files, self.spare)
         files, results = [], []
+        laid = []               # every file's images: their CRCs may be running
         bufs = None
         try:
             for n, items in enumerate(some, first):
@@ -483,6 +542,7 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
                     continue
                 images, size = _layout_file(items, planner.resolve_data, path, self.align,
                                             self.crc32)
+                laid.append(images)
                 f = h.open(path, flags)
                 files.append((f, images))
                 reserve_space(f, size)     # ENOSPC before any byte moves
@@ -491,13 +551,23 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
                                                storage_data=_StorageInfo(name, im.base,
                                                                          im.length)))
             futs = []
-            for f, images in files:
-                if images:      # (None: streamed, written already)
-                    vec, dev = _file_vector(images)
-                    futs.append(f.pwritev_async(vec, _nvio.OFFSET_PER_IOV))
-                    if dev:
-                        futs += write_device(f, dev)
             err = None
+            try:
+                for f, images in files:
+                    if images:      # (None: streamed, written already)
+                        # a CRC batch at a time, in file order: each op starts
+                        # as soon as its images' CRCs are known
+                        for part in _by_batch(images):
+                            for im in part:
+                                if im.ready is not None:
+                                    im.ready()
+                            vec, dev = _file_vector(part)
+                            if vec:
+                                futs.append(f.pwritev_async(vec, _nvio.OFFSET_PER_IOV))
+                            if dev:
+                                futs += write_device(f, dev)
+            except BaseException as e:  # noqa: BLE001 - raised below, after the waits
+                err = e
             for fut in futs:            # every op ends before its buffers go
                 try:
                     fut.result()
@@ -508,6 +578,10 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
             for f, _ in files:
                 f.commit()              # fsync, rename into place, fsync the directory
         finally:
+            for images in laid:         # the CRC threads read the tensors
+                for im in images:
+                    if im.ready is not None:
+                        im.ready.settle()
             for f, _ in files:
                 f.close()               # an uncommitted one is abandoned: no trace
         return results

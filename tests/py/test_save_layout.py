@@ -40,6 +40,13 @@ class _Recorder:
     def __getattr__(self, name):
         return getattr(self._f, name)
 
+    def __enter__(self):
+        self._f.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._f.__exit__(*exc)
+
     def _note(self, kind, items):
         self.calls.append((kind, [(off, _nbytes(b)) for b, off in items]))
         self.events.append("submit %d" % (len(self.calls) - 1))
@@ -158,24 +165,21 @@ def test_save_and_spare_bytes_equal(handle, tmp_path):
 
 
 class _RecHandle:
-    """A handle whose files record their writes (the last one opened: .rec)."""
+    """A handle whose files record their writes (.files: every one opened,
+    .rec: the last), used with or without ``with``."""
 
     def __init__(self, h):
         self._h = h
-        self.rec = None
+        self.files = []
 
-    def open(self, *a, **k):
-        h = self
+    @property
+    def rec(self):
+        return self.files[-1]
 
-        class _Ctx:
-            def __enter__(self):
-                self.f = h._h.open(*a, **k).__enter__()
-                h.rec = _Recorder(self.f)
-                return h.rec
-
-            def __exit__(self, *exc):
-                return self.f.__exit__(*exc)
-        return _Ctx()
+    def open(self, path, *a, **k):
+        self.files.append(_Recorder(self._h.open(path, *a, **k)))
+        self.files[-1].path = os.fspath(path)
+        return self.files[-1]
 
     def __getattr__(self, name):
         return getattr(self._h, name)
@@ -198,3 +202,37 @@ def test_async_save_writes_windows_in_order_while_checksumming(handle, tmp_path,
     zipfile.ZipFile(p).testzip()
     _same(torch.load(p, weights_only=True), sd)
     _same(nvio.load(p), sd)
+
+
+def test_dcp_writer_with_crc32_writes_while_checksumming(handle, tmp_path, monkeypatch):
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    import warnings
+
+    import nvio.dcp as nd
+    monkeypatch.setattr(nd, "CRC_BATCH", 256 << 10)
+    g = torch.Generator().manual_seed(3)
+    sd = {"t%d" % i: torch.randn(30000 + 1000 * i, generator=g) for i in range(12)}
+    sd["step"] = torch.tensor(5.0)
+    rh = _RecHandle(handle)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")     # no process group: DCP says so
+        dcp.save(sd, storage_writer=nd.FileSystemWriter(str(tmp_path), handle=rh,
+                                                             crc32=True))
+        out = {k: torch.empty_like(v) for k, v in sd.items()}
+        dcp.load(out, storage_reader=nd.FileSystemReader(str(tmp_path)))
+    _same(out, sd)
+    (rec,) = [r for r in rh.files if r.path.endswith(".distcp")]
+    # a rank file of ~1.9 MB in batches of 256 KiB of CRCs: several ops, in
+    # file order, the second started before the first is waited for (the
+    # old writer checksummed every tensor first, then wrote one op)
+    import struct
+    import zlib
+    data = (tmp_path / "__0_0.distcp").read_bytes()
+    for t in sd.values():   # every tensor record's descriptor carries its CRC
+        b = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        assert struct.pack("<IIII", 0x08074B50, zlib.crc32(b), len(b), len(b)) in data
+    starts = [items[0][0] for _, items in rec.calls]
+    assert len(rec.calls) >= 4 and starts == sorted(starts)
+    assert rec.events.index("submit 1") < rec.events.index("wait 0")
+    ranges = sorted((o, o + n) for _, items in rec.calls for o, n in items)
+    assert all(a[1] <= b[0] for a, b in zip(ranges, ranges[1:]))     # no byte twice
