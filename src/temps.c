@@ -508,8 +508,10 @@ static int spare_lock(int dfd, const char *path, unsigned how)
 	if (r) {
 		/* one this call made and could not lock (a file system
 		 * without flock): not left beside the target, if its name
-		 * still leads to it */
-		if ((how & SPARE_CREATE) && r != -ESTALE &&
+		 * still leads to it. Locked by another (EWOULDBLOCK): a
+		 * writer that opened the new name and locked it first; the
+		 * spare is that writer's now and stays */
+		if ((how & SPARE_CREATE) && r != -ESTALE && r != -EWOULDBLOCK &&
 		    nvio__sys.fstat(fd, &st) == 0 &&
 		    fstatat(dfd, path, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
 		    now.st_ino == st.st_ino && now.st_dev == st.st_dev)
