@@ -580,6 +580,18 @@ def test_direct_auto_decides(tmp_path, monkeypatch):
     assert nd.choose_direct(True, [])[0] and not nd.choose_direct(False, [])[0]
     with pytest.raises(ValueError):
         nd.choose_direct("maybe", [])
+    # fits, but cold: O_DIRECT (a cold start through the page cache pays a
+    # fault or a buffered read per sample and readahead); warm: page cache
+    monkeypatch.setattr(r, "_cgroup_room", lambda: (None, "no memory cgroup limit"))
+    monkeypatch.setattr(r, "_meminfo_available", lambda: 64 << 30)
+    monkeypatch.setattr(r, "cached_bytes", lambda path: 0)
+    use, why = nd.choose_direct("auto", [(p, 4 << 30)])
+    assert use and why.startswith("O_DIRECT") and "cold" in why and "fit in" in why
+    monkeypatch.setattr(r, "cached_bytes", lambda path: (4 << 30) - (300 << 20))
+    use, why = nd.choose_direct("auto", [(p, 4 << 30)])
+    assert not use and why.startswith("page cache") and "warm" in why
+    monkeypatch.setattr(r, "cached_bytes", lambda path: 2 << 30)
+    assert nd.choose_direct("auto", [(p, 4 << 30)])[0]
     ds = nd.TokenWindows(p, 9)
     assert ds.direct_why and ds.source.direct == ds.direct
 

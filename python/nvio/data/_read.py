@@ -39,6 +39,9 @@ OVERLAP = True
 LIB_PAGE = 4096
 #: Page cache kept free beyond the dataset before it is read cached.
 MARGIN = 256 << 20
+#: A dataset is warm, and read through the page cache where it fits, when
+#: no more than this fraction of it (or MARGIN) is still uncached.
+COLD_LEFT = 0.1
 
 
 # --- direct or cached --------------------------------------------------------
@@ -143,12 +146,16 @@ def choose_direct(direct, paths_sizes):
     """(use O_DIRECT, why) for a dataset of [(path, bytes)].
 
     direct=True/"on": O_DIRECT; False/"off": the page cache. "auto": the
-    page cache when the whole dataset, less what of it is cached already,
-    plus MARGIN fits in the memory this process can still use for page cache
-    (min of MemAvailable and its memory cgroup's room: limit - usage, whose
-    usage counts the cached part); else O_DIRECT, so that random samples do
-    not evict each other and the model's memory (a cgroup charges the page
-    cache) and no readahead reads bytes nobody asked for."""
+    page cache when the dataset is WARM (at most COLD_LEFT of it, or
+    MARGIN, is not cached yet) and what is left to read plus MARGIN fits in
+    the memory this process can still use for page cache (min of
+    MemAvailable and its memory cgroup's room: limit - usage, whose usage
+    counts the cached part); else O_DIRECT: a cold dataset read through the
+    page cache pays a page fault or a buffered read per sample plus readahead
+    of bytes nobody asked for, while O_DIRECT reads exactly the sample's
+    blocks at queue depth (faster than warm page-cache reads on this class
+    of machine), and random samples neither evict each other nor the
+    model's memory (a cgroup charges the page cache)."""
     if direct in (True, "on", 1):
         return True, "direct=on"
     if direct in (False, "off", 0):
@@ -165,10 +172,13 @@ def choose_direct(direct, paths_sizes):
     room = avail if room is None else min(avail, room + cached)
     need = total - cached + MARGIN
     gib = lambda v: "%.2f GiB" % (v / 2**30)
-    why = "%s: %s to read (%s of %s cached) + %s margin %s %s of room (MemAvailable %s, %s)" % (
-        "page cache" if need <= room else "O_DIRECT", gib(total - cached), gib(cached), gib(total),
-        gib(MARGIN), "fit in" if need <= room else "exceed", gib(room), gib(avail), where)
-    return need > room, why
+    fits = need <= room
+    warm = total - cached <= max(MARGIN, COLD_LEFT * total)
+    why = "%s: %s to read (%s of %s cached: %s) + %s margin %s %s of room (MemAvailable %s, %s)" % (
+        "page cache" if fits and warm else "O_DIRECT", gib(total - cached), gib(cached),
+        gib(total), "warm" if warm else "cold", gib(MARGIN), "fit in" if fits else "exceed",
+        gib(room), gib(avail), where)
+    return not (fits and warm), why
 
 
 def read_align(f):
