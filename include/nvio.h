@@ -563,23 +563,29 @@ NVIO_API const char *nvio_file_temp_path(const nvio_file_t *f);
  * ops, streams). The creator then commits as for any ATOMIC file (fsync
  * of the data, which is the whole file's whoever wrote it, rename over
  * path, fsync of the directory) or abandons it by closing it uncommitted
- * (the temporary is removed; writers still writing write to a nameless
- * file). Commit does not wait for the writers: the creator commits once
+ * (the temporary is removed, a spare too, so that no later save reuses
+ * an inode a late writer may still write; writers still writing write to
+ * a nameless file). Commit fails with -ESTALE, publishing nothing and
+ * leaving path alone, when the temporary's name no longer leads to the
+ * creator's temporary (something renamed onto it); abandon then leaves
+ * that other file where it is. Commit does not wait for the writers: the
+ * creator commits once
  * each writer has said it is done (closed its file) and none failed.
  * Its size is what the creator knows: set it with nvio_file_truncate or
  * nvio_file_allocate before commit (a spare is cut to it).
  *
  * nvio_file_share fills out->struct_size bytes (the caller sets it) of
  * the identity of f's temporary; -EINVAL unless f is ATOMIC | SHARED and
- * not committed. nvio_file_join opens temp_path for writing (flags:
+ * not committed, or when struct_size cannot hold dev and ino. nvio_file_join opens temp_path for writing (flags:
  * NVIO_FILE_WRITE, and NVIO_FILE_READ if wanted) and refuses anything
  * but that temporary: a name not of an nvio temporary or spare (-EINVAL),
  * a symbolic link (-ELOOP; never followed), a FIFO, socket, device or
  * directory (-EINVAL; a FIFO's open never blocks), another user's file
  * or one with other names (-EPERM), a file other than the creator's,
  * say one put at the name after the creator abandoned (-ESTALE). It
- * never creates or truncates. A joined file is a plain file: close never
- * removes it and nvio_file_commit is -EINVAL. share's struct_size must
+ * never creates or truncates. A joined file is a plain file that carries
+ * NVIO_FILE_SHARED: close never removes it, nvio_file_commit is -EINVAL,
+ * and a writer stream over it leaves the file's size alone at close. share's struct_size must
  * cover dev and ino and its reserved fields must be 0 (-EINVAL).
  * nvio_file_open(h, temp_path, NVIO_FILE_WRITE | NVIO_FILE_SHARED [|
  * NVIO_FILE_READ], err), SHARED without ATOMIC, is the same open with
@@ -863,7 +869,9 @@ NVIO_API int nvio_stream_close(nvio_stream_t *s, unsigned flags);
  *   NVIO_STREAM_RANGES (in flags, writers): a writer of ranges of a file
  *              that others write too (a share of a multi-writer file):
  *              nvio_stream_seek moves it (what its buffer holds is
- *              written first, asynchronously), and close leaves the
+ *              written first, asynchronously; a seek back over bytes
+ *              still being written waits for that write, so the later
+ *              write of a range always lands last), and close leaves the
  *              file's size alone instead of setting it to where the
  *              stream ended.
  * c->struct_size must cover memory; reserved fields must be 0; unknown
