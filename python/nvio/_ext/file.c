@@ -576,6 +576,10 @@ static PyObject *f_repr(PyObject *s)
 
 #define BUF_DOC "buf: an object with the buffer protocol (writable for reads), a\n" \
 	"CPU or CUDA torch.Tensor, a NumPy array or a CPU DLPack producer.\n"
+#define CANCEL_DOC "Ctrl-C (a signal handler that raises) cancels the write: pieces not\n" \
+	"started are skipped, those in flight finish, then the exception is raised.\n" \
+	"The file keeps the pieces that ran; a write that grew it goes back to the\n" \
+	"old size; a FILE_ATOMIC file then refuses to commit.\n"
 #define METH_KW(f) (PyCFunction)(void (*)(void))(f), METH_VARARGS | METH_KEYWORDS
 #define METH_FASTKW(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL | METH_KEYWORDS
 
@@ -585,14 +589,14 @@ static PyMethodDef file_methods[] = {
 	  "the bytes read.\nPast the end of the file: NvioError(ENODATA). flags: VALIDATE.\n" BUF_DOC },
 	{ "pwrite", METH_FASTKW(f_pwrite),
 	  "pwrite($self, buf, offset, flags=0)\n--\n\nWrite buf at offset (the file grows as "
-	  "needed); returns the bytes written.\nflags: VALIDATE | FSYNC.\n" BUF_DOC },
+	  "needed); returns the bytes written.\nflags: VALIDATE | FSYNC.\n" BUF_DOC CANCEL_DOC },
 	{ "preadv", METH_KW(f_preadv),
 	  "preadv($self, bufs, offset, flags=0)\n--\n\nRead into a sequence of buffers laid end "
 	  "to end from offset, or, with offset\nOFFSET_PER_IOV (-1), a sequence of (buf, offset) "
 	  "pairs in increasing order.\nReturns the bytes read." },
 	{ "pwritev", METH_KW(f_pwritev),
 	  "pwritev($self, bufs, offset, flags=0)\n--\n\nWrite a sequence of buffers (see preadv); "
-	  "returns the bytes written." },
+	  "returns the bytes written.\n" CANCEL_DOC },
 	{ "truncate", f_truncate, METH_O,
 	  "truncate($self, size, /)\n--\n\nSet the file's size exactly (it shrinks or grows)." },
 	{ "allocate", f_allocate, METH_VARARGS,
