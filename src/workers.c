@@ -335,7 +335,12 @@ static void submit_ready(struct wstate *s)
 	}
 	eng = s->w->eng;	/* a reset may have changed it */
 	while ((n = submittable(s)) > 0) {
-		int r = eng->submit(s->w->ectx, s->ready, n, s->single);
+		/* psync runs each request inside submit(): one at a time, so
+		 * that an op failed or cancelled meanwhile (nvio_queue_cancel)
+		 * skips the requests it has not started, as it does on the
+		 * other engines, instead of a queue_depth of them running on */
+		int sync1 = eng == &nvio__engine_psync;
+		int r = eng->submit(s->w->ectx, s->ready, sync1 ? 1 : n, s->single);
 
 		if (r > 0) {
 			for (int i = 0; i < r; i++)
@@ -343,6 +348,8 @@ static void submit_ready(struct wstate *s)
 			s->inflight += (unsigned)r;
 			s->nready -= (unsigned)r;
 			memmove(s->ready, s->ready + r, s->nready * sizeof(*s->ready));
+			if (sync1)
+				drop_failed(s);
 			continue;
 		}
 		if (nvio__retryable(r) && s->inflight > 0)
