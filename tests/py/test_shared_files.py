@@ -93,6 +93,64 @@ def test_join_refuses(tmp_path):
         h.close()
 
 
+def _refused(call, err, path, reason):
+    """call() raises the NvioError of errno err naming path and libnvio's
+    reason (not a ValueError about the flags)."""
+    with pytest.raises(nvio.NvioError) as e:
+        call()
+    assert e.value.errno == err, e.value
+    assert os.fspath(e.value.filename) == os.fspath(path)
+    assert reason in str(e.value) and str(path) in str(e.value)
+
+
+def test_open_and_join_refusals_name_path_and_reason(handle, tmp_path):
+    """Every refusal of a SHARED open (Handle.open with FILE_WRITE |
+    FILE_SHARED, what _atomic.join_shared uses) and of _nvio.file_join is an
+    NvioError with the path, the errno and libnvio's reason: a FIFO and a
+    name not of an nvio temporary are EINVAL (no longer a ValueError about
+    "invalid file flags"), a link ELOOP, a file of other names EPERM, a
+    file not the creator's ESTALE. Flags that break the rules stay a
+    ValueError. Nothing refused is written."""
+    w = nvio.FILE_WRITE | _nvio.FILE_SHARED
+    victim = tmp_path / "victim"
+    write_file(victim, b"x" * 100)
+    vst = os.stat(victim)
+    name = tmp_path / ".t.nvio-0000000100000001-1-1-00000001"
+
+    def both(err, reason, dev=vst.st_dev, ino=vst.st_ino):
+        _refused(lambda: handle.open(name, w), err, name, reason)
+        _refused(lambda: _nvio.file_join(handle, name, dev, ino), err, name, reason)
+
+    os.mkfifo(name)                                    # opens without blocking
+    both(errno.EINVAL, "not a regular file")
+    os.unlink(name)
+    os.symlink(victim, name)
+    both(errno.ELOOP, "symbolic link")
+    os.unlink(name)
+    os.link(victim, name)                              # a file of two names
+    both(errno.EPERM, "other names")
+    os.unlink(name)
+    _refused(lambda: handle.open(victim, w), errno.EINVAL, victim, "not the name of an nvio")
+    _refused(lambda: _nvio.file_join(handle, victim, vst.st_dev, vst.st_ino), errno.EINVAL,
+             victim, "not the name of an nvio")
+    write_file(name, b"y" * 10)
+    st = os.stat(name)
+    _refused(lambda: _nvio.file_join(handle, name, st.st_dev, st.st_ino + 1), errno.ESTALE,
+             name, "not the creator's")
+    for flags in (nvio.FILE_READ | _nvio.FILE_SHARED,              # no WRITE
+                  w | nvio.FILE_CREATE, w | nvio.FILE_TRUNC):      # a join creates nothing
+        with pytest.raises(ValueError, match="invalid file flags"):
+            handle.open(name, flags)
+    for flags in (nvio.FILE_READ, nvio.FILE_WRITE | nvio.FILE_ATOMIC):
+        with pytest.raises(ValueError, match="invalid file flags"):
+            _nvio.file_join(handle, name, st.st_dev, st.st_ino, flags)
+    assert read_file(victim) == b"x" * 100
+    assert read_file(name) == b"y" * 10
+    with _nvio.file_join(handle, name, st.st_dev, st.st_ino) as f:     # the real one opens
+        f.pwrite(b"z" * 4, 2)
+    assert read_file(name) == b"yyzzzzyyyy"
+
+
 @pytest.mark.parametrize("depth", [1, 2])
 def test_staged_stream(handle, tmp_path, depth):
     p = tmp_path / "out"

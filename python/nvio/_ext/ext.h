@@ -13,13 +13,13 @@
  *              state, machine-wide functions (probe, gds_*, file_size)
  *   handle.c   the Handle type: its methods beside its method table
  *   calls.c    Handle's one-buffer calls by name or fd (pread, read, ...)
+ *   shared.c   files several processes write; streams over a caller's
+ *              staging memory
  *   file.c     the File type (open files, their blocking calls)
  *   stream.c   the Stream type (File.stream())
  *   tagged.c   tagged ops on a queue (Handle.submit/reap), the Queue type
  *   blocking.c the blocking runner: one op on a private queue, cancelled
  *              on a signal
- *   shared.c   files several processes write; streams over a caller's
- *              staging memory
  *   locked.c   LockedBuffer (nvio_mem_*), mem_query
  *   crc.c copy.c pickling.c   CRC-32, vectored memcpy, torch.save's ids
  *   buffers.c  borrowing a buffer or a vector for one op; holds
@@ -27,8 +27,9 @@
  *   args.c     argument parsers; the module of a type
  *
  * Calls go one way, down this list (a file calls only files below it):
- * module.c -> handle.c -> calls.c, file.c, tagged.c; file.c ->
- * stream.c, blocking.c; calls.c -> blocking.c; and any of them ->
+ * module.c -> handle.c -> calls.c, file.c, tagged.c; module.c ->
+ * shared.c -> file.c (ext_file_join); file.c -> stream.c, blocking.c;
+ * calls.c -> blocking.c; and any of them ->
  * buffers.c, errors.c, args.c. tests/cycles_check.sh checks that no
  * file is reached back from one it calls (from the objects' symbols);
  * what a lower file needs of a higher one's struct is an inline
@@ -401,6 +402,12 @@ int ext_file_exec(PyObject *m, ext_state *st);
 /* Handle.open/open_fd: a File (of the handle's _file_class) over path
  * (pathobj) or fd; NULL with an exception set. */
 PyObject *ext_file_open(ext_handle *hd, PyObject *pathobj, int fd, unsigned flags);
+/* _nvio.file_join (shared.c): a File as ext_file_open makes over
+ * nvio_file_join of pathobj with share's identity; its refusals raise as
+ * open's do (an NvioError naming the path and libnvio's reason; flags
+ * other than WRITE [| READ] a ValueError). */
+PyObject *ext_file_join(ext_handle *hd, PyObject *pathobj, const nvio_share_t *share,
+			unsigned flags);
 
 /*
  * Before the C handle is destroyed: closes every open file of the handle

@@ -1,5 +1,6 @@
 /*
- * file.c - the File type: open files (nvio_file_open), their blocking
+ * file.c - the File type: open files (nvio_file_open, and nvio_file_join
+ * for shared.c's _nvio.file_join: ext_file_join), their blocking
  * calls (pread/pwrite/preadv/pwritev through the blocking runner), their
  * size, allocation, sync, commit and close, and File.stream().
  *
@@ -86,29 +87,56 @@ static PyObject *file_class(ext_state *st, ext_handle *hd)
 }
 
 /*
- * Raises a failed open. EINVAL is about the flags only when they break
- * the rules (nvio_file_open(3)); else it is about the file (an ATOMIC
- * write refuses a FIFO or a device): name the path.
+ * Whether flags break nvio_file_open(3)'s rules by themselves (its
+ * check_flags, in the same order): then its -EINVAL is about the flags,
+ * a ValueError. Any other -EINVAL is about the file at the path (an
+ * ATOMIC write refuses a FIFO or a device; a SHARED open, a FIFO or a
+ * name that is not an nvio temporary's).
+ */
+static int open_flags_invalid(unsigned flags)
+{
+	const unsigned rw = NVIO_FILE_READ | NVIO_FILE_WRITE;
+	if (flags & ~(rw | NVIO_FILE_CREATE | NVIO_FILE_EXCL | NVIO_FILE_TRUNC |
+		      NVIO_FILE_ATOMIC | NVIO_FILE_NOSYNC | NVIO_FILE_SPARE | NVIO_FILE_SHARED))
+		return 1;
+	if (!(flags & (rw | NVIO_FILE_ATOMIC)))
+		return 1;
+	if ((flags & NVIO_FILE_ATOMIC) && (flags & (NVIO_FILE_EXCL | NVIO_FILE_TRUNC)))
+		return 1;
+	if ((flags & NVIO_FILE_SHARED) && !(flags & NVIO_FILE_ATOMIC))	/* a join */
+		return (flags & ~(rw | NVIO_FILE_SHARED)) || !(flags & NVIO_FILE_WRITE);
+	if ((flags & (NVIO_FILE_NOSYNC | NVIO_FILE_SPARE)) && !(flags & NVIO_FILE_ATOMIC))
+		return 1;
+	return (flags & NVIO_FILE_EXCL) && !(flags & NVIO_FILE_CREATE);
+}
+
+/* nvio_file_join(3)'s flags: WRITE, and READ if wanted. */
+static int join_flags_invalid(unsigned flags)
+{
+	return !(flags & NVIO_FILE_WRITE) || (flags & ~(NVIO_FILE_READ | NVIO_FILE_WRITE));
+}
+
+/*
+ * Raises a failed open or join. Flags that break the call's rules are a
+ * ValueError (open_fd's -EINVAL is always about its flags and fd's access
+ * mode); every other refusal is an NvioError naming the path, the errno
+ * and libnvio's reason (ELOOP: a link not followed; EINVAL: a FIFO, a
+ * device, a name not of an nvio temporary; EPERM: another user's file or
+ * one of other names; ESTALE: not the creator's temporary).
  */
 static PyObject *open_failed(ext_state *st, nvio_handle_t *h, int err, PyObject *pathobj,
-			     int fd, unsigned flags)
+			     int fd, unsigned flags, int join)
 {
-	unsigned known = NVIO_FILE_READ | NVIO_FILE_WRITE | NVIO_FILE_CREATE |
-			 NVIO_FILE_EXCL | NVIO_FILE_TRUNC | NVIO_FILE_ATOMIC |
-			 NVIO_FILE_NOSYNC | NVIO_FILE_SPARE;
-	int bad_flags = (flags & ~known) ||
-		((flags & (NVIO_FILE_NOSYNC | NVIO_FILE_SPARE)) &&
-		 !(flags & NVIO_FILE_ATOMIC)) ||
-		!(flags & (NVIO_FILE_READ | NVIO_FILE_WRITE | NVIO_FILE_ATOMIC)) ||
-		((flags & NVIO_FILE_ATOMIC) &&
-		 (flags & (NVIO_FILE_TRUNC | NVIO_FILE_EXCL)));
-	if (err == -EINVAL && (bad_flags || !pathobj)) {
+	const char *call = join ? "file_join" : pathobj ? "open" : "open_fd";
+	if (err == -EINVAL && (join ? join_flags_invalid(flags)
+			       : !pathobj || open_flags_invalid(flags))) {
 		PyErr_Format(PyExc_ValueError, "nvio: invalid file flags 0x%x for %s: %s",
-			     flags, pathobj ? "open" : "open_fd", nvio_strerror(err));
+			     flags, call, nvio_strerror(err));
 		return NULL;
 	}
-	return ext_raise_io(st, h, err ? err : -EIO, pathobj, fd, 0, 0, "open",
-			    (flags & (NVIO_FILE_WRITE | NVIO_FILE_ATOMIC)) != 0);
+	return ext_raise_io(st, h, err ? err : -EIO, pathobj, fd, 0, 0, join ? "join" : "open",
+			    join || (flags & (NVIO_FILE_WRITE | NVIO_FILE_ATOMIC |
+					      NVIO_FILE_SHARED)) != 0);
 }
 
 /* A File object of class cls over the open C file f, linked into its
@@ -142,7 +170,9 @@ static PyObject *file_wrap(ext_handle *hd, PyObject *cls, nvio_file_t *f,
 	return (PyObject *)self;
 }
 
-PyObject *ext_file_open(ext_handle *hd, PyObject *pathobj, int fd, unsigned flags)
+/* ext_file_open, or with share (and a path) ext_file_join. */
+static PyObject *file_make(ext_handle *hd, PyObject *pathobj, int fd, unsigned flags,
+			   const nvio_share_t *share)
 {
 	ext_state *st = ext_handle_state(hd);
 	PyObject *pathb = NULL, *cls = NULL, *res = NULL;
@@ -158,15 +188,28 @@ PyObject *ext_file_open(ext_handle *hd, PyObject *pathobj, int fd, unsigned flag
 	int err = 0;
 	hd->busy++;
 	Py_BEGIN_ALLOW_THREADS
-	f = path ? nvio_file_open(h, path, flags, &err) : nvio_file_from_fd(h, fd, flags, &err);
+	f = share ? nvio_file_join(h, path, share, flags, &err)
+		: path ? nvio_file_open(h, path, flags, &err)
+		: nvio_file_from_fd(h, fd, flags, &err);
 	Py_END_ALLOW_THREADS
 	hd->busy--;
 	res = f ? file_wrap(hd, cls, f, pathobj, fd, flags)
-		: open_failed(st, h, err, pathobj, fd, flags);
+		: open_failed(st, h, err, pathobj, fd, flags, share != NULL);
 out:
 	Py_XDECREF(cls);
 	Py_XDECREF(pathb);
 	return res;
+}
+
+PyObject *ext_file_open(ext_handle *hd, PyObject *pathobj, int fd, unsigned flags)
+{
+	return file_make(hd, pathobj, fd, flags, NULL);
+}
+
+PyObject *ext_file_join(ext_handle *hd, PyObject *pathobj, const nvio_share_t *share,
+			unsigned flags)
+{
+	return file_make(hd, pathobj, -1, flags, share);
 }
 
 static void file_dealloc(PyObject *o)

@@ -64,63 +64,11 @@ static PyObject *file_share(PyObject *m, PyObject *arg)
 			     (unsigned long long)sh.dev, (unsigned long long)sh.ino);
 }
 
-/* The class of a new File: the handle's _file_class, else File. */
-static PyObject *file_class(ext_state *st, ext_handle *hd)
-{
-	PyObject *cls = PyObject_GetAttrString((PyObject *)hd, "_file_class");
-	if (!cls) {
-		if (!PyErr_ExceptionMatches(PyExc_AttributeError))
-			return NULL;
-		PyErr_Clear();
-		cls = Py_NewRef(st->file_type);
-	}
-	int ok = PyType_Check(cls) ? PyObject_IsSubclass(cls, st->file_type) : 0;
-	if (ok <= 0) {
-		if (ok == 0)
-			PyErr_SetString(PyExc_TypeError,
-					"nvio: _file_class must be a subclass of nvio._nvio.File");
-		Py_DECREF(cls);
-		return NULL;
-	}
-	return cls;
-}
-
-/* A File of class cls over the joined C file f, linked into its handle
- * as Handle.open's are; NULL with an exception set (f closed then). */
-static PyObject *wrap_joined(ext_handle *hd, PyObject *cls, nvio_file_t *f,
-			     PyObject *pathobj, unsigned flags)
-{
-	allocfunc alloc = (allocfunc)PyType_GetSlot((PyTypeObject *)cls, Py_tp_alloc);
-	ext_file *self = (ext_file *)alloc((PyTypeObject *)cls, 0);
-	if (!self) {
-		Py_BEGIN_ALLOW_THREADS
-		nvio_file_close(f);
-		Py_END_ALLOW_THREADS
-		return NULL;
-	}
-	self->f = f;
-	self->handle = (ext_handle *)Py_NewRef((PyObject *)hd);
-	self->name = Py_NewRef(pathobj);
-	self->flags = flags;
-	self->user_fd = -1;
-	self->next = hd->files;
-	if (hd->files)
-		hd->files->pprev = &self->next;
-	hd->files = self;
-	self->pprev = &hd->files;
-	self->pathb = PyBytes_FromString(nvio_file_path(f));
-	if (!self->pathb) {
-		Py_DECREF(self);	/* closes f */
-		return NULL;
-	}
-	return (PyObject *)self;
-}
-
 static PyObject *file_join(PyObject *m, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "handle", "temp_path", "dev", "ino", "flags", NULL };
 	ext_state *st = ext_state_of(m);
-	PyObject *hobj, *pathobj, *pathb = NULL, *cls = NULL, *res = NULL;
+	PyObject *hobj, *pathobj;
 	unsigned long long dev, ino;
 	unsigned int flags = NVIO_FILE_WRITE;
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "OOKK|I:file_join", kwlist, &hobj,
@@ -132,30 +80,12 @@ static PyObject *file_join(PyObject *m, PyObject *args, PyObject *kw)
 			PyErr_SetString(PyExc_TypeError, "nvio: file_join needs an nvio Handle");
 		return NULL;
 	}
-	ext_handle *hd = (ext_handle *)hobj;
-	if (ext_handle_check_open(hd) < 0 || !PyUnicode_FSConverter(pathobj, &pathb) ||
-	    !(cls = file_class(st, hd)) || ext_handle_check_open(hd) < 0)
-		goto out;
 	nvio_share_t sh;
 	memset(&sh, 0, sizeof(sh));
 	sh.struct_size = sizeof(sh);
 	sh.dev = dev;
 	sh.ino = ino;
-	const char *path = PyBytes_AsString(pathb);
-	nvio_handle_t *h = hd->h;
-	nvio_file_t *f;
-	int err = 0;
-	hd->busy++;
-	Py_BEGIN_ALLOW_THREADS
-	f = nvio_file_join(h, path, &sh, flags, &err);
-	Py_END_ALLOW_THREADS
-	hd->busy--;
-	res = f ? wrap_joined(hd, cls, f, pathobj, flags)
-		: ext_raise_io(st, h, err ? err : -EIO, pathobj, -1, 0, 0, "join", 1);
-out:
-	Py_XDECREF(cls);
-	Py_XDECREF(pathb);
-	return res;
+	return ext_file_join((ext_handle *)hobj, pathobj, &sh, flags);
 }
 
 /* ---- writer streams over the caller's memory ------------------------ */
