@@ -28,7 +28,7 @@ PY=${PYTHON:-python3}
 if ! $PY -c "import pytest, numpy" 2>/dev/null; then
 	$PY -m pip install -q pytest numpy
 fi
-# scripts/test.sh runs the Python tests two at a time with pytest-xdist
+# scripts/test.sh runs the Python tests three at a time with pytest-xdist
 # (it depends on pytest and execnet only: torch stays as pinned below)
 if ! $PY -c "import xdist, sys; sys.exit(xdist.__version__ != '3.8.0')" 2>/dev/null; then
 	$PY -m pip install -q "pytest-xdist==3.8.0" || echo "deps.sh: pytest-xdist not installed; the Python tests run one at a time" >&2

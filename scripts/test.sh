@@ -8,9 +8,11 @@
 # The C stages after the gcc one run one after another in the background
 # from the start (packaging once the gcc stage's build/ is made), while the
 # gcc stage and then the Python tests run, NVIO_TEST_JOBS tests at a time
-# (default 2; pytest-xdist for Python; 1: one at a time). The tests marked
-# "serial" (they time something: tests/py/conftest.py's SERIAL) run last,
-# alone, once the background stages are done. Each stage's output is shown whole, in the
+# (C: default 2, tests/run.sh; Python: default 3, pytest-xdist; 1: one at
+# a time; both mostly wait on I/O, child processes and timeouts, so more
+# tests than cores keep the cores busy). The tests marked "serial" (they
+# time something: tests/py/conftest.py's SERIAL) run last, alone, once the
+# background stages are done. Each stage's output is shown whole, in the
 # order above, whatever order they finished in.
 # NVIO_TEST_FAST=1 runs only the plain gcc build and the Python tests.
 set -u
@@ -101,7 +103,7 @@ stage gpu-teeth gpu_teeth
 # both runs' counts added.
 pytest_stage() {
 	$PY -m pip install -q . || { echo "0 passed, 1 failed"; return 1; }
-	jobs=${NVIO_TEST_JOBS:-2}
+	jobs=${NVIO_TEST_JOBS:-3}
 	par=
 	[ "$jobs" -gt 1 ] 2>/dev/null && $PY -c "import xdist" 2>/dev/null && par="-n $jobs"
 	out=$(mktemp)

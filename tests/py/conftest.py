@@ -25,7 +25,7 @@ OTHERS = ("test_cli.py",)
 # Tests that time something against a bound (Ctrl-C lands within a second,
 # ticks while a call holds no GIL, a late rank named after its timeout):
 # marked "serial", so that scripts/test.sh runs them after the rest, alone
-# (pytest-xdist runs the rest two at a time, beside the C stages). Module
+# (pytest-xdist runs the rest three at a time, beside the C stages). Module
 # names (every test in it) or module::test name (every parametrization).
 SERIAL = ("test_signals.py", "test_gil.py",
           "test_offload_trust.py::test_ctrl_c_lands_within_a_second_on_a_slow_device",
