@@ -37,6 +37,7 @@
 #include <limits.h>
 #include <stddef.h>
 #include <linux/fs.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -861,18 +862,64 @@ static int name_is_ours(const struct nvio_file *f)
 }
 
 /*
- * An abandoned SHARED spare is removed, not kept: its writers may still
- * be writing to it (abandon is what a creator does when one of them
- * failed), and kept it would be the next save's temporary, same inode,
- * so their late bytes would land in that save and a late join with the
- * old identity would pass. Removed while its lock is held (before the
- * descriptors close), and only if its name still leads to it.
+ * Whether a file is open elsewhere, seen through fd (its only other
+ * open here): a write lease is granted only when no other open file
+ * description of the file exists (fcntl(2) F_SETLEASE). Refused, it is
+ * tried again a few times, 1 ms apart: io_uring and aio may release a
+ * closed descriptor's file a little after close(). Leases unavailable
+ * (EINVAL, ENOSYS, EACCES: not the owner, a file system without them)
+ * count as open elsewhere. An open by another process while the lease
+ * is held (a save of the target taking the spare) breaks it with a
+ * signal to this process: SIGIO, whose default is to terminate, so the
+ * descriptor's signal is set to SIGURG first, ignored by default.
  */
-static void shared_spare_drop(struct nvio_file *f)
+static int open_elsewhere(int fd)
 {
-	if (f->spare && (f->flags & NVIO_FILE_SHARED) && !f->committed && f->tmp_path &&
-	    name_is_ours(f))
+	const struct timespec ms = { 0, 1000000 };
+	int tries;
+
+	if (nvio__sys.fcntl(fd, F_SETSIG, SIGURG) < 0)
+		return 1;
+	for (tries = 0; tries < 20; tries++) {
+		if (nvio__sys.fcntl(fd, F_SETLEASE, F_WRLCK) == 0) {
+			(void)nvio__sys.fcntl(fd, F_SETLEASE, F_UNLCK);
+			return 0;
+		}
+		if (errno != EAGAIN)
+			return 1;
+		nanosleep(&ms, NULL);
+	}
+	return 1;
+}
+
+/*
+ * Closes the descriptors (the first failed close's error), an abandoned
+ * spare given back first. An abandoned SHARED spare that another open
+ * still holds (a writer of the failed save, abandon being what a creator
+ * does when one of them failed) is removed: kept it would be the next
+ * save's temporary, same inode, so that writer's late bytes would land
+ * in that save and a late join with the old identity would pass. One
+ * that nobody else holds open is kept, as any spare is, for its blocks.
+ * The test runs on the lock's descriptor, after the file's own closed,
+ * and the removal while the lock is held (another save could take the
+ * spare between the unlock and the removal), only if its name still
+ * leads to it.
+ */
+static int spare_close(struct nvio_file *f)
+{
+	int lock_fd = f->lock_fd, err;
+
+	spare_give_back(f);
+	/* lock_fd < 0: closed already (nvio_file_close, then the free) */
+	if (!f->spare || !(f->flags & NVIO_FILE_SHARED) || f->committed ||
+	    !f->tmp_path || lock_fd < 0)
+		return nvio__file_close_fds(f);
+	f->lock_fd = -1;
+	err = nvio__file_close_fds(f);
+	if (open_elsewhere(lock_fd) && name_is_ours(f))
 		nvio__sys.unlink(f->tmp_path);
+	nvio__sys.close(lock_fd);	/* last: the spare is free again */
+	return err;
 }
 
 /* Frees a file; an uncommitted atomic file is abandoned. */
@@ -880,9 +927,7 @@ void nvio__file_free(struct nvio_file *f)
 {
 	if (!f)
 		return;
-	shared_spare_drop(f);
-	spare_give_back(f);
-	nvio__file_close_fds(f);
+	spare_close(f);
 	remove_created(f);
 	/* a spare stays: its blocks matter; a name that leads to another
 	 * file now (put there by one who knew it) is not ours to remove */
@@ -1220,9 +1265,7 @@ int nvio_file_close(nvio_file_t *f)
 		return -ECHILD;
 	}
 	nvio__track_quiesce(f->h, f);
-	shared_spare_drop(f);	/* while its lock is held */
-	spare_give_back(f);
-	r = nvio__file_close_fds(f);
+	r = spare_close(f);
 	nvio__file_free(f);
 	return r;
 }

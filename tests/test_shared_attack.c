@@ -135,6 +135,101 @@ out:
 }
 
 /*
+ * 1b. spare_kept: the writers closed before the creator abandons: nobody
+ *     else holds the spare open, so it is kept (same inode, its blocks
+ *     for the next save, as any spare's) and the next save through it
+ *     commits its own bytes whole. Leases unavailable (the sys table's
+ *     fcntl refuses F_SETLEASE with EINVAL), whether another open remains
+ *     is unknown: the spare is removed.
+ */
+static int no_lease(int fd, int cmd, int arg)
+{
+	if (cmd == F_SETLEASE) {
+		errno = EINVAL;
+		return -1;
+	}
+	return fcntl(fd, cmd, arg);
+}
+
+static void spare_kept(int e, int d, int i, int nolease)
+{
+	char target[T_PATH_MAX], tmp[T_PATH_MAX];
+	nvio_handle_t *h, *hw;
+	nvio_file_t *c, *w;
+	nvio_share_t sh = { .struct_size = sizeof(sh) };
+	unsigned fl = NVIO_FILE_ATOMIC | NVIO_FILE_SHARED | NVIO_FILE_SPARE;
+	int (*sys_fcntl)(int, int, int) = nvio__sys.fcntl;
+	struct stat st, st2;
+	int err, kept;
+
+	if (t_handle(&h, e, d, 0, 0))
+		return;
+	if (t_handle(&hw, e, d, 0, 0)) {
+		nvio_handle_destroy(h);
+		return;
+	}
+	t_path(target, "kept%d_%d", i, nolease);
+	T_OK(t_write_file(target, old, N));
+
+	/* save 1: a writer joins, writes its share and closes; then the
+	 * creator abandons */
+	c = nvio_file_open(h, target, fl, &err);
+	T_TRUE(c != NULL);
+	if (!c)
+		goto out;
+	T_TRUE(nvio_file_temp_path(c) != NULL);
+	snprintf(tmp, sizeof(tmp), "%s", nvio_file_temp_path(c));
+	T_OK(stat(tmp, &st));
+	T_OK(nvio_file_share(c, &sh));
+	w = nvio_file_join(hw, tmp, &sh, NVIO_FILE_WRITE, &err);
+	T_TRUE(w != NULL);
+	if (w) {
+		T_OK(nvio_file_pwrite(w, junk, LATE, 0, 0));
+		T_OK(nvio_file_close(w));
+	}
+	unlocked_unlinks = 0;
+	nvio__sys.unlink = checking_unlink;
+	if (nolease)
+		nvio__sys.fcntl = no_lease;
+	T_OK(nvio_file_close(c));
+	nvio__sys.fcntl = sys_fcntl;
+	nvio__sys.unlink = unlink;
+	T_EQ_INT(unlocked_unlinks, 0);
+	check_file(target, old, N);	/* the abandoned save changed nothing */
+	kept = stat(tmp, &st2) == 0;
+	if (nolease) {
+		T_TRUE(!kept);
+	} else {
+		T_TRUE(kept);
+		if (kept)
+			T_TRUE(st2.st_dev == st.st_dev && st2.st_ino == st.st_ino);
+	}
+
+	/* save 2 of the same target, through the kept spare */
+	c = nvio_file_open(h, target, fl, &err);
+	T_TRUE(c != NULL);
+	if (!c)
+		goto out;
+	if (!nolease) {
+		T_TRUE(nvio_file_temp_path(c) && !strcmp(nvio_file_temp_path(c), tmp));
+		T_OK(stat(tmp, &st2));
+		T_TRUE(st2.st_dev == st.st_dev && st2.st_ino == st.st_ino);
+	}
+	T_OK(nvio_file_pwrite(c, nu, N, 0, 0));
+	T_OK(nvio_file_commit(c));
+	T_OK(nvio_file_close(c));
+	check_file(target, nu, N);
+	if (!nolease) {
+		/* its inode is the target's now */
+		T_OK(stat(target, &st2));
+		T_TRUE(st2.st_dev == st.st_dev && st2.st_ino == st.st_ino);
+	}
+out:
+	nvio_handle_destroy(hw);
+	nvio_handle_destroy(h);
+}
+
+/*
  * 3. stream_on_join: a writer writes its share with a plain (0.2) writer
  *    stream, not a writer of ranges. Its close set the file's size to
  *    where the stream ended, cutting off the shares other writers had
@@ -489,6 +584,8 @@ int main(void)
 	t_fill_random(junk, N, 3);
 	T_FOR_EACH_COMBO(e, d) {
 		spare_abandon(e, d, t_combo_i);
+		spare_kept(e, d, t_combo_i, 0);
+		spare_kept(e, d, t_combo_i, 1);
 		fifo_swap(e, d, t_combo_i);
 		stream_on_join(e, d, t_combo_i);
 		replaced(e, d, t_combo_i, 0);

@@ -188,8 +188,8 @@ def test_data_parallel_save_is_one_file_torch_loads(tmp_path, world):
 def test_data_parallel_spare_saves_reuse_the_old_blocks(tmp_path, engine):
     """spare=True with group: the second save makes the spare, the third
     writes its blocks (its inode becomes the checkpoint's), each file
-    torch.loads to its state; a save failing on one rank leaves the
-    checkpoint as it was and removes the spare it abandoned."""
+    torch.loads to its state; a save failing on one rank leaves both the
+    checkpoint and the spare as they were."""
     res, outs = run_ranks(2, tmp_path, "spare", engine=engine)
     assert len(res) == 2, outs
     for r in res.values():
@@ -200,11 +200,7 @@ def test_data_parallel_spare_saves_reuse_the_old_blocks(tmp_path, engine):
     assert s1 is None                   # a new checkpoint: no spare yet
     assert s2 == t1                     # the first version became the spare
     assert t3 == s2 and s3 == t2        # its blocks hold the third; the second is spare
-    # the failed save left the checkpoint as it was; its spare, which the
-    # failed save had taken as its temporary and abandoned, is removed
-    # (libnvio removes an abandoned SHARED spare: a writer of the failed
-    # save may still hold it, and reused it would be the next save's file)
-    assert t4 == t3 and s4 is None
+    assert (t4, s4) == (t3, s3)         # the failed save changed neither
     got = torch.load(tmp_path / "ck.pt", weights_only=True)
     g = torch.Generator().manual_seed(3)
     base = torch.randn(1000, 37, generator=g)
@@ -212,7 +208,7 @@ def test_data_parallel_spare_saves_reuse_the_old_blocks(tmp_path, engine):
     import zipfile
     with zipfile.ZipFile(tmp_path / "ck.pt") as z:
         assert z.testzip() is None
-    assert sorted(os.listdir(tmp_path)) == ["ck.pt"]
+    assert sorted(os.listdir(tmp_path)) == [".ck.pt.nvio-spare", "ck.pt"]
 
 
 def test_writers_per_node(tmp_path):
