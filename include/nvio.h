@@ -462,7 +462,8 @@ NVIO_API int nvio_config_save_tuned(const nvio_config_t *cfg, const char *dir,
  *                      another writer (flock); a plain rename on a
  *                      file system without RENAME_EXCHANGE.
  *                      Abandoning keeps the spare (its content is then
- *                      garbage; only its blocks matter).
+ *                      garbage; only its blocks matter; SHARED: see
+ *                      nvio_file_join).
  * Unknown flags, no READ/WRITE/ATOMIC, TRUNC/EXCL with ATOMIC, NOSYNC,
  * SPARE without ATOMIC, or EXCL without CREATE are -EINVAL (SHARED
  * without ATOMIC: see nvio_file_join) (CREATE with ATOMIC is allowed: implied). Returns the file, or NULL with *err set (the open's errno, or
@@ -563,9 +564,12 @@ NVIO_API const char *nvio_file_temp_path(const nvio_file_t *f);
  * ops, streams). The creator then commits as for any ATOMIC file (fsync
  * of the data, which is the whole file's whoever wrote it, rename over
  * path, fsync of the directory) or abandons it by closing it uncommitted
- * (the temporary is removed, a spare too, so that no later save reuses
- * an inode a late writer may still write; writers still writing write to
- * a nameless file). Commit fails with -ESTALE, publishing nothing and
+ * (the temporary is removed; a spare is kept for the next save, as an
+ * unshared one is, when no other open of it remains (the writers closed
+ * theirs; tried with a write lease, fcntl F_SETLEASE), and is removed
+ * when one does or leases are unavailable, so that no later save reuses
+ * an inode a late writer may still write; writers still writing then
+ * write to a nameless file). Commit fails with -ESTALE, publishing nothing and
  * leaving path alone, when the temporary's name no longer leads to the
  * creator's temporary (something renamed onto it); abandon then leaves
  * that other file where it is. Commit does not wait for the writers: the
