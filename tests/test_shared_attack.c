@@ -151,6 +151,21 @@ static int no_lease(int fd, int cmd, int arg)
 	return fcntl(fd, cmd, arg);
 }
 
+/*
+ * A lease held by the probe is broken by another process's open of the
+ * spare (a save of the target taking it) with a signal to this process:
+ * SIGIO by default, which terminates. The probe's descriptor must name
+ * a signal ignored by default when the lease is taken.
+ */
+static int lease_sig = -1;
+
+static int recording_fcntl(int fd, int cmd, int arg)
+{
+	if (cmd == F_SETLEASE && arg == F_WRLCK)
+		lease_sig = fcntl(fd, F_GETSIG);
+	return fcntl(fd, cmd, arg);
+}
+
 static void spare_kept(int e, int d, int i, int nolease)
 {
 	char target[T_PATH_MAX], tmp[T_PATH_MAX];
@@ -189,10 +204,12 @@ static void spare_kept(int e, int d, int i, int nolease)
 	}
 	unlocked_unlinks = 0;
 	nvio__sys.unlink = checking_unlink;
-	if (nolease)
-		nvio__sys.fcntl = no_lease;
+	lease_sig = -1;
+	nvio__sys.fcntl = nolease ? no_lease : recording_fcntl;
 	T_OK(nvio_file_close(c));
 	nvio__sys.fcntl = sys_fcntl;
+	if (!nolease)
+		T_EQ_INT(lease_sig, SIGURG);
 	nvio__sys.unlink = unlink;
 	T_EQ_INT(unlocked_unlinks, 0);
 	check_file(target, old, N);	/* the abandoned save changed nothing */
