@@ -52,8 +52,13 @@ def modules(root, pkg="nvio"):
             if f.endswith(".py"):
                 name = parts if f == "__init__.py" else parts + [f[:-3]]
                 out[".".join(name)] = os.path.join(d, f)
-            elif f.endswith((".so", ".pyd")):   # an extension module (nvio._nvio): no imports
-                out[".".join(parts + [f.split(".")[0]])] = None
+            elif f.endswith((".so", ".pyd", ".pyi")):
+                # an extension module (nvio._nvio): no imports. Its stub
+                # (.pyi) names it too, so that a tree whose extension was
+                # built elsewhere (pip install . puts it in site-packages)
+                # does not read "from . import _nvio" as an import of nvio
+                # itself, a cycle that is not there
+                out.setdefault(".".join(parts + [f.split(".")[0]]), None)
     return out
 
 
