@@ -203,3 +203,31 @@ def test_ctrl_c_cancels_a_blocking_write_and_its_atomic_file_refuses_to_commit(e
             break
     assert out.split() in (["refused", "5", "False"], ["committed", "whole"]), (out, err)
     assert not os.path.exists(path)
+
+
+DYING_HANDLE_CHILD = r"""
+import gc, sys
+from nvio import _nvio
+class H(_nvio.Handle):      # a subclass has an instance dict, as AioHandle's users' do
+    pass
+for i in range(200):
+    h = H(engine=sys.argv[1])
+    h.q = h.queue()          # dropped with the dict, before Handle's own dealloc
+    h.other = [h.queue(), h.queue()]
+    del h
+    gc.collect()
+print("ok", flush=True)
+"""
+
+
+def test_a_handle_dropped_with_its_queues_in_its_dict_is_freed_once(engine):
+    """A Queue held in a Handle subclass's instance dict is closed while the
+    handle's count is already 0 (the dict goes before Handle's dealloc):
+    the close took and dropped a reference to the handle, and that second
+    dealloc freed it twice (a segfault in the garbage collector later)."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-X", "faulthandler", "-c", DYING_HANDLE_CHILD, engine],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.split() == ["ok"], (r.returncode, r.stdout,
+                                                              r.stderr[-2000:])

@@ -578,16 +578,27 @@ static void queue_close_now(ext_queue *self)
 
 	if (!hd)
 		return;	/* closed, or its handle's close releases it */
+	/*
+	 * A handle whose count is 0 is being deallocated: a subclass's
+	 * instance dict (AioHandle's) is dropped before Handle's dealloc
+	 * runs, and it may hold this queue. Its C state is whole until then,
+	 * but a reference taken now would be the second dealloc's, so none
+	 * is taken.
+	 */
+	int dying = Py_REFCNT((PyObject *)hd) == 0;
+
 	queue_unlink(self);
 	self->handle = NULL;
-	Py_INCREF((PyObject *)hd);
+	if (!dying)
+		Py_INCREF((PyObject *)hd);
 	hd->busy++;
 	Py_BEGIN_ALLOW_THREADS
 	(void)nvio_queue_destroy(q);	/* -ECHILD after fork: the parent's */
 	Py_END_ALLOW_THREADS
 	hd->busy--;
 	ext_cq_release(&self->cq);
-	Py_DECREF((PyObject *)hd);
+	if (!dying)
+		Py_DECREF((PyObject *)hd);
 }
 
 ext_queue *ext_queues_detach(ext_handle *hd)
@@ -646,7 +657,8 @@ PyObject *ext_queue_new(ext_handle *hd)
  * see it freed under it); NULL with ValueError once closed. */
 static ext_handle *queue_enter(ext_queue *self)
 {
-	if (!self->handle || !self->handle->h) {
+	/* count 0: its dealloc runs (see queue_close_now); closed for us */
+	if (!self->handle || !self->handle->h || Py_REFCNT((PyObject *)self->handle) == 0) {
 		PyErr_SetString(PyExc_ValueError, "nvio: I/O operation on a closed queue");
 		return NULL;
 	}
