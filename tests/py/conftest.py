@@ -6,10 +6,19 @@ refuses O_DIRECT). Tests needing torch or numpy skip when it is absent.
 """
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
 import pytest
+
+# A suite started in the background of a non-interactive shell (`cmd &`,
+# nohup) gets SIGINT ignored, and every child process would inherit that:
+# the Ctrl-C tests would then wait for an interrupt that never lands. A
+# caught signal is reset to its default across exec, so catching it here
+# gives this process and its children Python's usual KeyboardInterrupt.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 try:
     import nvio  # noqa: F401  (installed with pip install .)
