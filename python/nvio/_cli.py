@@ -53,8 +53,8 @@ def main(argv=None):
     if args[:1] == ["man"]:
         return _man(args[1:])
     if args[:1] == ["checkpoint"]:
-        from .checkpoint.__main__ import main as checkpoint_main
-        return checkpoint_main(args[1:], prog="nvio checkpoint")
+        from .checkpoint import cli   # torch only for this subcommand
+        return cli(args[1:], prog="nvio checkpoint")
     exe = tool_path()
     if not os.access(exe, os.X_OK):
         print("nvio: the packaged tool %s is missing or not executable; "

@@ -22,7 +22,9 @@ level and inside functions alike (except rule b):
      (no core module, no base module, nothing private);
   e. an import of an nvio module inside a function, in an application or the
      base, says why it is there (a comment on its line or the line above):
-     such imports hid checkpoint's cycle, so each must be a choice.
+     such imports hid checkpoint's cycle, so each must be a choice;
+  f. the core (nvio's lazy save/load, the nvio command's _cli) uses
+     applications only by their public names, like integrations.
 """
 import ast
 import os
@@ -167,7 +169,7 @@ def cycles(graph):
 
 
 def violations(root, pkg="nvio"):
-    """Every broken rule (a-d above) in the package at root, as strings
+    """Every broken rule (a-f above) in the package at root, as strings
     naming the rule, the modules and the line."""
     mods = modules(root, pkg)
     found = []
@@ -185,6 +187,8 @@ def violations(root, pkg="nvio"):
         if a == "integrations" and b != "integrations" and (b is None or _private(dst, name, pkg)):
             found.append("d: %s (integrations) imports %s: not an application's public name"
                          % (where, what))
+        if not a and not in_base and b and _private(dst, name, pkg):
+            found.append("f: %s (the core) imports %s, private to %s" % (where, what, b))
         if not top and (a or in_base):
             if src not in lines:
                 with open(mods[src], encoding="utf-8") as f:
@@ -250,6 +254,8 @@ def test_checker_passes_a_clean_tree(tmp_path):
     # d: integrations import the base, or the core
     ("d", {"nvio/integrations/lightning.py": "from .._base.crc import x\n"}),
     ("d", {"nvio/integrations/lightning.py": "from .. import _nvio\n"}),
+    # f: the core reaches into an application's private module
+    ("f", {"nvio/_cli.py": "def main():\n    from .checkpoint.__main__ import main\n"}),
 ])
 def test_checker_fails_on_each_rule(tmp_path, rule, files):
     _tree(tmp_path, dict(CLEAN, **files))

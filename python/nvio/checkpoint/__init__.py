@@ -15,4 +15,11 @@ from .._base.plan import CheckpointError, DEFAULT_ALIGN
 from ._save import default_handle, save
 
 __all__ = ["save", "load", "async_save", "AsyncCheckpointer", "default_checkpointer",
-           "CheckpointError", "DEFAULT_ALIGN", "default_handle"]
+           "CheckpointError", "DEFAULT_ALIGN", "default_handle", "cli"]
+
+
+def cli(argv=None, prog="nvio checkpoint"):
+    """``nvio checkpoint`` and ``python -m nvio.checkpoint`` (info, verify):
+    the exit status of the command line argv."""
+    from .__main__ import main   # its argparse is loaded only for the command
+    return main(argv, prog=prog)
