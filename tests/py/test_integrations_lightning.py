@@ -87,12 +87,16 @@ def _written_by_nvio(path):
 
 
 def _plugin(kind, engine):
+    """sync: NvioCheckpointIO; async: under Lightning's AsyncCheckpointIO;
+    nvio-async: NvioCheckpointIO(asynchronous=True)."""
     h = nvio.AioHandle(engine=engine)
+    if kind == "nvio-async":
+        return NvioCheckpointIO(handle=h, asynchronous=True)
     base = NvioCheckpointIO(handle=h)
     return base if kind == "sync" else AsyncCheckpointIO(base)
 
 
-@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("kind", ["sync", "async", "nvio-async"])
 def test_resume_equals_uninterrupted_run(tmp_path, engine, kind):
     whole = _state(*_fit(tmp_path / "whole", _plugin(kind, engine), 4))
     cb = ModelCheckpoint(dirpath=str(tmp_path / "ck"), save_last=True, save_top_k=0)
@@ -117,7 +121,9 @@ def test_torch_checkpoint_io_reads_nvio_and_back(tmp_path):
         _assert_same(got, whole)
 
 
-@pytest.mark.parametrize("kind", ["sync", "async"])
+# Not under Lightning's AsyncCheckpointIO: it removes a file without waiting
+# for the save of it that its thread may not have started (see the module).
+@pytest.mark.parametrize("kind", ["sync", "nvio-async"])
 def test_top_k_removal(tmp_path, kind):
     d = tmp_path / "ck"
     cb = ModelCheckpoint(dirpath=str(d), monitor="train_loss", save_top_k=2,
@@ -129,6 +135,49 @@ def test_top_k_removal(tmp_path, kind):
     for name in kept:
         assert _written_by_nvio(d / name)
         assert nvio.load(str(d / name), weights_only=True)["state_dict"].keys()
+
+
+def test_async_remove_and_load_wait_for_the_save(tmp_path, engine):
+    """asynchronous=True: a removal right after the save removes the file the
+    save writes (never lets it land afterwards); a load right after the save
+    reads it whole; teardown leaves nothing queued."""
+    io = NvioCheckpointIO(handle=nvio.AioHandle(engine=engine), asynchronous=True,
+                          durable=False)
+    state = {"w%d" % i: torch.full((1 << 18,), float(i)) for i in range(16)}   # 16 MiB
+    for i in range(3):
+        p = tmp_path / ("k%d.ckpt" % i)
+        io.save_checkpoint(state, p)
+        state["w0"].add_(1)                 # the copy was taken: this is not saved
+        io.remove_checkpoint(p)
+        assert not p.exists()
+    q = tmp_path / "kept.ckpt"
+    io.save_checkpoint(state, q)
+    got = io.load_checkpoint(q)
+    assert got.keys() == state.keys() and all(torch.equal(got[k], state[k]) for k in state)
+    io.teardown()
+    assert sorted(os.listdir(tmp_path)) == ["kept.ckpt"]
+
+
+def test_async_save_error_is_raised(tmp_path, tmpfs):
+    """A save that fails in the background (the file system fills) raises at
+    teardown, or at a load of its path, once; the old checkpoint stays."""
+    import errno
+    mnt = tmpfs("small", "size=2m")
+    io = NvioCheckpointIO(asynchronous=True, durable=False)
+    p = mnt / "a.ckpt"
+    io.save_checkpoint({"w": torch.ones(4)}, p)
+    io.save_checkpoint({"w": torch.ones(1 << 20)}, p)          # 4 MiB: ENOSPC
+    with pytest.raises(OSError) as ei:
+        io.teardown()
+    assert ei.value.errno == errno.ENOSPC and "a.ckpt" in str(ei.value)
+    io.teardown()                           # raised once
+    assert torch.equal(nvio.load(str(p))["w"], torch.ones(4))
+    io.save_checkpoint({"w": torch.ones(1 << 20)}, p)
+    with pytest.raises(OSError, match="a.ckpt"):
+        io.load_checkpoint(p)               # waits for the save of p: its error
+    assert torch.equal(io.load_checkpoint(p)["w"], torch.ones(4))
+    io.teardown()
+    assert os.listdir(mnt) == ["a.ckpt"]
 
 
 def test_remove_checkpoint_and_errors(tmp_path):

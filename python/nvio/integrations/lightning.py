@@ -6,14 +6,20 @@
     from nvio.integrations.lightning import NvioCheckpointIO
 
     trainer = L.Trainer(plugins=[NvioCheckpointIO()])
-    # in the background, Lightning's way:
-    from lightning.pytorch.plugins.io import AsyncCheckpointIO
-    trainer = L.Trainer(plugins=[AsyncCheckpointIO(NvioCheckpointIO())])
+    # in the background, through nvio.AsyncCheckpointer:
+    trainer = L.Trainer(plugins=[NvioCheckpointIO(asynchronous=True)])
 
 Saves go through :func:`nvio.save` (torch's zip format, so ``torch.load``
 and Lightning's own ``TorchCheckpointIO`` read them; a file replaces the old
 one only once complete and durable), loads through :func:`nvio.load`.
 ``ModelCheckpoint``'s top-k removal calls :meth:`NvioCheckpointIO.remove_checkpoint`.
+
+``asynchronous=True`` rather than Lightning's ``AsyncCheckpointIO`` wrapper
+(which also works): the wrapper queues saves in its own thread but passes
+``remove_checkpoint`` straight through, so a top-k removal that runs before
+the queued save of the same file has started removes nothing, and the save
+then lands a file that ``ModelCheckpoint`` no longer tracks. Here a removal
+or a load of a path waits for that path's queued saves first.
 
 The plugin derives from the ``CheckpointIO`` of the ``lightning`` package
 where it is installed, else of the standalone ``pytorch_lightning``
@@ -23,13 +29,14 @@ from __future__ import annotations
 
 import os
 import shutil
+from concurrent.futures import wait as _wait_all
 
 try:
     from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 except ImportError:  # the standalone pytorch_lightning package
     from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
 
-from ..checkpoint import load, save
+from ..checkpoint import AsyncCheckpointer, load, save
 
 __all__ = ["NvioCheckpointIO"]
 
@@ -56,13 +63,40 @@ class NvioCheckpointIO(CheckpointIO):
     (see :func:`nvio.save`); ``handle``: the :class:`nvio.AioHandle` to use
     (default: nvio's checkpoint handle). ``Trainer.save_checkpoint(...,
     storage_options={"durable": False})`` overrides them for one save.
+
+    ``asynchronous=True``: ``save_checkpoint`` returns once the state is
+    copied (:class:`nvio.AsyncCheckpointer`), the write goes on in the
+    background; a later call raises the error of a save that failed, and
+    ``teardown`` (the end of ``fit``) waits for all of them.
     """
 
-    def __init__(self, *, durable=True, spare=False, handle=None):
+    def __init__(self, *, durable=True, spare=False, handle=None, asynchronous=False):
         super().__init__()
         self.durable = bool(durable)
         self.spare = bool(spare)
         self.handle = handle
+        self.asynchronous = bool(asynchronous)
+        self._writer = None
+        self._pending = []          # (absolute path, future) in the order queued
+
+    def _settle(self, path=None, wait=True):
+        """Wait for the queued saves of ``path`` (of all with None; of none
+        unless ``wait``), then raise the first error of a save that has
+        ended, once."""
+        if path is not None:
+            path = os.path.abspath(path)
+        for p, fut in list(self._pending) if wait else ():
+            if path is None or p == path:
+                _wait_all([fut])
+        left, failed = [], None
+        for p, fut in self._pending:
+            if not fut.done():
+                left.append((p, fut))
+            elif failed is None and fut.exception() is not None:
+                failed = fut.exception()
+        self._pending = left
+        if failed is not None:
+            raise failed
 
     def save_checkpoint(self, checkpoint, path, storage_options=None):
         path = _local_path(path, "save_checkpoint")
@@ -79,13 +113,21 @@ class NvioCheckpointIO(CheckpointIO):
         d = os.path.dirname(path)
         if d:
             os.makedirs(d, exist_ok=True)
-        save(checkpoint, path, handle=self.handle, **opts)
+        if not self.asynchronous:
+            save(checkpoint, path, handle=self.handle, **opts)
+            return
+        self._settle(wait=False)        # an earlier save's error; saves keep call order
+        if self._writer is None:
+            self._writer = AsyncCheckpointer(handle=self.handle)
+        fut = self._writer.save(checkpoint, path, **opts)
+        self._pending.append((os.path.abspath(path), fut))
 
     def load_checkpoint(self, path, map_location=None, weights_only=None):
         """``weights_only=None`` means what it means to ``torch.load`` here
         (True since torch 2.6); Lightning passes what ``Trainer.fit(...,
         weights_only=)`` was given."""
         path = _local_path(path, "load_checkpoint")
+        self._settle(path)
         if not os.path.exists(path):
             raise FileNotFoundError(f"Checkpoint file not found: {path}")
         if weights_only is None:
@@ -95,6 +137,7 @@ class NvioCheckpointIO(CheckpointIO):
 
     def remove_checkpoint(self, path):
         path = _local_path(path, "remove_checkpoint")
+        self._settle(path)
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path)
         else:
@@ -104,4 +147,10 @@ class NvioCheckpointIO(CheckpointIO):
                 pass
 
     def teardown(self):
-        pass
+        """Wait for the saves in the background; raise the first that failed."""
+        try:
+            self._settle()
+        finally:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
