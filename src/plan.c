@@ -3,10 +3,9 @@
  *
  * With direct I/O the range [off, off+len) becomes an unaligned head, an
  * aligned body and an unaligned tail. The body starts and ends on
- * multiples of `align` (never less than the page size: a head or tail
- * written through the page cache must not share a page with direct
- * writes, or writeback of that page could overwrite them). The body is
- * cut into chunks of block size, itself rounded up to `align`. Without
+ * multiples of `align`, which the caller chooses (submit.c plan_align:
+ * the file's O_DIRECT alignment, at least the page for writes). The body
+ * is cut into chunks of block size, itself rounded up to `align`. Without
  * direct I/O (align 0) the whole range is body.
  *
  * Pieces are numbered: head (if any), body chunks, tail (if any). An op
@@ -33,7 +32,7 @@ void nvio__plan_make(struct nvio__plan *p, uint64_t off, uint64_t len,
 	p->body = len;
 	p->chunk = block;
 	if (align) {
-		uint64_t a = align < NVIO__PAGE ? NVIO__PAGE : align;
+		uint64_t a = align;
 		uint64_t bstart = round_up(off, a);
 		uint64_t bend = end / a * a;
 

@@ -257,11 +257,31 @@ static int classify_mem(struct nvio__op *op, int lazy, const char **what)
 
 /* ---- planning ------------------------------------------------------ */
 
+/*
+ * The alignment a direct op's body keeps, from the file's O_DIRECT offset
+ * alignment. Writes: at least the page, since a head or tail written
+ * through the page cache must not share a page with direct writes (its
+ * writeback could overwrite them). Reads: the file's own, at least a
+ * sector: a sample of 8196 bytes at a 512-byte boundary is then one
+ * direct request of 8.5 KiB, not 12 KiB of pages (or a direct body with
+ * buffered head and tail); the kernel writes dirty cached pages of the
+ * range back before a direct read.
+ */
+#define SECTOR 512u
+
+static uint32_t plan_align(const struct nvio__op *op, uint32_t align)
+{
+	uint32_t floor = op->is_write ? NVIO__PAGE : SECTOR;
+
+	return align && align < floor ? floor : align;
+}
+
 /* Cuts every extent with alignment align (0: no direct I/O). */
 static void plan_extents(struct nvio__op *op, uint64_t block, uint32_t align)
 {
 	uint64_t first = 0;
 
+	align = plan_align(op, align);
 	for (uint32_t e = 0; e < op->next; e++) {
 		struct nvio__plan *p = &op->ext[e].plan;
 

@@ -506,6 +506,86 @@ static void test_coarse_align(int e, int d)
 	}
 }
 
+/* The requests of one op, as the engines report them. */
+static struct {
+	uint64_t off[8];
+	size_t n[8];
+	int count;
+} seen;
+
+static ssize_t record_result(int is_write, int fd, uint64_t off, size_t n,
+			     ssize_t res)
+{
+	if (seen.count < 8) {
+		seen.off[seen.count] = off;
+		seen.n[seen.count] = n;
+	}
+	seen.count++;
+	return res;
+}
+
+/*
+ * A direct read keeps the file's own O_DIRECT alignment: on a file system
+ * that takes 512-byte offsets, 8704 bytes at 4608 (sectors, not pages) go
+ * as ONE direct request, not a buffered head, a page and a buffered tail
+ * (nvio.data reads each sample's covering sectors so). A direct write
+ * still keeps its body on pages: [4608, 13312) is a head to 8192, one
+ * page and a tail, so no page is shared by the cache and direct writes.
+ */
+static void test_sector_reads(int e, int d)
+{
+	const uint64_t off = 4608, n = 8704;
+	unsigned char *buf = area + GUARD;
+	nvio_handle_t *h = NULL;
+	char path[T_PATH_MAX];
+	struct statx sx;
+
+	if (d != NVIO_DIRECT_ON)
+		return;
+	t_path(path, "sectors");
+	t_fill_random(want, 16384, seed++);
+	t_write_file(path, want, 16384);
+	if (statx(AT_FDCWD, path, 0, STATX_DIOALIGN, &sx) != 0 ||
+	    !(sx.stx_mask & STATX_DIOALIGN) || sx.stx_dio_offset_align != 512 ||
+	    sx.stx_dio_mem_align > 512) {
+		unlink(path);
+		return;		/* this file system's alignment is coarser */
+	}
+	t_ctx("%s/%s reads at sector alignment", t_engine_str(e), t_direct_str(d));
+	if (t_handle(&h, e, d, 1, MiB))
+		goto out;
+	memset(buf, 0, n);
+	seen.count = 0;
+	nvio__sys.io_result = record_result;
+	if (T_OK(nvio_pread(h, buf, n, path, off, 0)) && T_EQ_INT(seen.count, 1)) {
+		T_EQ_U64(seen.off[0], off);
+		T_EQ_U64(seen.n[0], n);
+	}
+	nvio__sys_reset();
+	T_MEM_EQ(buf, want + off, n);
+	t_ctx("%s/%s writes keep pages", t_engine_str(e), t_direct_str(d));
+	t_fill_random(want, n, seed++);
+	memcpy(buf, want, n);
+	seen.count = 0;
+	nvio__sys.io_result = record_result;
+	if (T_OK(nvio_pwrite(h, buf, n, path, off, 0)) && T_EQ_INT(seen.count, 3)) {
+		for (int i = 0; i < 3; i++) {
+			int body = seen.off[i] == 8192;
+
+			T_TRUE(seen.off[i] == off || body || seen.off[i] == 12288);
+			if (body)
+				T_EQ_U64(seen.n[i], 4096);
+		}
+	}
+	nvio__sys_reset();
+	memset(buf, 0, n);
+	T_OK(nvio_pread(h, buf, n, path, off, 0));
+	T_MEM_EQ(buf, want, n);
+	nvio_handle_destroy(h);
+out:
+	unlink(path);
+}
+
 /*
  * nvio reaches a file through the descriptor it opened, never by its
  * name again: a path longer than any fixed buffer (over 1300 bytes)
@@ -831,6 +911,7 @@ int main(void)
 		test_coarse_align(e, d);
 		test_names(e, d);
 		test_stage_alignments(e, d);
+		test_sector_reads(e, d);
 	}
 	/* Direct AUTO: whatever it picks, the bytes are the same. */
 	for (int i = 0; i < T_N_ENGINES; i++)

@@ -35,8 +35,9 @@ BLOCK_SIZE = 128 << 10
 #: small samples finish out of order; waiting for a whole round of
 #: queue_depth before the next left the device idle in the tail).
 OVERLAP = True
-#: The page libnvio aligns direct pieces to (NVIO__PAGE).
-LIB_PAGE = 4096
+#: The least alignment libnvio keeps a direct read's body at (submit.c
+#: plan_align: the file's O_DIRECT alignment, at least a sector).
+LIB_READ_ALIGN = 512
 #: Page cache kept free beyond the dataset before it is read cached.
 MARGIN = 256 << 20
 #: A dataset is warm, and read through the page cache where it fits, when
@@ -184,12 +185,15 @@ def choose_direct(direct, paths_sizes):
 def read_align(f):
     """The alignment batches are read at from f, an open nvio File: where
     its handle reads with O_DIRECT, the larger of the file's O_DIRECT
-    offset and memory alignments and the page (libnvio cuts anything not
-    aligned to the page into a buffered head and tail); else 1."""
+    offset and memory alignments and libnvio's least (it cuts what is not
+    aligned so into a buffered head and tail); else 1. On a disk of
+    512-byte sectors a sample of 8196 bytes is then read as 8.5 or 9 KiB,
+    not as the 12 KiB of the pages it touches."""
     info = f.info()
     if not info.get("direct") or not info.get("dio_offset_align"):
         return 1
-    return max(LIB_PAGE, int(info["dio_offset_align"]), int(info.get("dio_mem_align") or 0))
+    return max(LIB_READ_ALIGN, int(info["dio_offset_align"]),
+               int(info.get("dio_mem_align") or 0))
 
 
 # --- one file per process ------------------------------------------------------
