@@ -521,9 +521,15 @@ static int lock_shared(int fd, const char *path, const struct stat *st, int pati
 }
 
 /* How often a reader opens a name again that leads elsewhere each time
- * (a spare save every millisecond), and how long it waits for a lock. */
+ * (a spare save every millisecond), and how long it waits for a lock
+ * before it takes an exclusive holder for a stranger's and reads without
+ * one. nvio's own spare writer holds its lock on the new target from the
+ * swap of names until it downgrades: a moment, unless the machine is so
+ * loaded that the writer waits for a core; a reader that gave up too soon
+ * would then read unlocked a file a later save may take as its spare and
+ * overwrite (a torn read, seen under a loaded CI at 100 ms). */
 #define READ_OPEN_TRIES 2000	/* of 1 ms */
-#define READ_LOCK_PATIENCE 100
+#define READ_LOCK_PATIENCE 1000
 
 /*
  * An open by path of an existing file or a new one (not ATOMIC): only a
