@@ -97,8 +97,13 @@ def main(argv=None):
     ap.add_argument("--git", help="a git directory of huggingface/safetensors to take them from")
     ap.add_argument("--rev", default="HEAD", help="the revision for --git (default HEAD)")
     ap.add_argument("--real", action="store_true", help="run against the real package")
-    ap.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
-    a = ap.parse_args(argv)
+    ap.epilog = "more pytest arguments after --, e.g. -- -k slice"
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # split by hand: argparse would hand the first word after -- to the
+    # optional tests directory (--git X -- -k slice took "-k" for it)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    a = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    a.pytest_args = extra
     if (a.tests is None) == (a.git is None):
         ap.error("give a tests directory or --git, not both")
     work = tempfile.mkdtemp(prefix="nvio-st-suite-")
