@@ -873,7 +873,7 @@ def main():
     ap.add_argument("--tiny-count", type=int, default=50000,
                     help="tensors in tiny50000 (the name stays)")
     ap.add_argument("--real-dir", default="/var/tmp/nvio-savebench")
-    ap.add_argument("--ram-size", help="each RAM disk's tmpfs (default: ~3.6 x the "
+    ap.add_argument("--ram-size", help="each RAM disk's tmpfs (default: ~6 x the "
                                        "largest state + 2 GiB)")
     ap.add_argument("--no-loads", dest="loads", action="store_false")
     ap.add_argument("--no-breakdown", dest="breakdown", action="store_false")
@@ -901,7 +901,7 @@ def main():
     torch.set_num_threads(a.torch_threads)
     signal.signal(signal.SIGTERM, lambda *x: sys.exit(143))
     signal.signal(signal.SIGHUP, lambda *x: sys.exit(129))
-    ram_size = a.ram_size or "%dM" % (int(2.3e9 * a.scale * 3.6 / MiB) + 2048)
+    ram_size = a.ram_size or "%dM" % (int(2.3e9 * a.scale * 6 / MiB) + 2048)
     t_start, load0 = time.time(), os.getloadavg()[0]
     res = []
     with core_bench.fio_rig(8 * MiB * 128 + 64 * MiB, log) as (fio, guest), \
