@@ -387,6 +387,27 @@ static inline ext_state *ext_file_state(ext_file *f)
 	return ext_handle_state(f->handle);
 }
 
+/*
+ * 0 if a stream (nvio stream s over file, busy: calls of it running) may
+ * be used now, else -1 with ValueError (it, its file or its handle is
+ * closed) or RuntimeError (another thread is inside it: a stream is used
+ * by one thread at a time, nvio_stream_open(3)). What Stream (stream.c)
+ * and StagedStream (shared.c) both check first.
+ */
+static inline int ext_stream_usable(const void *s, const ext_file *file, int busy)
+{
+	if (!s || !file->f || !file->handle->h) {
+		PyErr_SetString(PyExc_ValueError, "nvio: I/O operation on a closed stream");
+		return -1;
+	}
+	if (busy) {
+		PyErr_SetString(PyExc_RuntimeError,
+				"nvio: a stream is used by one thread at a time");
+		return -1;
+	}
+	return 0;
+}
+
 /* 0 if the file (and its handle) is open, else -1 with ValueError set. */
 static inline int ext_file_check_open(ext_file *self)
 {

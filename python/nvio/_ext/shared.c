@@ -92,16 +92,7 @@ static PyObject *file_join(PyObject *m, PyObject *args, PyObject *kw)
 
 static int staged_check(staged *self)
 {
-	if (!self->s || !self->file->f || !self->file->handle->h) {
-		PyErr_SetString(PyExc_ValueError, "nvio: I/O operation on a closed stream");
-		return -1;
-	}
-	if (self->busy) {
-		PyErr_SetString(PyExc_RuntimeError,
-				"nvio: a stream is used by one thread at a time");
-		return -1;
-	}
-	return 0;
+	return ext_stream_usable(self->s, self->file, self->busy);
 }
 
 static PyObject *staged_raise(staged *self, int64_t rc, const char *op, uint64_t n)

@@ -35,15 +35,8 @@ struct ext_stream {
  */
 static int stream_check(ext_stream *self, int want_writer)
 {
-	if (!self->s || !self->file->f || !self->file->handle->h) {
-		PyErr_SetString(PyExc_ValueError, "nvio: I/O operation on a closed stream");
+	if (ext_stream_usable(self->s, self->file, self->busy) < 0)
 		return -1;
-	}
-	if (self->busy) {
-		PyErr_SetString(PyExc_RuntimeError,
-				"nvio: a stream is used by one thread at a time");
-		return -1;
-	}
 	if (want_writer >= 0 && want_writer != self->writer) {
 		PyErr_SetString(PyExc_ValueError, want_writer ? "nvio: stream not open for writing"
 							      : "nvio: stream not open for reading");
