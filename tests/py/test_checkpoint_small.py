@@ -539,6 +539,39 @@ def test_gc_paused_while_pickling_and_restored(tmp_path, monkeypatch):
     assert seen == [False, False] and gc.isenabled()
 
 
+def test_no_collection_runs_inside_a_save(handle, tmp_path):
+    """nvio.save pauses the cyclic collector from the pickling to the
+    commit: with thresholds so low that laying out and writing 400 records
+    would start hundreds of collections, none starts inside the save (but
+    a young one as it ends), the collector is on after it, and the file
+    holds the state."""
+    import gc
+    sd = many(n=400, seed=8)
+    p = tmp_path / "gc.pt"
+    save = nvio.save            # imported now (a first import makes objects too)
+    events = []
+
+    def note(phase, info):
+        if phase == "start":
+            events.append(info["generation"])
+    old = gc.get_threshold()
+    gc.collect()
+    gc.set_threshold(10, 1, 1)
+    gc.callbacks.append(note)
+    try:
+        junk = [[i] for i in range(100)]        # the thresholds do start collections
+        assert events
+        del events[:], junk
+        save(sd, p, handle=handle)
+        during = list(events)
+    finally:
+        gc.callbacks.remove(note)
+        gc.set_threshold(*old)
+    # at most the youngest generation's, as the collector comes back on
+    assert during in ([], [0]) and gc.isenabled()
+    equal_states(sd, nvio.load(p, handle=handle, verify=True))
+
+
 @pytest.mark.parametrize("fast", [True, False])
 def test_pickler_is_freed_at_once_with_the_storages_it_holds(fast):
     """No reference cycle through the pickler's persistent_id: with the

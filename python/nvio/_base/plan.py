@@ -241,18 +241,24 @@ class Plan:
 
     def __init__(self, obj, path, align=DEFAULT_ALIGN, protocol=2, archive=None,
                  meta_align=None, location=None):
+        # no collection while the thousands of containers of a big state's
+        # pickle and records are made: one full collection costs more than
+        # the layout itself (0.09 s of 0.05-0.14 s for 5,000 tensors)
+        with gc_paused():
+            self._build(obj, path, align, protocol, archive, meta_align, location)
+
+    def _build(self, obj, path, align, protocol, archive, meta_align, location):
         if align < 64 or align & (align - 1):
             raise ValueError("nvio: align must be a power of two >= 64, not %r" % (align,))
         self.path = os.fsdecode(path)
         self.storages = {}
         buf = io.BytesIO()
         try:
-            with gc_paused():
-                pickler = _Pickler(buf, protocol, self.storages, location)
-                pickler.dump(obj)
-                #: each storage's dtype (as its persistent id says), in key order
-                self.dtypes = list(pickler._ids.types.values())
-                del pickler
+            pickler = _Pickler(buf, protocol, self.storages, location)
+            pickler.dump(obj)
+            #: each storage's dtype (as its persistent id says), in key order
+            self.dtypes = list(pickler._ids.types.values())
+            del pickler
         except (pickle.PicklingError, TypeError, AttributeError, RuntimeError) as e:
             raise CheckpointError("nvio.save: %s: cannot pickle the object: %s"
                                   % (self.path, e), self.path) from e

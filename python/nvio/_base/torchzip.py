@@ -49,34 +49,35 @@ class ZipFormatError(ValueError):
 # --- writing ---------------------------------------------------------------
 
 
-@dataclass
 class Record:
-    """One member of the archive being written."""
+    """One member of the archive being written. Its place and size are
+    fixed when it is made; ``end``, ``zip64`` and ``descriptor_size`` are
+    plain attributes computed then (a state of 50,000 tensors reads them
+    hundreds of thousands of times while it is laid out and written)."""
 
-    name: str                   # full name, archive prefix included
-    size: int                   # bytes of data
-    header_offset: int = 0      # where the local header starts
-    data_offset: int = 0        # where the data starts
-    crc: int = 0
-    local: bytes = b""          # the local header (fixed part, name, extra)
+    __slots__ = ("name", "size", "header_offset", "data_offset", "crc", "local", "end",
+                 "zip64", "descriptor_size")
 
-    @property
-    def end(self):
-        return self.data_offset + self.size
+    def __init__(self, name, size, header_offset=0, data_offset=0, crc=0, local=b""):
+        self.name = name                    # full name, archive prefix included
+        self.size = size                    # bytes of data
+        self.header_offset = header_offset  # where the local header starts
+        self.data_offset = data_offset      # where the data starts
+        self.crc = crc
+        self.local = local                  # the local header (fixed part, name, extra)
+        self.end = data_offset + size
+        self.zip64 = size >= ZIP64_LIMIT
+        self.descriptor_size = 24 if self.zip64 else 16
 
-    @property
-    def zip64(self):
-        return self.size >= ZIP64_LIMIT
+    def __repr__(self):
+        return "Record(%r, size=%d, header_offset=%d, data_offset=%d, crc=%#x)" % (
+            self.name, self.size, self.header_offset, self.data_offset, self.crc or 0)
 
     def descriptor(self):
         """The data descriptor that follows the data (needs self.crc)."""
         if self.zip64:
             return struct.pack("<IIQQ", DESCRIPTOR_SIG, self.crc, self.size, self.size)
         return struct.pack("<IIII", DESCRIPTOR_SIG, self.crc, self.size, self.size)
-
-    @property
-    def descriptor_size(self):
-        return 24 if self.zip64 else 16
 
 
 def data_start(cursor, name_b, size, align):

@@ -24,6 +24,7 @@ from .._base.handle import default_handle
 from .._base.pieces import alloc_host as _alloc_host
 from .._base.pieces import read_pieces as _read_pieces
 from .._base.pieces import write_device
+from .._base.plan import gc_paused
 from .._base.space import atomic_flags, reserve_space
 from .._base.stformat import (BY_TORCH, PACKED, PREFIX, SafetensorsError, _open_error, _path,
                               header_length, layout, parse_header)
@@ -408,10 +409,11 @@ def save_file(tensors, filename, metadata=None, *, durable=True, handle=None, sp
     more copy of the file on disk).
     """
     path = _path(filename)
-    head, data = plan(tensors, metadata)
-    on_dev = [(t, off) for _, off, t in data if _device.is_device(t.untyped_storage())]
-    host = [(t, off) for _, off, t in data if not _device.is_device(t.untyped_storage())]
-    write_planned(path, head, host, on_dev, durable=durable, spare=spare, handle=handle)
+    with gc_paused():           # a state's thousands of pieces start no collection
+        head, data = plan(tensors, metadata)
+        on_dev = [(t, off) for _, off, t in data if _device.is_device(t.untyped_storage())]
+        host = [(t, off) for _, off, t in data if not _device.is_device(t.untyped_storage())]
+        write_planned(path, head, host, on_dev, durable=durable, spare=spare, handle=handle)
 
 
 def _nbytes(b):
