@@ -138,3 +138,39 @@ def test_commit_through_a_symlink_keeps_the_link(tmp_path):
     os.symlink("loop", tmp_path / "loop")
     with pytest.raises(OSError):
         _atomic.follow_links(tmp_path / "loop")
+
+
+@pytest.mark.parametrize("writer", ["save", "async_save", "safetensors"])
+def test_every_whole_file_writer_frees_the_replaced_file_off_its_path(
+        tmp_path, slow_close, handle, writer):
+    """nvio.save, AsyncCheckpointer.save and nvio.safetensors.save_file
+    replace a large file through one mechanism (_base.space.open_atomic):
+    the call returns, the new file in place, while the old inode is still
+    held, and a thread frees its blocks afterwards."""
+    torch = pytest.importorskip("torch")
+    import nvio
+    import nvio.safetensors
+    go, entered = slow_close
+    p = str(tmp_path / "ck.bin")
+    _big_file(p, b"old version")
+    sd = {"w": torch.arange(1000, dtype=torch.float32), "b": torch.ones(7, dtype=torch.int64)}
+    if writer == "save":
+        nvio.save(sd, p, handle=handle)
+    elif writer == "async_save":
+        ck = nvio.AsyncCheckpointer(handle=handle)
+        try:
+            ck.save(sd, p).result()
+        finally:
+            ck.close()
+    else:
+        nvio.safetensors.save_file(sd, p, handle=handle)
+    assert entered.wait(10)
+    held = _held(p)
+    assert len(held) == 1                   # the old inode, kept alive off the path
+    with open("/proc/self/fd/%d" % held[0], "rb") as f:
+        assert f.read(11) == b"old version"
+    go.set()
+    _atomic.settle_released()
+    assert _held(p) == []
+    got = nvio.safetensors.load_file(p) if writer == "safetensors" else nvio.load(p)
+    assert set(got) == set(sd) and all(torch.equal(got[k], sd[k]) for k in sd)

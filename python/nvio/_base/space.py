@@ -1,9 +1,11 @@
-"""Space for a file before its bytes move, and the flags of a crash-safe one."""
+"""Space for a file before its bytes move, and how a crash-safe one is opened."""
 from __future__ import annotations
 
+import contextlib
 import errno
 
 from .. import _nvio
+from .._atomic import hold_replaced, release_replaced
 
 
 def reserve_space(f, size):
@@ -24,3 +26,22 @@ def atomic_flags(durable, spare=False):
     see :func:`nvio.save`)."""
     return (_nvio.FILE_ATOMIC | (0 if durable else _nvio.FILE_NOSYNC) |
             (_nvio.FILE_SPARE if spare else 0))
+
+
+@contextlib.contextmanager
+def open_atomic(h, path, durable=True, spare=False, opener=None):
+    """The crash-safe replacement of ``path`` (an ATOMIC nvio File, opened
+    with ``opener(path, flags)``, by default ``h.open``), for a ``with``
+    block that writes it and commits it; leaving the block closes it
+    (abandoned if not committed). The file it replaces, if it is large, is
+    held open across the commit and closed on a thread afterwards, so that
+    neither the rename nor the caller waits for its blocks to be freed
+    (0.1-0.5 s for 2 GiB on ext4 mounted with discard). A spare save keeps
+    the old file anyway. Every writer of whole files replaces them through
+    here."""
+    old = None if spare else hold_replaced(path)
+    try:
+        with (opener or h.open)(path, atomic_flags(durable, spare)) as f:
+            yield f
+    finally:
+        release_replaced(old)

@@ -32,12 +32,11 @@ import weakref
 import torch
 
 from .. import _device, _nvio
-from .._atomic import hold_replaced, release_replaced
 from .._base.crc import crc32_combine, crc_submit
 from .._base.pieces import wait_all
 from .._base.handle import default_handle
 from .._base.plan import DEFAULT_ALIGN, Plan
-from .._base.space import atomic_flags, reserve_space
+from .._base.space import open_atomic, reserve_space
 from .._futures import NvioFuture
 
 __all__ = ["AsyncCheckpointer", "async_save", "default_checkpointer"]
@@ -333,16 +332,11 @@ class AsyncCheckpointer:
         h = self._handle
         if h is None:
             h = default_handle()
-        flags = atomic_flags(durable, spare)
-        old = None if spare else hold_replaced(path)
-        try:
-            with h.open(path, flags) as f:
-                reserve_space(f, plan.size)
-                _write_image(plan, buf, mv, f, self._check)
-                self._check()
-                f.commit()
-        finally:
-            release_replaced(old)
+        with open_atomic(h, path, durable, spare) as f:
+            reserve_space(f, plan.size)
+            _write_image(plan, buf, mv, f, self._check)
+            self._check()
+            f.commit()
         return plan.size
 
 

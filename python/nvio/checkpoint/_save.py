@@ -22,13 +22,12 @@ import os
 import torch
 
 from .. import _device, _nvio
-from .._atomic import hold_replaced, release_replaced
 from .._base.crc import crc_device, crc_submit, executor
 from .._base.handle import default_handle
 from .._base.pieces import wait_all as _wait_all
 from .._base.pieces import write_device
 from .._base.plan import DEFAULT_ALIGN, Plan, gc_paused
-from .._base.space import atomic_flags, reserve_space
+from .._base.space import open_atomic, reserve_space
 from .._base.views import u8
 from ._dist import save_group
 
@@ -339,14 +338,9 @@ def save(obj, f, *, durable=True, handle=None, align=DEFAULT_ALIGN,
                           pickle_protocol=pickle_protocol,
                           writers_per_node=writers_per_node, timeout=timeout, spare=spare)
     h = handle if handle is not None else default_handle()
-    flags = atomic_flags(durable, spare)
     with gc_paused():           # the records' objects start no full collection
         plan = Plan(obj, f, align, pickle_protocol)
-        old = None if spare else hold_replaced(f)   # a spare's old file is kept anyway
-        try:
-            with h.open(f, flags) as nf:  # an exception abandons the temporary
-                write_plan(plan, nf)
-                nf.commit()
-        finally:
-            release_replaced(old)
+        with open_atomic(h, f, durable, spare) as nf:   # an exception abandons it
+            write_plan(plan, nf)
+            nf.commit()
     return None

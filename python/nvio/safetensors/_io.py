@@ -25,7 +25,7 @@ from .._base.pieces import alloc_host as _alloc_host
 from .._base.pieces import read_pieces as _read_pieces
 from .._base.pieces import write_device
 from .._base.plan import gc_paused
-from .._base.space import atomic_flags, reserve_space
+from .._base.space import open_atomic, reserve_space
 from .._base.stformat import (BY_TORCH, PACKED, PREFIX, SafetensorsError, _open_error, _path,
                               header_length, layout, parse_header)
 from .._base.views import u8
@@ -428,8 +428,9 @@ def write_planned(path, head, host, on_dev=(), *, durable=True, spare=False, han
     uint8 tensor, offset)] through the handle's device path."""
     size = max([len(head)] + [off + _nbytes(b) for b, off in list(host) + list(on_dev)])
     h = handle if handle is not None else default_handle()
-    flags = atomic_flags(_nvio.check_flag(durable, "durable"), _nvio.check_flag(spare, "spare"))
-    with open_file(h, path, flags) as f:   # an exception abandons the temporary
+    durable, spare = _nvio.check_flag(durable, "durable"), _nvio.check_flag(spare, "spare")
+    with open_atomic(h, path, durable, spare,
+                     lambda p, flags: open_file(h, p, flags)) as f:   # abandoned on errors
         reserve_space(f, size)
         pieces = [(head, 0)] + list(host)
         if on_dev:
