@@ -387,15 +387,15 @@ def write_both_ways(plan, handle, tmp_path, monkeypatch, window, windows=2):
     straight from the tensors: both files' bytes."""
     from nvio.checkpoint import _save
     out = []
+    orig = _save.write_packed
     for packed in (True, False):
-        monkeypatch.setattr(_save, "PACK_MIN_RECORDS", 1 if packed else 1 << 30)
+        monkeypatch.setattr(_save, "_packs", lambda plan, f=None, packed=packed: packed)
         monkeypatch.setattr(_save, "PACK_WINDOW", window)
         monkeypatch.setattr(_save, "PACK_WINDOWS", windows)
         for r, _ in plan.data:
             r.crc = 0xDEADBEEF                      # stale: must be recomputed
         p = tmp_path / ("packed.pt" if packed else "plain.pt")
         calls = []
-        orig = _save.write_packed
         monkeypatch.setattr(_save, "write_packed", lambda *a: calls.append(1) or orig(*a))
         with handle.open(p, nvio._nvio.FILE_ATOMIC | nvio._nvio.FILE_NOSYNC) as f:
             _save.write_plan(plan, f)

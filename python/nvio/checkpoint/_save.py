@@ -36,9 +36,10 @@ __all__ = ["save", "default_handle", "write_plan", "write_plans"]
 
 def write_plan(plan, f):
     """Write a laid-out checkpoint into an open, empty, writable nvio File:
-    packed through windows (:func:`write_packed`) when it is many small
-    host storages, else straight from the tensors' memory."""
-    if _packs(plan):
+    packed through windows (:func:`write_packed`) when it is host storages
+    that would be copied anyway (many small ones, or memory libnvio must
+    bounce for O_DIRECT), else straight from the tensors' memory."""
+    if _packs(plan, f):
         write_packed(plan, f)
     else:
         write_plans(f, [(0, plan)], plan.size)
@@ -48,6 +49,14 @@ def write_plan(plan, f):
 #: PACK_MEAN_MAX bytes, all in host memory, is written through windows.
 PACK_MIN_RECORDS = 64
 PACK_MEAN_MAX = 1 << 20
+#: ... and so is one, written with O_DIRECT, at least this fraction of whose
+#: bytes are in host memory off the file's O_DIRECT memory alignment
+#: (torch's CPU allocations are 64-byte aligned: a large tensor starts 64
+#: bytes into a page): libnvio would copy them through its staging buffers
+#: anyway, and the windows copy them once and checksum them in the same
+#: pass, where the direct path reads them twice (the bounce, the CRC) and
+#: writes a small run around every record.
+PACK_UNALIGNED = 0.5
 #: Bytes of file per window, and how many windows are in use at a time
 #: (one being filled while the others are written).
 PACK_WINDOW = 32 << 20
@@ -57,11 +66,22 @@ PACK_WINDOWS = 2
 PACK_CHUNK = 4 << 20
 
 
-def _packs(plan):
+def _packs(plan, f=None):
+    """Whether ``plan`` goes to ``f`` through windows (:func:`write_packed`)."""
     n = len(plan.data)
-    if n < PACK_MIN_RECORDS or plan.data_bytes > n * PACK_MEAN_MAX:
+    if not n or not all(s.device.type == "cpu" and not _device.is_device(s)
+                        for _, s in plan.data):
         return False
-    return all(s.device.type == "cpu" and not _device.is_device(s) for _, s in plan.data)
+    if n >= PACK_MIN_RECORDS and plan.data_bytes <= n * PACK_MEAN_MAX:
+        return True
+    if f is None:
+        return False
+    info = f.info()
+    if not info["direct"]:
+        return False                # buffered: the page cache copies, not libnvio
+    align = max(info["dio_mem_align"], 1)
+    off = sum(r.size for r, s in plan.data if s.data_ptr() % align)
+    return off >= PACK_UNALIGNED * plan.data_bytes
 
 
 def write_packed(plan, f):
