@@ -7,10 +7,12 @@ bytes go to the file in one vectored op straight from the tensors' memory
 O_DIRECT), while other threads compute the records' CRC-32; as soon as
 those are known, one more vectored op writes the headers, descriptors,
 small tensors and directory in page-aligned runs that fill the file
-between the large tensors' pages (:func:`write_plans`). A checkpoint of many small host storages (a few hundred KB each)
-is written instead as its file image through two windows
-(:func:`write_packed`): one copy of the bytes, whole-window O_DIRECT writes,
-no small write per record. Anything failing on the way (a bad object,
+between the large tensors' pages (:func:`write_plans`). A checkpoint of
+host storages that would be copied anyway (many small ones, a few hundred
+KB each; or, with O_DIRECT, memory off the file's alignment, as torch's
+CPU tensors are) is written instead as its file image through two windows
+(:func:`write_packed`): one copy of the bytes with their CRCs in the same
+pass, whole-window O_DIRECT writes, no small write per record. Anything failing on the way (a bad object,
 ENOSPC, EIO, Ctrl-C) leaves the destination as it was and no temporary
 behind.
 """
