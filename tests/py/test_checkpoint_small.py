@@ -572,6 +572,35 @@ def test_no_collection_runs_inside_a_save(handle, tmp_path):
     equal_states(sd, nvio.load(p, handle=handle, verify=True))
 
 
+def test_the_plan_is_freed_before_the_collector_comes_back(handle, tmp_path, monkeypatch):
+    """nvio.save frees its plan (thousands of records) while the collector
+    is still paused, so that turning it back on does not start a collection
+    over them (0.06-0.1 s at the end of every save of 50,000 tensors)."""
+    import contextlib
+    import weakref
+    from nvio.checkpoint import _save
+    plans, alive_at_exit = [], []
+    real_plan, real_paused = _save.Plan, _save.gc_paused
+
+    def plan(*a, **k):
+        pl = real_plan(*a, **k)
+        plans.append(weakref.ref(pl))
+        return pl
+
+    @contextlib.contextmanager
+    def paused():
+        with real_paused():
+            yield
+            alive_at_exit.append([r() is not None for r in plans])
+    monkeypatch.setattr(_save, "Plan", plan)
+    monkeypatch.setattr(_save, "gc_paused", paused)
+    sd = {"t.%d" % i: torch.full((i % 7 + 1,), float(i)) for i in range(300)}
+    nvio.save(sd, tmp_path / "ck.pt", handle=handle)
+    assert len(plans) == 1 and alive_at_exit == [[False]]
+    got = nvio.load(tmp_path / "ck.pt", handle=handle)
+    assert all(torch.equal(got[k], v) for k, v in sd.items())
+
+
 @pytest.mark.parametrize("fast", [True, False])
 def test_pickler_is_freed_at_once_with_the_storages_it_holds(fast):
     """No reference cycle through the pickler's persistent_id: with the

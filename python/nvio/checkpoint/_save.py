@@ -365,4 +365,7 @@ def save(obj, f, *, durable=True, handle=None, align=DEFAULT_ALIGN,
         with open_atomic(h, f, durable, spare) as nf:   # an exception abandons it
             write_plan(plan, nf)
             nf.commit()
+        # freed while the collector is off: it comes back on with nothing of
+        # ours to walk (0.06-0.1 s for 50,000 tensors' records, else)
+        del plan
     return None
