@@ -389,7 +389,7 @@ def write_both_ways(plan, handle, tmp_path, monkeypatch, window, windows=2):
     out = []
     orig = _save.write_packed
     for packed in (True, False):
-        monkeypatch.setattr(_save, "_packs", lambda plan, f=None, packed=packed: packed)
+        monkeypatch.setattr(_save, "_packs", lambda plan, packed=packed: packed)
         monkeypatch.setattr(_save, "PACK_WINDOW", window)
         monkeypatch.setattr(_save, "PACK_WINDOWS", windows)
         for r, _ in plan.data:

@@ -130,7 +130,7 @@ def test_writes_cover_the_file_once_on_pages(handle, tmp_path, align):
     assert not _save._packs(plan)
     with handle.open(p, _nvio.FILE_ATOMIC) as nf:
         rec = _Recorder(nf)
-        _save.write_plans(rec, [(0, plan)], plan.size)     # the direct path itself
+        _save.write_plan(plan, rec)
         nf.commit()
     ranges = sorted((off, off + n) for _, items in rec.calls for off, n in items if n)
     pos = 0
@@ -151,51 +151,6 @@ def test_writes_cover_the_file_once_on_pages(handle, tmp_path, align):
     zipfile.ZipFile(p).testzip()
     _same(torch.load(p, weights_only=True), sd)
     _same(nvio.load(p), sd)
-
-
-def _aligned(n, dtype, seed):
-    """A tensor of n elements whose storage starts on a page (mmap'd
-    memory), filled from a generator."""
-    import mmap
-    esize = torch.tensor([], dtype=dtype).element_size()
-    t = torch.frombuffer(mmap.mmap(-1, n * esize), dtype=dtype)
-    t.copy_(torch.randn(n, generator=torch.Generator().manual_seed(seed)).to(dtype))
-    assert t.untyped_storage().data_ptr() % PAGE == 0
-    return t
-
-
-@pytest.mark.parametrize("where", ["torch", "pages"])
-def test_large_unaligned_storages_are_packed_aligned_ones_are_not(handle, tmp_path, where):
-    """A few large host storages go through the windows when the file is
-    O_DIRECT and their memory is off its alignment (libnvio would copy
-    them anyway), straight from memory when it is on pages (or the file is
-    buffered); either way the file is the same checkpoint."""
-    n = 3 * _save.DIRECT_MIN // 4 + 5
-    if where == "torch":
-        g = torch.Generator().manual_seed(6)
-        sd = {"a": torch.randn(n, generator=g), "b": torch.randn(2 * n, generator=g)}
-        for _ in range(100):            # torch's memory: 64-byte aligned, rarely 512
-            if all(t.untyped_storage().data_ptr() % 512 for t in sd.values()):
-                break
-            sd = {k: v.clone() for k, v in sd.items()}
-    else:
-        sd = {"a": _aligned(n, torch.float32, 1), "b": _aligned(2 * n, torch.float32, 2)}
-    p = str(tmp_path / "ck.pt")
-    plan = Plan(sd, p)
-    with handle.open(p, _nvio.FILE_ATOMIC) as nf:
-        rec = _Recorder(nf)
-        packed = _save._packs(plan, rec)
-        _save.write_plan(plan, rec)
-        nf.commit()
-        info = nf.info()
-    off = sum(r.size for r, st in plan.data if st.data_ptr() % max(info["dio_mem_align"], 1))
-    assert packed == (info["direct"] and off >= plan.data_bytes / 2)
-    if info["direct"] and info["dio_mem_align"] >= 512:    # this disk's virtio: 512
-        assert packed == (where == "torch")
-    # packed: whole windows, one op each; direct: the pages, then the runs
-    assert [k for k, _ in rec.calls] == (["1"] if packed else ["v", "v"])
-    _same(torch.load(p, weights_only=True), sd)
-    _same(nvio.load(p, handle=handle, verify=True), sd)
 
 
 def test_save_and_spare_bytes_equal(handle, tmp_path):

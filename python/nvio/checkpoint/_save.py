@@ -8,11 +8,10 @@ O_DIRECT), while other threads compute the records' CRC-32; as soon as
 those are known, one more vectored op writes the headers, descriptors,
 small tensors and directory in page-aligned runs that fill the file
 between the large tensors' pages (:func:`write_plans`). A checkpoint of
-host storages that would be copied anyway (many small ones, a few hundred
-KB each; or, with O_DIRECT, memory off the file's alignment, as torch's
-CPU tensors are) is written instead as its file image through two windows
-(:func:`write_packed`): one copy of the bytes with their CRCs in the same
-pass, whole-window O_DIRECT writes, no small write per record. Anything failing on the way (a bad object,
+many small host storages (a few hundred KB each) is written instead as its
+file image through two windows (:func:`write_packed`): one copy of the
+bytes with their CRCs in the same pass, whole-window O_DIRECT writes, no
+small write per record. Anything failing on the way (a bad object,
 ENOSPC, EIO, Ctrl-C) leaves the destination as it was and no temporary
 behind.
 """
@@ -38,10 +37,9 @@ __all__ = ["save", "default_handle", "write_plan", "write_plans"]
 
 def write_plan(plan, f):
     """Write a laid-out checkpoint into an open, empty, writable nvio File:
-    packed through windows (:func:`write_packed`) when it is host storages
-    that would be copied anyway (many small ones, or memory libnvio must
-    bounce for O_DIRECT), else straight from the tensors' memory."""
-    if _packs(plan, f):
+    packed through windows (:func:`write_packed`) when it is many small
+    host storages, else straight from the tensors' memory."""
+    if _packs(plan):
         write_packed(plan, f)
     else:
         write_plans(f, [(0, plan)], plan.size)
@@ -51,14 +49,6 @@ def write_plan(plan, f):
 #: PACK_MEAN_MAX bytes, all in host memory, is written through windows.
 PACK_MIN_RECORDS = 64
 PACK_MEAN_MAX = 1 << 20
-#: ... and so is one, written with O_DIRECT, at least this fraction of whose
-#: bytes are in host memory off the file's O_DIRECT memory alignment
-#: (torch's CPU allocations are 64-byte aligned: a large tensor starts 64
-#: bytes into a page): libnvio would copy them through its staging buffers
-#: anyway, and the windows copy them once and checksum them in the same
-#: pass, where the direct path reads them twice (the bounce, the CRC) and
-#: writes a small run around every record.
-PACK_UNALIGNED = 0.5
 #: Bytes of file per window, and how many windows are in use at a time
 #: (one being filled while the others are written).
 PACK_WINDOW = 32 << 20
@@ -68,22 +58,11 @@ PACK_WINDOWS = 2
 PACK_CHUNK = 4 << 20
 
 
-def _packs(plan, f=None):
-    """Whether ``plan`` goes to ``f`` through windows (:func:`write_packed`)."""
+def _packs(plan):
     n = len(plan.data)
-    if not n or not all(s.device.type == "cpu" and not _device.is_device(s)
-                        for _, s in plan.data):
+    if n < PACK_MIN_RECORDS or plan.data_bytes > n * PACK_MEAN_MAX:
         return False
-    if n >= PACK_MIN_RECORDS and plan.data_bytes <= n * PACK_MEAN_MAX:
-        return True
-    if f is None:
-        return False
-    info = f.info()
-    if not info["direct"]:
-        return False                # buffered: the page cache copies, not libnvio
-    align = max(info["dio_mem_align"], 1)
-    off = sum(r.size for r, s in plan.data if s.data_ptr() % align)
-    return off >= PACK_UNALIGNED * plan.data_bytes
+    return all(s.device.type == "cpu" and not _device.is_device(s) for _, s in plan.data)
 
 
 def write_packed(plan, f):
