@@ -37,8 +37,9 @@ def open_atomic(h, path, durable=True, spare=False, opener=None):
     held open across the commit and closed on a thread afterwards, so that
     neither the rename nor the caller waits for its blocks to be freed
     (0.1-0.5 s for 2 GiB on ext4 mounted with discard). A spare save keeps
-    the old file anyway. Every writer of whole files replaces them through
-    here."""
+    the old file anyway. nvio.save, AsyncCheckpointer and
+    nvio.safetensors.save_file replace files through here (the
+    data-parallel commit holds the old file around its own commit)."""
     old = None if spare else hold_replaced(path)
     try:
         with (opener or h.open)(path, atomic_flags(durable, spare)) as f:
