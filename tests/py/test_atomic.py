@@ -140,13 +140,15 @@ def test_commit_through_a_symlink_keeps_the_link(tmp_path):
         _atomic.follow_links(tmp_path / "loop")
 
 
-@pytest.mark.parametrize("writer", ["save", "async_save", "safetensors"])
+@pytest.mark.parametrize("writer", ["save", "async_save", "safetensors", "FastFileWriter",
+                                    "PyFileWriter"])
 def test_every_whole_file_writer_frees_the_replaced_file_off_its_path(
         tmp_path, slow_close, handle, writer):
     """nvio.save, AsyncCheckpointer.save and nvio.safetensors.save_file
-    replace a large file through one mechanism (_base.space.open_atomic):
-    the call returns, the new file in place, while the old inode is still
-    held, and a thread frees its blocks afterwards."""
+    (through _base.space.open_atomic) and DeepSpeed's writers of
+    nvio.compat (around their commit at close) replace a large file so
+    that the call returns, the new file in place, while the old inode is
+    still held, and a thread frees its blocks afterwards."""
     torch = pytest.importorskip("torch")
     import nvio
     import nvio.safetensors
@@ -162,8 +164,14 @@ def test_every_whole_file_writer_frees_the_replaced_file_off_its_path(
             ck.save(sd, p).result()
         finally:
             ck.close()
-    else:
+    elif writer == "safetensors":
         nvio.safetensors.save_file(sd, p, handle=handle)
+    else:
+        from nvio import compat
+        w = (compat.FastFileWriter(p, compat.FastFileWriterConfig(dnvme_handle=handle))
+             if writer == "FastFileWriter" else compat.PyFileWriter(p))
+        torch.save(sd, w)
+        w.close()
     assert entered.wait(10)
     held = _held(p)
     assert len(held) == 1                   # the old inode, kept alive off the path
