@@ -20,6 +20,7 @@ file of other names) and whose creator commits or abandons it. Here:
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -249,6 +250,18 @@ def release_replaced(fd):
         _releasing[:] = [x for x in _releasing if x.is_alive()]
         _releasing.append(t)
     t.start()
+
+
+@contextlib.contextmanager
+def replaced_held(path, hold=True):
+    """hold_replaced(path) for the block (which replaces the file: a commit),
+    release_replaced after it, whatever happens; ``hold=False`` (a spare
+    save, whose old file is kept anyway) does nothing."""
+    old = hold_replaced(path) if hold else None
+    try:
+        yield
+    finally:
+        release_replaced(old)
 
 
 def _close(fd):

@@ -36,14 +36,13 @@ What differs from DeepSpeed's, on purpose:
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import os
 import time
 
 from . import _nvio
-from ._atomic import hold_replaced, join_shared, release_replaced
+from ._atomic import join_shared, replaced_held
 from ._base.handle import default_handle
 
 __all__ = ["FastFileWriter", "FastFileWriterConfig", "MockFileWriter", "PyFileWriter"]
@@ -351,7 +350,7 @@ class PyFileWriter(_BaseWriter):
             f.close()                   # flushed: a failed write shows here
             nf, self._nf = self._nf, None
             try:
-                with _replaced_held(self._path):
+                with replaced_held(self._path):
                     nf.commit()         # fsync, rename, fsync of the directory
             finally:
                 nf.close()
@@ -384,18 +383,6 @@ def _save_list(w, storage_obj_list, save_size):
         w.write(mv)
         w._incr(SAVE_STORAGE_KEY)
         w._incr(SAVE_STORAGE_BYTES_KEY, len(mv))
-
-
-@contextlib.contextmanager
-def _replaced_held(path):
-    """The file at path, about to be replaced, held open across the commit
-    and closed on a thread afterwards (as nvio.save's open_atomic does): the
-    rename does not free its blocks on the caller's path."""
-    old = hold_replaced(path)
-    try:
-        yield
-    finally:
-        release_replaced(old)
 
 
 def _path_error(e, path, what):
@@ -600,7 +587,7 @@ class FastFileWriter(_BaseWriter):
             if self._n > 1:
                 s.close(fsync=self._durable)
             else:
-                with _replaced_held(self._path):
+                with replaced_held(self._path):
                     s.close(commit=True)    # the size, fsync, rename, fsync of the dir
             self._incr(AIO_WRITE_SEC_KEY, time.perf_counter() - t0)
             if self._n > 1:
@@ -637,7 +624,7 @@ class FastFileWriter(_BaseWriter):
                 c, self._creator = self._creator, None
                 try:
                     c.truncate(self._pos)
-                    with _replaced_held(self._path):
+                    with replaced_held(self._path):
                         c.commit()      # fsync, rename, fsync of the directory
                 finally:
                     c.close()

@@ -45,6 +45,19 @@ def _big_file(path, head):
         f.truncate(BIG)
 
 
+def _held_then_freed(p, head, go, entered):
+    """The file once at p (starting with head) is held by a release that
+    waits for go; once let go, nothing holds it."""
+    assert entered.wait(10)
+    held = _held(p)
+    assert len(held) == 1                   # the old inode, kept alive off the path
+    with open("/proc/self/fd/%d" % held[0], "rb") as f:
+        assert f.read(len(head)) == head
+    go.set()
+    _atomic.settle_released()
+    assert _held(p) == []
+
+
 def test_commit_frees_the_replaced_file_in_the_background(tmp_path, slow_close):
     go, entered = slow_close
     p = str(tmp_path / "ck.pt")
@@ -56,14 +69,7 @@ def test_commit_frees_the_replaced_file_in_the_background(tmp_path, slow_close):
     with open(p, "rb") as f:
         assert f.read() == b"new version"
     assert not os.path.exists(tmp)
-    assert entered.wait(10)
-    held = _held(p)
-    assert len(held) == 1                   # the old inode, kept alive off the path
-    with open("/proc/self/fd/%d" % held[0], "rb") as f:
-        assert f.read(11) == b"old version"
-    go.set()
-    _atomic.settle_released()
-    assert _held(p) == []
+    _held_then_freed(p, b"old version", go, entered)
 
 
 def test_remove_unlinks_at_once_and_frees_later(tmp_path, slow_close):
@@ -172,13 +178,6 @@ def test_every_whole_file_writer_frees_the_replaced_file_off_its_path(
              if writer == "FastFileWriter" else compat.PyFileWriter(p))
         torch.save(sd, w)
         w.close()
-    assert entered.wait(10)
-    held = _held(p)
-    assert len(held) == 1                   # the old inode, kept alive off the path
-    with open("/proc/self/fd/%d" % held[0], "rb") as f:
-        assert f.read(11) == b"old version"
-    go.set()
-    _atomic.settle_released()
-    assert _held(p) == []
+    _held_then_freed(p, b"old version", go, entered)
     got = nvio.safetensors.load_file(p) if writer == "safetensors" else nvio.load(p)
     assert set(got) == set(sd) and all(torch.equal(got[k], sd[k]) for k in sd)

@@ -5,7 +5,7 @@ import contextlib
 import errno
 
 from .. import _nvio
-from .._atomic import hold_replaced, release_replaced
+from .._atomic import replaced_held
 
 
 def reserve_space(f, size):
@@ -40,9 +40,6 @@ def open_atomic(h, path, durable=True, spare=False, opener=None):
     the old file anyway. nvio.save, AsyncCheckpointer and
     nvio.safetensors.save_file replace files through here (the
     data-parallel commit holds the old file around its own commit)."""
-    old = None if spare else hold_replaced(path)
-    try:
+    with replaced_held(path, hold=not spare):
         with (opener or h.open)(path, atomic_flags(durable, spare)) as f:
             yield f
-    finally:
-        release_replaced(old)

@@ -52,7 +52,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _device, _nvio
-from .._atomic import hold_replaced, join_shared, release_replaced
+from .._atomic import join_shared, replaced_held
 from .._base.crc import crc32_combine, crc_submit
 from .._base.group import Group as _Group
 from .._base.group import GroupFailure  # noqa: F401  (nvio.checkpoint._dist.GroupFailure)
@@ -259,11 +259,8 @@ def _write_share(g, plan, share, path, handle, writers, durable, af):
             meta = [(b, off) for off, b in plan.meta_pieces()]
             af.pwritev(meta, _nvio.OFFSET_PER_IOV)
             af.truncate(plan.size)      # the size the ranks wrote, not af's own
-            old = hold_replaced(path)   # the old file's blocks freed off this path
-            try:
+            with replaced_held(path):   # the old file's blocks freed off this path
                 af.commit()             # fsync, rename (a spare: swap), fsync of the dir
-            finally:
-                release_replaced(old)
             g.committed = True
         except Exception as e:  # noqa: BLE001
             # renamed, and then the directory's fsync failed: the new file is there
