@@ -231,6 +231,8 @@ class Hooks:
     # holds them (a module's `from x import f` copy too)
     FUNCS = [("write_plan", "writer's Python"), ("write_packed", "writer's Python"),
              ("write_plans", "writer's Python"),
+             # the packed windows: copy+CRC in C (its I/O waits are nested)
+             ("write_image", "copy+CRC wait"),
              ("_snapshot", "copies (snapshot)"),
              ("hold_replaced", "hold/release replaced"),
              ("release_replaced", "hold/release replaced"),
@@ -279,7 +281,7 @@ class Hooks:
         mods = [m for n, m in list(sys.modules.items())
                 if m is not None and (n == "nvio" or n.startswith("nvio."))]
         hooks = self
-        # crc_submit: its result() is the wait for the CRC (or copy+CRC) threads
+        # crc_submit: its result() is the wait for the CRC threads
         orig_crc = None
         for m in mods:
             f = m.__dict__.get("crc_submit")
@@ -289,10 +291,9 @@ class Hooks:
             self.found.add("crc_submit")
 
             @functools.wraps(orig_crc)
-            def crc_submit(regions, sources=None, *a, **k):
-                res = orig_crc(regions, sources, *a, **k)
-                label = "copy+CRC wait" if sources is not None else "CRC wait"
-                w = hooks.wrap(label, res)
+            def crc_submit(regions, *a, **k):
+                res = orig_crc(regions, *a, **k)
+                w = hooks.wrap("CRC wait", res)
                 for attr in ("settle",):
                     if hasattr(res, attr):
                         setattr(w, attr, getattr(res, attr))
@@ -756,8 +757,10 @@ def breakdown_table(res):
            "each, timers in the bench process)", "",
            "Seconds on the calling thread, exclusive, from timers the bench puts around "
            "nvio's internal functions by monkeypatching (nvio has no timing hook): "
-           "**measured from outside, approximate**. *copy+CRC wait* / *CRC wait*: the "
-           "caller waiting for the CRC threads (which copy too, for packed saves); "
+           "**measured from outside, approximate**. *copy+CRC wait*: a packed save's "
+           "windows copied and checksummed (write_image: the caller and the CRC threads "
+           "in C, its I/O waits apart); *CRC wait*: the caller waiting for the CRC "
+           "threads; "
            "*I/O wait*: waiting on write futures; *sync writes*: blocking pwrite(v) calls; "
            "*commit*: fsync + link/rename + directory fsync (split by `strace -T` from a "
            "second save where strace was present); *copies (snapshot)*: async_save's copy of "

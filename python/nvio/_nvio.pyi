@@ -52,9 +52,30 @@ def copy_many(copies: Sequence[tuple[int, int, int]], /) -> None:
     """Copy each (dst address, src address, nbytes) of host memory (regions
     must not overlap), the GIL released for the whole batch."""
 
-def copy_crc_many(copies: Sequence[tuple[int, int, int]], /) -> list[int]:
-    """copy_many, returning the CRC-32 of each item's bytes (computed as
-    they are copied)."""
+class ZipImage:
+    """A laid-out torch.save zip archive (nvio._base.torchzip records in
+    file order) filled window by window without Python work per record.
+    sources: the address of each tensor record's bytes in file order, or
+    one address A where each record's bytes are at A + its data offset (an
+    image in memory, checksummed in place)."""
+
+    def __init__(self, records: list[Any], meta: dict[str, bytes],
+                 sources: list[int] | int, dir_offset: int, size: int, nparts: int,
+                 zip64_limit: int) -> None: ...
+
+    def copy(self, base: int, w0: int, w1: int, part: int, /) -> None:
+        """Copy and checksum part `part` (of nparts equal byte ranges) of the
+        tensor bytes of window [w0, w1) to base + (offset - w0), the GIL
+        released; parts of one window may run on several threads."""
+
+    def fill(self, base: int, w0: int, w1: int, /) -> None:
+        """Once every part of the window is copied (windows in file order):
+        join its CRCs and write its headers, small records, descriptors and
+        directory; the directory's window sets the records' crc."""
+
+def zip_directory(records: list[Any], cursor: int, zip64_limit: int, /) -> bytes:
+    """The central directory and end records of zip records (name, size,
+    header_offset, crc) whose directory starts at cursor."""
 
 def persistent_id_filter(plain: set[type] | frozenset[type],
                          fn: Callable[[Any], Any], /) -> Callable[[Any], Any]:

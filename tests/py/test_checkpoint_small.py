@@ -13,6 +13,7 @@ import collections
 import io
 import os
 import pickle
+import struct
 import zipfile
 import zlib
 
@@ -154,40 +155,179 @@ def test_copy_many_copies_each_region_and_checks_its_input():
     assert torch.equal(dst, want)           # a refused batch copied nothing
 
 
-def test_copy_crc_many_copies_and_checksums_each_region():
-    """Each item copied, and its CRC-32 (zlib's) computed as it goes: sizes
-    around the 32 KiB steps it checksums from the cache."""
-    g = torch.Generator().manual_seed(10)
-    src = torch.randint(0, 256, (300000,), dtype=torch.uint8, generator=g)
-    dst = torch.zeros(300000, dtype=torch.uint8)
-    s, d = src.data_ptr(), dst.data_ptr()
-    cuts = [(0, 0), (5, 1), (100, 32768), (40000, 32769), (80000, 65536 + 3), (150000, 140001)]
-    crcs = nvio._nvio.copy_crc_many([(d + o, s + o + 1, n) for o, n in cuts])
-    want = torch.zeros_like(dst)
-    for (o, n), c in zip(cuts, crcs):
-        want[o:o + n] = src[o + 1:o + 1 + n]
-        assert c == zlib.crc32(src[o + 1:o + 1 + n].numpy().tobytes()), (o, n)
-    assert torch.equal(dst, want)
-    assert nvio._nvio.copy_crc_many([]) == []
-    with pytest.raises(TypeError, match="copy_crc_many: item 1 is not a"):
-        nvio._nvio.copy_crc_many([(d, s, 1), (d, s)])
-    with pytest.raises(ValueError, match="item 0: address 0 with 4 bytes"):
-        nvio._nvio.copy_crc_many([(0, s, 4)])
+def reference_directory(records, cursor, limit):
+    """The central directory and end records as APPNOTE lays them out, in
+    Python (the bytes nvio wrote before ``_nvio.zip_directory``)."""
+    parts = []
+    for r in records:
+        name_b = r.name.encode("utf-8")
+        z, size32, off32 = [], r.size, r.header_offset
+        if r.size >= limit:
+            z += [r.size, r.size]
+            size32 = 0xFFFFFFFF
+        if r.header_offset >= limit:
+            z.append(r.header_offset)
+            off32 = 0xFFFFFFFF
+        extra = struct.pack("<HH%dQ" % len(z), 1, 8 * len(z), *z) if z else b""
+        ver = 45 if z else 20
+        parts += [struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, ver, ver, 0x808, 0, 0, 0,
+                              r.crc, size32, size32, len(name_b), len(extra), 0, 0, 0, 0,
+                              off32), name_b, extra]
+    cd = b"".join(parts)
+    n = len(records)
+    return (cd + struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 45, 45, 0, 0, n, n, len(cd),
+                             cursor)
+            + struct.pack("<IIQI", 0x07064B50, 0, cursor + len(cd), 1)
+            + struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, min(n, 0xFFFF), min(n, 0xFFFF),
+                          min(len(cd), 0xFFFFFFFF), min(cursor, 0xFFFFFFFF), 0))
 
 
-@pytest.mark.parametrize("chunk", [1000, 4 << 20])
-def test_crc_submit_with_sources_copies_then_checksums(chunk):
-    """crc_submit(regions, sources): every region filled from its source and
-    its CRC-32 given, the pieces of a region (chunk bytes) joined again."""
-    g = torch.Generator().manual_seed(11)
-    srcs = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
-            for n in (0, 7, 4096, 250001, 1 << 20)]
-    dsts = [torch.zeros_like(t) for t in srcs]
-    got = _crc.crc_submit([(t.data_ptr(), t.numel()) for t in dsts],
-                          [t.data_ptr() for t in srcs], chunk)()
-    assert got == [zlib.crc32(t.numpy().tobytes()) for t in srcs]
-    for a, b in zip(dsts, srcs):
-        assert torch.equal(a, b)
+def reference_image(plan, storages=None):
+    """plan's whole file, record by record, in Python: local header, bytes
+    (small record, or the storage's), descriptor with zlib's CRC-32, the
+    reference directory."""
+    from nvio._base import torchzip as _zip
+    data = {id(r): bytes(u8(s).numpy()) if s.nbytes() else b""
+            for r, s in (storages or plan.data)}
+    out = bytearray()
+    for r in plan.layout.records:
+        assert r.header_offset == len(out)
+        b = plan.meta.get(r.name)
+        b = data[id(r)] if b is None else b
+        d = struct.pack("<IIQQ" if r.zip64 else "<IIII", 0x08074B50, zlib.crc32(b),
+                        r.size, r.size)
+        out += r.local + b + d
+    crcs = {r.name: r.crc for r in plan.layout.records}
+    for r in plan.layout.records:
+        r.crc = zlib.crc32(plan.meta.get(r.name, data.get(id(r), b"")))
+    out += reference_directory(plan.layout.records, plan.dir_offset, _zip.ZIP64_LIMIT)
+    for r in plan.layout.records:
+        r.crc = crcs[r.name]
+    return bytes(out)
+
+
+def zip_image_state(seed):
+    sd = many(120, seed=seed)
+    sd["empty"] = torch.empty(0)
+    sd["big"] = torch.arange(70000, dtype=torch.float32)
+    sd["byte"] = torch.tensor([7], dtype=torch.uint8)
+    return sd
+
+
+@pytest.mark.parametrize("limit", [None, 6000])
+@pytest.mark.parametrize("nparts", [1, 2, 3])
+@pytest.mark.parametrize("window", [512, 4096 + 7, 1 << 20])
+def test_zip_image_fills_the_file_window_by_window(monkeypatch, limit, nparts, window):
+    """ZipImage makes plan's file byte for byte as a reference assembler in
+    Python does, for windows that cut headers, tensors, descriptors and
+    the directory anywhere, each window's tensor bytes copied in 1-3
+    parts (zip64 records with the limit lowered); the records' crc
+    attributes are set once the directory is made."""
+    from nvio._base import torchzip as _zip
+    if limit:
+        monkeypatch.setattr(_zip, "ZIP64_LIMIT", limit)
+    plan = _plan.Plan(zip_image_state(21), "z.pt", meta_align=64)
+    want = reference_image(plan)
+    assert len(want) == plan.size
+    for r, _ in plan.data:
+        r.crc = 0xDEADBEEF                          # stale: must be recomputed
+    img = nvio._nvio.ZipImage(plan.layout.records, plan.meta,
+                              [s.data_ptr() for _, s in plan.data], plan.dir_offset,
+                              plan.size, nparts, _zip.ZIP64_LIMIT)
+    buf = torch.full((window,), 0xAA, dtype=torch.uint8)
+    got = bytearray()
+    for w0 in range(0, plan.size, window):
+        w1 = min(w0 + window, plan.size)
+        buf.fill_(0xAA)
+        for part in reversed(range(nparts)):        # in any order
+            img.copy(buf.data_ptr(), w0, w1, part)
+        img.fill(buf.data_ptr(), w0, w1)
+        got += bytes(buf[:w1 - w0].numpy())
+    assert bytes(got) == want
+    for r, s in plan.data:
+        assert r.crc == zlib.crc32(bytes(u8(s).numpy()) if r.size else b""), r.name
+    if limit:
+        assert any(r.zip64 for r, _ in plan.data)
+
+
+def test_zip_image_in_place_checksums_a_snapshot():
+    """With one address for the sources (an image in memory, tensor bytes
+    at their offsets), ZipImage copies nothing: it checksums those bytes
+    and fills in the rest around them."""
+    from nvio._base import torchzip as _zip
+    plan = _plan.Plan(zip_image_state(22), "z.pt")
+    want = reference_image(plan)
+    image = torch.zeros(plan.size, dtype=torch.uint8)
+    for r, s in plan.data:
+        if r.size:
+            image[r.data_offset:r.end] = u8(s)
+    img = nvio._nvio.ZipImage(plan.layout.records, plan.meta, image.data_ptr(),
+                              plan.dir_offset, plan.size, 2, _zip.ZIP64_LIMIT)
+    window = 40000
+    for w0 in range(0, plan.size, window):
+        w1 = min(w0 + window, plan.size)
+        base = image.data_ptr() + w0
+        img.copy(base, w0, w1, 0)
+        img.copy(base, w0, w1, 1)
+        img.fill(base, w0, w1)
+    assert bytes(image.numpy()) == want
+
+
+def test_zip_image_refuses_what_would_make_a_wrong_file():
+    """Windows out of order, a window filled before it is copied, sources
+    that do not match the records, a bad part: each a clear error, before
+    any wrong byte is produced."""
+    from nvio._base import torchzip as _zip
+    plan = _plan.Plan(zip_image_state(23), "z.pt")
+    srcs = [s.data_ptr() for _, s in plan.data]
+    make = lambda sources, nparts=1: nvio._nvio.ZipImage(  # noqa: E731
+        plan.layout.records, plan.meta, sources, plan.dir_offset, plan.size, nparts,
+        _zip.ZIP64_LIMIT)
+    buf = torch.zeros(plan.size, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="sources for more data records"):
+        make(srcs[:-1])
+    with pytest.raises(ValueError, match="sources for"):
+        make(srcs + [srcs[0]])
+    with pytest.raises(ValueError, match="nparts 0"):
+        make(srcs, 0)
+    img = make(srcs, 2)
+    with pytest.raises(ValueError, match="part 2 of 2"):
+        img.copy(buf.data_ptr(), 0, 4096, 2)
+    with pytest.raises(ValueError, match=r"window \[0, %d\)" % (plan.size + 1)):
+        img.copy(buf.data_ptr(), 0, plan.size + 1, 0)
+    with pytest.raises(ValueError, match="windows go in order"):
+        img.fill(buf.data_ptr(), 4096, 8192)
+    first = plan.data[0][0]
+    w1 = first.end + first.descriptor_size
+    img.copy(buf.data_ptr(), 0, w1, 0)              # part 1 of 2 never copied
+    with pytest.raises(RuntimeError, match="is not copied|before its CRC is known"):
+        img.fill(buf.data_ptr(), 0, w1)
+    bad = _plan.Plan(zip_image_state(23), "z.pt")
+    bad.layout.records[3].header_offset += 1
+    with pytest.raises(ValueError, match="not contiguous|local header"):
+        nvio._nvio.ZipImage(bad.layout.records, bad.meta, srcs, bad.dir_offset, bad.size,
+                            1, _zip.ZIP64_LIMIT)
+
+
+@pytest.mark.parametrize("limit", [None, 3000])
+def test_zip_directory_is_appnotes(monkeypatch, limit):
+    """Layout.directory() (made in C) equals the reference made in Python,
+    zip64 fields included (limit lowered for sizes and offsets)."""
+    from nvio._base import torchzip as _zip
+    if limit:
+        monkeypatch.setattr(_zip, "ZIP64_LIMIT", limit)
+    plan = _plan.Plan(zip_image_state(24), "d.pt", meta_align=64)
+    for i, (r, _) in enumerate(plan.data):
+        r.crc = (i * 2654435761) & 0xFFFFFFFF
+    d = plan.layout.directory()
+    assert d == reference_directory(plan.layout.records, plan.layout.cursor,
+                                    _zip.ZIP64_LIMIT)
+    assert len(d) == plan.layout.directory_size()
+    if limit:
+        assert b"\x01\x00\x18\x00" in d and b"\x01\x00\x08\x00" in d  # sizes; offset
+    plan.layout.records[0].crc = None
+    with pytest.raises(TypeError):
+        plan.layout.directory()
 
 
 def test_persistent_id_filter_answers_plain_types_in_c():
@@ -429,18 +569,23 @@ def test_packed_writer_error_leaves_old_checkpoint(tmp_path, monkeypatch):
     nvio.save({"old": torch.ones(10)}, p)
     before = p.read_bytes()
     monkeypatch.setattr(_save, "PACK_WINDOW", 64 << 10)
-    orig = nvio._nvio.copy_crc_many
+    real = nvio._nvio.ZipImage
     n = [0]
 
-    def failing(jobs):
-        n[0] += 1
-        if n[0] == 3:
-            raise MemoryError("injected")
-        return orig(jobs)
-    monkeypatch.setattr(nvio._nvio, "copy_crc_many", failing)
+    class Failing:                      # the image, whose third copy fails
+        def __init__(self, *a):
+            self.img = real(*a)
+            self.fill = self.img.fill
+
+        def copy(self, *a):
+            n[0] += 1
+            if n[0] == 3:
+                raise MemoryError("injected")
+            return self.img.copy(*a)
+    monkeypatch.setattr(nvio._nvio, "ZipImage", Failing)
     with pytest.raises(MemoryError, match="injected"):
         nvio.save(many(300, seed=9), p)
-    # the failing window's other batches (one per CRC thread) ran; no later window
+    # the failing window's other parts (one per CRC thread) ran; no later window
     assert 3 <= n[0] < 3 + _crc.executor().n
     assert p.read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == ["ck.pt"]

@@ -82,12 +82,9 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-def crc_submit(regions, sources=None, chunk=CRC_CHUNK):
+def crc_submit(regions, chunk=CRC_CHUNK):
     """Start CRC-32s of host memory regions [(address, nbytes)]; returns a
-    callable that waits and gives the list of CRCs, in order. With
-    ``sources`` (an address per region), each region is first filled with
-    the bytes at its source (``copy_crc_many``: copied and checksummed in
-    one pass, the CRC read from the cache).
+    callable that waits and gives the list of CRCs, in order.
 
     ``result.settle()`` waits for every batch without raising (error paths
     that did not call it).
@@ -97,13 +94,11 @@ def crc_submit(regions, sources=None, chunk=CRC_CHUNK):
     each batch is one ``crc32_many`` call (no Python work per tensor), and
     the pieces of a region are joined with ``crc32_combine``."""
     ex = executor()
-    pieces = []                  # (address, nbytes) or (address, source, nbytes)
+    pieces = []                  # (address, nbytes)
     owner = []                   # region index of each piece
     for i, (addr, n) in enumerate(regions):
-        src = None if sources is None else sources[i]
         for off in range(0, n, chunk) if n else (0,):
-            k = min(chunk, n - off)
-            pieces.append((addr + off, k) if src is None else (addr + off, src + off, k))
+            pieces.append((addr + off, min(chunk, n - off)))
             owner.append(i)
     total = sum(p[-1] for p in pieces)
     share = -(-total // ex.n) if total else 1
@@ -114,12 +109,11 @@ def crc_submit(regions, sources=None, chunk=CRC_CHUNK):
         if acc >= share * (len(batches) + 1) or j == len(pieces) - 1:
             batches.append(pieces[start:j + 1])
             start = j + 1
-    fn = _nvio.crc32_many if sources is None else _nvio.copy_crc_many
-    futs = [ex.submit(fn, b) for b in batches]
+    futs = [ex.submit(_nvio.crc32_many, b) for b in batches]
 
     def settle():
         """Wait for every batch, raising nothing: for a caller's error path,
-        before it frees the memory they read (and, with sources, write)."""
+        before it frees the memory they read."""
         concurrent.futures.wait(futs)
 
     def result():

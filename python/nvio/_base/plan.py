@@ -13,6 +13,7 @@ state files; their CRCs come from :mod:`.crc`.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import copyreg
 import gc
@@ -28,6 +29,8 @@ import torch
 
 from .. import _device, _nvio
 from . import torchzip as _zip
+from .crc import executor as crc_executor
+from .pieces import wait_all
 
 #: Record data aligned to this by default: the page size (every O_DIRECT
 #: alignment Linux asks of a file on a local disk divides it).
@@ -330,3 +333,59 @@ class Plan:
         parts.append(self.layout.directory())
         runs.append((start, b"".join(parts)))
         return runs
+
+
+def write_image(plan, f, sources, window, windows=2, buffer=None, check=None):
+    """Write plan's file image to f window by window, in file order.
+    ``sources``: the address of each storage's bytes (plan.data's order),
+    copied into ``windows`` page-aligned buffers of ``window`` bytes (one
+    filled while the others are written); or ``buffer``, a LockedBuffer
+    that holds the image's tensor bytes at their offsets already
+    (async_save's snapshot; ``sources`` is then its address), whose
+    windows are checksummed, filled in and written in place. Each window:
+    its tensor bytes copied and checksummed in one pass by the CRC threads
+    and the caller side by side, the GIL released (``ZipImage.copy``),
+    then its CRCs joined and its headers, descriptors and directory filled
+    in (``ZipImage.fill``), then its write started. ``check()``, if given,
+    runs before each write (a cancelled save raises there)."""
+    size = plan.size
+    ex = crc_executor()
+    nparts = ex.n
+    img = _nvio.ZipImage(plan.layout.records, plan.meta, sources, plan.dir_offset, size,
+                         nparts, _zip.ZIP64_LIMIT)
+    if buffer is None:
+        window = min(window, -(-size // 4096) * 4096)
+        nwin = max(2, windows)
+        bufs = [_nvio.LockedBuffer(window) for _ in range(nwin)] if size else []
+    else:
+        nwin = 1 << 30                        # every window has its own bytes
+        bufs = [buffer]
+    futs = {}
+    try:
+        for k, w0 in enumerate(range(0, size, window)):
+            w1 = min(w0 + window, size)
+            slot = k % nwin
+            if buffer is None:
+                fut = futs.pop(slot, None)
+                if fut is not None:
+                    fut.result()              # its buffer is free again
+                mv = memoryview(bufs[slot])[:w1 - w0]
+                base = bufs[slot].address
+            else:
+                mv = memoryview(buffer)[w0:w1]
+                base = buffer.address + w0
+            parts = [ex.submit(img.copy, base, w0, w1, p) for p in range(1, nparts)]
+            try:
+                img.copy(base, w0, w1, 0)
+            finally:
+                concurrent.futures.wait(parts)
+            for p in parts:
+                p.result()
+            img.fill(base, w0, w1)
+            if check is not None:
+                check()
+            futs[slot if buffer is None else k] = f.pwrite_async(mv, w0)
+            del mv
+    finally:
+        wait_all(list(futs.values()))      # buffers are busy until then
+    del bufs

@@ -19,6 +19,8 @@ import stat
 import struct
 from dataclasses import dataclass, field
 
+from .. import _nvio
+
 # Signatures and fixed sizes (PKWARE APPNOTE 6.3.x).
 LOCAL_SIG = 0x04034B50
 CENTRAL_SIG = 0x02014B50
@@ -137,37 +139,10 @@ class Layout:
         return n
 
     def directory(self):
-        """Central directory and end records (needs every record's crc)."""
-        parts = []
-        for r in self.records:
-            name_b = r.name.encode("utf-8")
-            z = []
-            size32 = r.size
-            off32 = r.header_offset
-            if r.size >= ZIP64_LIMIT:
-                z += [r.size, r.size]
-                size32 = 0xFFFFFFFF
-            if r.header_offset >= ZIP64_LIMIT:
-                z.append(r.header_offset)
-                off32 = 0xFFFFFFFF
-            extra = struct.pack("<HH%dQ" % len(z), ZIP64_EXTRA_ID, 8 * len(z), *z) if z else b""
-            ver = 45 if z else 20
-            parts.append(struct.pack("<IHHHHHHIIIHHHHHII", CENTRAL_SIG, ver, ver,
-                                     FLAG_DESCRIPTOR | FLAG_UTF8, 0, 0, 0, r.crc,
-                                     size32, size32, len(name_b), len(extra), 0, 0, 0,
-                                     0, off32))
-            parts.append(name_b)
-            parts.append(extra)
-        cd = b"".join(parts)
-        cd_off = self.cursor
-        n = len(self.records)
-        z64_off = cd_off + len(cd)
-        tail = struct.pack("<IQHHIIQQQQ", ZIP64_EOCD_SIG, ZIP64_EOCD_SIZE - 12, 45, 45,
-                           0, 0, n, n, len(cd), cd_off)
-        tail += struct.pack("<IIQI", ZIP64_LOCATOR_SIG, 0, z64_off, 1)
-        tail += struct.pack("<IHHHHIIH", EOCD_SIG, 0, 0, min(n, 0xFFFF), min(n, 0xFFFF),
-                            min(len(cd), 0xFFFFFFFF), min(cd_off, 0xFFFFFFFF), 0)
-        return cd + tail
+        """Central directory and end records (needs every record's crc):
+        made in C (``_nvio.zip_directory``), where the packed writer's
+        image (``_nvio.ZipImage``) makes the same bytes."""
+        return _nvio.zip_directory(self.records, self.cursor, ZIP64_LIMIT)
 
 
 # --- reading ---------------------------------------------------------------

@@ -5,8 +5,8 @@
  * no torch call per tensor, and several threads copy side by side. Like
  * crc32_many, the caller vouches for the memory (nvio's checkpoint code
  * passes storages it holds and a buffer it owns); the regions must not
- * overlap. copy_crc_many also gives each item's CRC-32, computed as the
- * bytes are copied.
+ * overlap. (A checkpoint's packed windows copy and checksum in one pass
+ * through zipimage.c.)
  */
 #include "ext.h"
 
@@ -16,7 +16,6 @@ struct copy {
 	void *dst;
 	const void *src;
 	uint64_t n;
-	uint32_t crc;
 };
 
 /* The (dst address, src address, nbytes) items of the sequence arg,
@@ -75,65 +74,26 @@ fail:
 	return -1;
 }
 
-/* Bytes copied, then checksummed while still in the core's cache. */
-#define COPY_CRC_STEP (32u << 10)
-
-/*
- * The copies of arg; with crc, each item's CRC-32 too, computed
- * COPY_CRC_STEP bytes at a time right after they are copied (from the
- * cache, not from memory again): one pass over the source for a
- * checkpoint's packed window. None, or the list of CRCs.
- */
-static PyObject *copy_items(PyObject *arg, const char *fn, int crc)
-{
-	struct copy *c;
-	Py_ssize_t n = parse_copies(arg, fn, &c);
-	if (n < 0)
-		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	for (Py_ssize_t i = 0; i < n; i++) {
-		unsigned char *d = c[i].dst;
-		const unsigned char *s = c[i].src;
-		uint64_t step = crc ? COPY_CRC_STEP : c[i].n;
-		for (uint64_t off = 0; off < c[i].n; off += step) {
-			size_t k = (size_t)(c[i].n - off < step ? c[i].n - off : step);
-			memcpy(d + off, s + off, k);
-			if (crc)
-				c[i].crc = nvio_crc32(c[i].crc, d + off, k);
-		}
-	}
-	Py_END_ALLOW_THREADS
-	PyObject *out = crc ? PyList_New(n) : Py_NewRef(Py_None);
-	for (Py_ssize_t i = 0; crc && out && i < n; i++) {
-		PyObject *v = PyLong_FromUnsignedLong(c[i].crc);
-		if (!v)
-			Py_CLEAR(out);
-		else
-			PyList_SetItem(out, i, v);	/* steals v; cannot fail here */
-	}
-	PyMem_Free(c);
-	return out;
-}
-
 static PyObject *m_copy_many(PyObject *m, PyObject *arg)
 {
 	(void)m;
-	return copy_items(arg, "copy_many", 0);
-}
-
-static PyObject *m_copy_crc_many(PyObject *m, PyObject *arg)
-{
-	(void)m;
-	return copy_items(arg, "copy_crc_many", 1);
+	struct copy *c;
+	Py_ssize_t n = parse_copies(arg, "copy_many", &c);
+	if (n < 0)
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	for (Py_ssize_t i = 0; i < n; i++)
+		if (c[i].n)
+			memcpy(c[i].dst, c[i].src, (size_t)c[i].n);
+	Py_END_ALLOW_THREADS
+	PyMem_Free(c);
+	Py_RETURN_NONE;
 }
 
 static PyMethodDef copy_functions[] = {
 	{ "copy_many", m_copy_many, METH_O,
 	  "copy_many(copies)\n--\n\nCopy each (dst address, src address, nbytes) of host memory\n"
 	  "(regions must not overlap), the GIL released for the whole batch." },
-	{ "copy_crc_many", m_copy_crc_many, METH_O,
-	  "copy_crc_many(copies)\n--\n\ncopy_many, returning the CRC-32 of each item's bytes\n"
-	  "(computed as they are copied)." },
 	{ NULL, NULL, 0, NULL }
 };
 

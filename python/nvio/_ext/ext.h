@@ -22,6 +22,7 @@
  *              on a signal
  *   locked.c   LockedBuffer (nvio_mem_*), mem_query
  *   crc.c copy.c pickling.c   CRC-32, vectored memcpy, torch.save's ids
+ *   zipimage.c the file image of a torch.save zip archive, by windows
  *   buffers.c  borrowing a buffer or a vector for one op; holds
  *   errors.c   NvioError and its errno subclasses; raising from a failure
  *   args.c     argument parsers; the module of a type
@@ -252,6 +253,9 @@ int ext_copy_exec(PyObject *m, ext_state *st);
 
 /* A persistent_id for torch.save's pickling (pickling.c) */
 int ext_pickling_exec(PyObject *m, ext_state *st);
+
+/* The file image of a torch.save zip archive (zipimage.c) */
+int ext_zip_exec(PyObject *m, ext_state *st);
 
 /* Files several processes write, streams over the caller's staging
  * memory (shared.c) */

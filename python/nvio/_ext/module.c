@@ -378,6 +378,7 @@ static int module_exec(PyObject *m)
 	    ext_file_exec(m, st) < 0 || ext_stream_exec(m, st) < 0 ||
 	    ext_tagged_exec(m, st) < 0 || ext_crc_exec(m, st) < 0 ||
 	    ext_copy_exec(m, st) < 0 || ext_pickling_exec(m, st) < 0 ||
+	    ext_zip_exec(m, st) < 0 ||
 	    ext_shared_exec(m, st) < 0)
 		return -1;
 	if (PyModule_AddIntConstant(m, "VERSION_NUM", (long)nvio_version()) < 0 ||

@@ -32,10 +32,8 @@ import weakref
 import torch
 
 from .. import _device, _nvio
-from .._base.crc import crc32_combine, crc_submit
-from .._base.pieces import wait_all
 from .._base.handle import default_handle
-from .._base.plan import DEFAULT_ALIGN, Plan
+from .._base.plan import DEFAULT_ALIGN, Plan, write_image
 from .._base.space import open_atomic, reserve_space
 from .._futures import NvioFuture
 
@@ -328,71 +326,22 @@ class AsyncCheckpointer:
 
     def _write(self, plan, buf, path, durable, spare):
         self._check()
-        mv = memoryview(buf)
         h = self._handle
         if h is None:
             h = default_handle()
         with open_atomic(h, path, durable, spare) as f:
             reserve_space(f, plan.size)
-            _write_image(plan, buf, mv, f, self._check)
+            write_image(plan, f, buf.address, WRITE_WINDOW, buffer=buf, check=self._check)
             self._check()
             f.commit()
         return plan.size
 
 
-#: The snapshot is written WRITE_WINDOW bytes at a time, in file order: the
-#: CRC threads checksum a window's tensor bytes, its descriptors (and at
-#: the end the directory) are filled in, its write starts, and the next
-#: window is checksummed while it runs.
+#: The snapshot is written WRITE_WINDOW bytes at a time, in file order: a
+#: window's tensor bytes are checksummed, its descriptors (and at the end
+#: the directory) filled in, its write started, and the next window is
+#: checksummed while it runs (``write_image``).
 WRITE_WINDOW = 64 << 20
-
-
-def _write_image(plan, buf, mv, f, check):
-    """Write the file image in buf (tensor bytes at their offsets) to f:
-    local headers and small records first (no CRC needed), then window by
-    window, each written as soon as the CRCs of the records it completes are
-    known, so that writing overlaps checksumming (the whole image was
-    checksummed before its one write started: CRC time + write time)."""
-    recs = [r for r, _ in plan.data]
-    for r in recs:
-        r.crc = None if r.size else 0
-    for r in plan.layout.records:
-        mv[r.header_offset:r.header_offset + len(r.local)] = r.local
-        m = plan.meta.get(r.name)
-        if m is not None:
-            mv[r.data_offset:r.data_offset + len(m)] = m
-    byend = sorted(plan.layout.records, key=lambda r: r.end)
-    futs = []
-    i = j = 0                               # recs with data before w0; descriptors filled
-    try:
-        for w0 in range(0, plan.size, WRITE_WINDOW):
-            w1 = min(w0 + WRITE_WINDOW, plan.size)
-            while i < len(recs) and recs[i].end <= w0:
-                i += 1
-            parts, regions = [], []
-            k = i
-            while k < len(recs) and recs[k].data_offset < w1:
-                r = recs[k]
-                lo, hi = max(r.data_offset, w0), min(r.end, w1)
-                if hi > lo:
-                    parts.append((r, hi - lo))
-                    regions.append((buf.address + lo, hi - lo))
-                k += 1
-            if regions:
-                for (r, n), c in zip(parts, crc_submit(regions)()):
-                    r.crc = c if r.crc is None else crc32_combine(r.crc, c, n)
-            while j < len(byend) and byend[j].end < w1:     # descriptors starting here
-                r = byend[j]
-                d = r.descriptor()
-                mv[r.end:r.end + len(d)] = d
-                j += 1
-            if w0 <= plan.dir_offset < w1:           # every CRC is known by now
-                d = plan.layout.directory()
-                mv[plan.dir_offset:plan.dir_offset + len(d)] = d
-            check()
-            futs.append(f.pwrite_async(mv[w0:w1], w0))
-    finally:
-        wait_all(futs)                      # the buffer is busy until then
 
 
 _all = weakref.WeakSet()

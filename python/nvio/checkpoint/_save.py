@@ -27,7 +27,7 @@ from .._base.crc import crc_device, crc_submit, executor
 from .._base.handle import default_handle
 from .._base.pieces import wait_all as _wait_all
 from .._base.pieces import write_device
-from .._base.plan import DEFAULT_ALIGN, Plan, gc_paused
+from .._base.plan import DEFAULT_ALIGN, Plan, gc_paused, write_image
 from .._base.space import open_atomic, reserve_space
 from .._base.views import u8
 from ._dist import save_group
@@ -53,9 +53,6 @@ PACK_MEAN_MAX = 1 << 20
 #: (one being filled while the others are written).
 PACK_WINDOW = 32 << 20
 PACK_WINDOWS = 2
-#: A window's bytes are copied and checksummed by the CRC threads side by
-#: side, in pieces of at most this many bytes.
-PACK_CHUNK = 4 << 20
 
 
 def _packs(plan):
@@ -67,103 +64,21 @@ def _packs(plan):
 
 def write_packed(plan, f):
     """Write a checkpoint of many small host storages as its file image,
-    PACK_WINDOW bytes at a time: the CRC threads copy the window's tensor
-    bytes into a page-aligned buffer side by side, checksumming them as
-    they go (``crc_submit`` with sources: ``copy_crc_many``, one pass over
-    memory, the GIL released), the caller fills in the
-    headers, descriptors and directory that fall in the window, and
-    starts one write of the whole window, then fills the other buffer
-    while it runs. Each record's descriptor follows its data, so its CRC
-    is complete when the descriptor's window is filled; the directory
-    comes last. One copy of the bytes buys whole-window O_DIRECT writes
-    instead of a direct write, a buffered tail and a buffered header per
-    record (thousands of small writes, and as many dirty pages to flush)."""
+    PACK_WINDOW bytes at a time, through a ``_nvio.ZipImage`` (the file as
+    pieces: headers, small records, tensor bytes, descriptors, the
+    directory; no Python work per record): the CRC threads and the caller
+    copy the window's tensor bytes into a page-aligned buffer side by side,
+    checksumming them in the same pass (the GIL released), then the
+    window's CRCs are joined and its headers, descriptors and directory
+    filled in, its write starts, and the other buffer is filled while it
+    runs. Each record's descriptor follows its data, so its CRC is
+    complete when the descriptor's window is filled; the directory comes
+    last. One copy of the bytes buys whole-window O_DIRECT writes instead
+    of a direct write, a buffered tail and a buffered header per record
+    (thousands of small writes, and as many dirty pages to flush)."""
     size = plan.size
     reserve_space(f, size)
-    for r, s in plan.data:
-        r.crc = None if r.size else 0
-    addr = {id(r): s.data_ptr() for r, s in plan.data}
-    # The file in order as pieces (offset, end, storage address or None,
-    # record or run): a storage's bytes, or a run of everything between two
-    # storages (the descriptor of the one before, local headers, small
-    # records; the directory at the end) whose parts are bytes or a record
-    # whose descriptor is made once its CRC is known. Two pieces a record,
-    # not one per header, data and descriptor: a state of 50,000 tiny
-    # tensors spent most of its save walking pieces.
-    segs = []
-    run, run_off = [], 0
-    for r in plan.layout.records:
-        run.append(r.local)
-        m = plan.meta.get(r.name)
-        if m is not None:
-            run.append(m)
-        elif r.size and id(r) in addr:          # tensor bytes, from the storage
-            segs.append((run_off, r.data_offset, None, run))
-            segs.append((r.data_offset, r.end, addr[id(r)], r))
-            run, run_off = [], r.end
-        run.append(r)                           # its descriptor
-    run.append(plan)                            # the directory
-    segs.append((run_off, size, None, run))
-    window = min(PACK_WINDOW, -(-size // 4096) * 4096)
-    nwin = max(2, PACK_WINDOWS)
-    bufs = [_nvio.LockedBuffer(window) for _ in range(nwin)] if size else []
-    made = {}                             # piece index -> its run's bytes
-    futs = [None] * nwin
-    i = 0
-    try:
-        for k, w0 in enumerate(range(0, size, window)):
-            w1 = min(w0 + window, size)
-            slot = k % nwin
-            if futs[slot] is not None:
-                fut, futs[slot] = futs[slot], None
-                fut.result()              # its buffer is free again
-            buf = bufs[slot]
-            base = buf.address
-            while i < len(segs) and segs[i][1] <= w0:
-                i += 1
-            j = i
-            copies, parts, metas = [], [], []
-            while j < len(segs) and segs[j][0] < w1:
-                off, end, src, x = segs[j]
-                lo = off if off > w0 else w0
-                hi = end if end < w1 else w1
-                if hi > lo:
-                    if src is not None:
-                        copies.append((base + lo - w0, src + lo - off, hi - lo))
-                        parts.append((x, hi - lo))
-                    else:
-                        metas.append((j, lo, hi))
-                j += 1
-            crcs = crc_submit([(d, n) for d, _, n in copies], [a for _, a, _ in copies],
-                              PACK_CHUNK)()
-            for (r, n), c in zip(parts, crcs):
-                r.crc = c if r.crc is None else _nvio.crc32_combine(r.crc, c, n)
-            mv = memoryview(buf)
-            for j, lo, hi in metas:
-                off, end = segs[j][0], segs[j][1]
-                b = made.get(j)
-                if b is None:             # every CRC it needs is known: see above
-                    b = made[j] = _run_bytes(segs[j][3], plan)
-                    if len(b) != end - off:
-                        raise RuntimeError("nvio.save: %s: the records between offsets %d "
-                                           "and %d make %d bytes (a layout that is not "
-                                           "contiguous)" % (plan.path, off, end, len(b)))
-                mv[lo - w0:hi - w0] = b[lo - off:hi - off]
-                if hi == end:
-                    del made[j]           # written whole: its bytes can go
-            futs[slot] = f.pwrite_async(mv[:w1 - w0], w0)
-            del mv
-    finally:
-        _wait_all([x for x in futs if x is not None])   # buffers are busy until then
-    del bufs
-
-
-def _run_bytes(run, plan):
-    """The bytes of a run of write_packed's: bytes as they are, a record's
-    descriptor, the plan's directory."""
-    return b"".join(p if type(p) is bytes else
-                    p.descriptor() if p is not plan else plan.layout.directory()
-                    for p in run)
+    write_image(plan, f, [s.data_ptr() for _, s in plan.data], PACK_WINDOW, PACK_WINDOWS)
 
 
 #: A host storage's bytes go to the file straight from its memory when its
