@@ -68,6 +68,12 @@ def is_device(storage):
     return _provider is not None and _provider.owns(storage)
 
 
+def any_provided(storages):
+    """Whether any of these storages is a device provider's memory (never
+    without a provider: no call per storage then)."""
+    return _provider is not None and any(_provider.owns(s) for s in storages)
+
+
 def to_host(storage):
     """A storage the host can read: itself on the CPU, else a CPU copy."""
     if _provider is not None and _provider.owns(storage):

@@ -309,6 +309,41 @@ def test_zip_image_refuses_what_would_make_a_wrong_file():
                             1, _zip.ZIP64_LIMIT)
 
 
+def reference_local_header(name_b, size, cursor, align, limit):
+    """A local header as APPNOTE and torch.save lay it out, in Python."""
+    zip64 = size >= limit
+    extra = struct.pack("<HHQQ", 1, 16, 0, 0) if zip64 else b""
+    start = cursor + 30 + len(name_b) + len(extra) + 4
+    pad = -start % align
+    extra += struct.pack("<HH", 0x4246, pad) + b"Z" * pad
+    sz = 0xFFFFFFFF if zip64 else 0
+    return struct.pack("<IHHHHHIIIHH", 0x04034B50, 45 if zip64 else 20, 0x808, 0, 0, 0, 0,
+                       sz, sz, len(name_b), len(extra)) + name_b + extra, start + pad
+
+
+@pytest.mark.parametrize("limit", [1 << 32, 100])
+def test_zip_local_header_is_appnotes(limit):
+    """zip_local_header (C) equals the reference for names of any length
+    (UTF-8 too), every cursor modulo the alignment, zip64 sizes; its data
+    offset is torchzip.data_start's; padding that a zip field cannot hold
+    is refused with the record's name."""
+    from nvio._base import torchzip as _zip
+    for name in ("a", "archive/data/0", "ck/\u00e9t\u00e9/" + "x" * 300):
+        nb = name.encode("utf-8")
+        for align in (64, 4096, 1 << 15):
+            for cursor in (0, 1, 63, 4095, 4097, (1 << 33) + 5):
+                for size in (0, 99, 100, 5000):
+                    want = reference_local_header(nb, size, cursor, align, limit)
+                    got = nvio._nvio.zip_local_header(name, size, cursor, align, limit)
+                    assert got == want, (name, align, cursor, size)
+                    if limit == 1 << 32:
+                        assert got[1] == _zip.data_start(cursor, nb, size, align)
+    with pytest.raises(ValueError, match="'big': .* bytes of padding .* 65535"):
+        nvio._nvio.zip_local_header("big", 1, 1, 1 << 20, limit)
+    with pytest.raises(ValueError, match="align 3"):
+        nvio._nvio.zip_local_header("a", 1, 0, 3, limit)
+
+
 @pytest.mark.parametrize("limit", [None, 3000])
 def test_zip_directory_is_appnotes(monkeypatch, limit):
     """Layout.directory() (made in C) equals the reference made in Python,

@@ -265,10 +265,18 @@ class Plan:
         except (pickle.PicklingError, TypeError, AttributeError, RuntimeError) as e:
             raise CheckpointError("nvio.save: %s: cannot pickle the object: %s"
                                   % (self.path, e), self.path) from e
+        on_host = True
         for key, s in self.storages.items():
-            if s.device.type == "meta":
-                raise CheckpointError("nvio.save: %s: storage %s is on the meta device "
-                                      "(it has no data to save)" % (self.path, key), self.path)
+            kind = s.device.type
+            if kind != "cpu":
+                if kind == "meta":
+                    raise CheckpointError("nvio.save: %s: storage %s is on the meta device "
+                                          "(it has no data to save)" % (self.path, key),
+                                          self.path)
+                on_host = False
+        #: every storage is in host memory (none on a device, none a device
+        #: provider's): the packed writer may copy them all
+        self.on_host = on_host and not _device.any_provided(self.storages.values())
         pre = (archive or archive_name(path)) + "/"
         if meta_align is not None and (meta_align < 1 or meta_align & (meta_align - 1)):
             raise ValueError("nvio: meta_align must be a power of two, not %r" % (meta_align,))

@@ -86,30 +86,10 @@ def data_start(cursor, name_b, size, align):
     """Where the data of a record whose local header is at cursor starts:
     after the fixed part, the name, a zip64 field if size needs one, and a
     padding field (4 bytes and the padding) up to a multiple of align. The
-    layout nvio writes (_local_header) and torch.save's too, so a loader can
+    layout nvio writes (``_nvio.zip_local_header``) and torch.save's too, so a loader can
     predict offsets without reading the header."""
     start = cursor + LOCAL_SIZE + len(name_b) + (20 if size >= ZIP64_LIMIT else 0) + 4
     return start + (-start % align)
-
-
-def _local_header(name_b, size, cursor, align):
-    """The local header of a record at cursor whose data must start on a
-    multiple of align: (header bytes, data offset)."""
-    zip64 = size >= ZIP64_LIMIT
-    extra = b""
-    if zip64:
-        # With a descriptor the local sizes are unknown-in-advance: 0xFFFFFFFF
-        # here and in the zip64 field, the real ones after the data (20 bytes,
-        # as data_start counts).
-        extra = struct.pack("<HHQQ", ZIP64_EXTRA_ID, 16, 0, 0)
-    start = cursor + LOCAL_SIZE + len(name_b) + len(extra) + 4
-    pad = data_start(cursor, name_b, size, align) - start
-    extra += struct.pack("<HH", PAD_EXTRA_ID, pad) + b"Z" * pad
-    sz = 0xFFFFFFFF if zip64 else 0
-    fixed = struct.pack("<IHHHHHIIIHH", LOCAL_SIG, 45 if zip64 else 20,
-                        FLAG_DESCRIPTOR | FLAG_UTF8, 0, 0, 0, 0, sz, sz,
-                        len(name_b), len(extra))
-    return fixed + name_b + extra, start + pad
 
 
 @dataclass
@@ -123,8 +103,8 @@ class Layout:
     def add(self, name, size, align=None):
         """Place the next record (data aligned to ``align``, by default
         self.align); returns it."""
-        name_b = name.encode("utf-8")
-        local, data_off = _local_header(name_b, size, self.cursor, align or self.align)
+        local, data_off = _nvio.zip_local_header(name, size, self.cursor,
+                                                 align or self.align, ZIP64_LIMIT)
         r = Record(name, size, self.cursor, data_off, 0, local)
         self.records.append(r)
         self.cursor = r.end + r.descriptor_size

@@ -26,7 +26,9 @@
  * is known by then), and each tensor record's `crc` attribute is set at
  * that moment. zip_directory(records, cursor, zip64_limit) makes the same
  * bytes from records whose CRCs are set: torchzip.Layout.directory() is
- * that call, so the format is written in one place.
+ * that call, and zip_local_header() makes Layout.add()'s local headers:
+ * the format's headers are written in this one place (the 16- or 24-byte
+ * descriptor also by Record.descriptor(), for the direct writers).
  *
  * A state of 50,000 tiny tensors spent 0.37 s of its 1.0 s save walking
  * these pieces in Python; the caller vouches for the addresses as for
@@ -736,7 +738,78 @@ done:
 	return out;
 }
 
+/*
+ * zip_local_header(name, size, cursor, align, zip64_limit) -> (header,
+ * data offset): the local header of a record whose header starts at
+ * cursor and whose data must start on a multiple of align: the fixed
+ * part (CRC and sizes in the descriptor after the data), the UTF-8 name,
+ * a zip64 field when size >= zip64_limit, and torch's padding field
+ * ("FB", filled with "Z") up to the data. Where the data starts is
+ * torchzip.data_start(), which loaders use to predict offsets.
+ */
+static PyObject *m_zip_local_header(PyObject *m, PyObject *args)
+{
+	(void)m;
+	PyObject *name;
+	unsigned long long size, cursor, align, limit;
+	if (!PyArg_ParseTuple(args, "UKKKK:zip_local_header", &name, &size, &cursor, &align,
+			      &limit))
+		return NULL;
+	Py_ssize_t nl;
+	const char *nb = PyUnicode_AsUTF8AndSize(name, &nl);
+	if (!nb)
+		return NULL;
+	if (!align || (align & (align - 1)) || nl > 0xFFFF) {
+		PyErr_Format(PyExc_ValueError, "nvio: zip record %R: align %llu (a power of "
+			     "two), a name of %zd bytes (at most 65535)", name, align, nl);
+		return NULL;
+	}
+	int zip64 = size >= limit;
+	uint64_t start = cursor + 30 + (uint64_t)nl + (zip64 ? 20 : 0) + 4;
+	uint64_t pad = (align - start % align) % align;
+	uint64_t xlen = (zip64 ? 20 : 0) + 4 + pad;
+	if (xlen > 0xFFFF) {
+		PyErr_Format(PyExc_ValueError, "nvio: zip record %R: %llu bytes of padding to "
+			     "align its data to %llu (a zip extra field holds at most 65535)",
+			     name, (unsigned long long)pad, align);
+		return NULL;
+	}
+	PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(30 + nl + xlen));
+	if (!out)
+		return NULL;
+	unsigned char *p = (unsigned char *)PyBytes_AsString(out);
+	uint32_t sz = zip64 ? 0xFFFFFFFFu : 0;
+	le32(p, 0x04034B50u);
+	le16(p + 4, zip64 ? 45 : 20);
+	le16(p + 6, (1u << 3) | (1u << 11));	/* descriptor, UTF-8 */
+	le16(p + 8, 0);				/* stored */
+	le16(p + 10, 0);
+	le16(p + 12, 0);
+	le32(p + 14, 0);			/* CRC: in the descriptor */
+	le32(p + 18, sz);
+	le32(p + 22, sz);
+	le16(p + 26, (unsigned)nl);
+	le16(p + 28, (unsigned)xlen);
+	memcpy(p + 30, nb, (size_t)nl);
+	p += 30 + nl;
+	if (zip64) {		/* sizes unknown in advance: in the descriptor */
+		le16(p, 0x0001);
+		le16(p + 2, 16);
+		le64(p + 4, 0);
+		le64(p + 12, 0);
+		p += 20;
+	}
+	le16(p, 0x4246);			/* "FB": torch's padding field */
+	le16(p + 2, (unsigned)pad);
+	memset(p + 4, 'Z', (size_t)pad);
+	return Py_BuildValue("(NK)", out, (unsigned long long)(start + pad));
+}
+
 static PyMethodDef zip_functions[] = {
+	{ "zip_local_header", m_zip_local_header, METH_VARARGS,
+	  "zip_local_header(name, size, cursor, align, zip64_limit)\n--\n\n(header bytes, data "
+	  "offset) of a zip record whose header\nstarts at cursor and whose data starts on a "
+	  "multiple of align." },
 	{ "zip_directory", m_zip_directory, METH_VARARGS,
 	  "zip_directory(records, cursor, zip64_limit)\n--\n\nThe central directory and end "
 	  "records of zip records\n(name, size, header_offset, crc) whose directory starts at "

@@ -57,9 +57,7 @@ PACK_WINDOWS = 2
 
 def _packs(plan):
     n = len(plan.data)
-    if n < PACK_MIN_RECORDS or plan.data_bytes > n * PACK_MEAN_MAX:
-        return False
-    return all(s.device.type == "cpu" and not _device.is_device(s) for _, s in plan.data)
+    return n >= PACK_MIN_RECORDS and plan.data_bytes <= n * PACK_MEAN_MAX and plan.on_host
 
 
 def write_packed(plan, f):
