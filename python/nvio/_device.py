@@ -98,6 +98,12 @@ def location(storage):
     return torch.serialization.location_tag(storage)
 
 
+def plain_cpu_tags():
+    """Whether every CPU storage's location tag is "cpu" (no device provider,
+    whose memory looks like the CPU's, and no package's own tagger)."""
+    return _provider is None and not _custom_tags()
+
+
 _tags_seen = (-1, True)     # (registry length, whether some tagger is not torch's)
 
 

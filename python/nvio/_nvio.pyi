@@ -73,14 +73,43 @@ class ZipImage:
         join its CRCs and write its headers, small records, descriptors and
         directory; the directory's window sets the records' crc."""
 
+def zip_local_header(name: str, size: int, cursor: int, align: int, zip64_limit: int,
+                     /) -> tuple[bytes, int]:
+    """(local header bytes, data offset) of a zip record whose header starts
+    at cursor and whose data starts on a multiple of align (torch.save's
+    padding field; a zip64 field when size >= zip64_limit)."""
+
 def zip_directory(records: list[Any], cursor: int, zip64_limit: int, /) -> bytes:
     """The central directory and end records of zip records (name, size,
     header_offset, crc) whose directory starts at cursor."""
 
 def persistent_id_filter(plain: set[type] | frozenset[type],
                          fn: Callable[[Any], Any], /) -> Callable[[Any], Any]:
-    """A persistent_id for a pickler: None for objects whose exact type is
-    in plain, fn(obj) for the others."""
+    """A persistent_id for a pickler: a PersistentId's pid, None for objects
+    whose exact type is in plain, fn(obj) for the others."""
+
+class PersistentId:
+    """An object persistent_id_filter's persistent_id answers with pid."""
+
+    pid: Any
+
+    def __init__(self, pid: Any, /) -> None: ...
+
+class TensorReducer:
+    """torch.save's reduction of a plain CPU tensor, in C, for a pickler's
+    dispatch table (see nvio/_ext/pickling.c): (rebuild, args) with the
+    storage as a PersistentId whose id is torch.save's, made in the dicts
+    given (nvio._base.plan._StorageIds'); any other tensor goes to slow(t)."""
+
+    def __init__(self, *, slow: Callable[[Any], Any], rebuild: Any, strided: Any,
+                 v3: set[Any] | frozenset[Any], tls: Any, has_storage: Callable[[Any], bool],
+                 meta_of: Callable[[Any], Any], odict: type, stypes: dict[Any, Any],
+                 stype_fn: Callable[[Any], Any], keys: dict[Any, str],
+                 storages: dict[str, Any], types: dict[str, Any], dtypes: dict[int, Any],
+                 location: str | None, location_fn: Callable[[Any], str],
+                 pickling_error: type) -> None: ...
+
+    def __call__(self, t: Any, /) -> Any: ...
 
 def pickle_scan(data: bytes, roles: dict[bytes, int], /) -> tuple[bool, list[str]]:
     """(fast, keys): whether nvio.load may unpickle data (a checkpoint's

@@ -14,6 +14,7 @@ import io
 import os
 import pickle
 import struct
+import warnings
 import zipfile
 import zlib
 
@@ -66,8 +67,12 @@ def pickle_of(obj, fast):
     return buf.getvalue(), list(st)
 
 
+@pytest.mark.parametrize("in_c", [True, False])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_fast_reduction_pickles_the_same_bytes(name, tmp_path):
+def test_fast_reduction_pickles_the_same_bytes(name, in_c, tmp_path, monkeypatch):
+    """The fast reduction (CPU tensors in C, or all in Python) pickles the
+    bytes and storage keys of torch's own reduction, and of torch.save."""
+    monkeypatch.setattr(_plan, "C_REDUCE", in_c)
     obj = CASES[name]
     fast, keys_fast = pickle_of(obj, True)
     slow, keys_slow = pickle_of(obj, False)
@@ -96,6 +101,41 @@ def test_fast_reduction_is_really_taken(monkeypatch):
     t.x = 1
     pickle_of({"t": t}, True)
     assert len(calls) == 1 and calls[0] is t
+    table = _plan._Pickler(io.BytesIO(), 2, {}).dispatch_table
+    assert type(table[torch.Tensor]) is nvio._nvio.TensorReducer
+
+
+def test_c_reduction_hands_other_tensors_to_python_and_keeps_torch_rules(monkeypatch):
+    """TensorReducer: what it does not take (a tensor with hooks, a
+    subclass's own reduction, torch's skip_data) goes to the Python
+    reduction, giving the bytes it gives; two dtypes over one memory is
+    refused with the dtypes named, in C as in Python; a location given
+    (DCP's "cpu") is what the ids say."""
+    def both(obj, **kw):
+        out = []
+        for in_c in (True, False):
+            monkeypatch.setattr(_plan, "C_REDUCE", in_c)
+            st = {}
+            buf = io.BytesIO()
+            _plan._Pickler(buf, 2, st, **kw).dump(obj)
+            out.append((buf.getvalue(), list(st)))
+        assert out[0] == out[1]
+        return out[0]
+    hooked = torch.ones(3, requires_grad=True)
+    hooked.register_hook(lambda g: g)
+    both({"h": torch.zeros(2), "x": torch.arange(5)[1:4]})
+    with warnings.catch_warnings():                 # torch warns of the hook it drops
+        warnings.simplefilter("ignore")
+        both({"h": hooked, "p": torch.nn.Parameter(torch.ones(2))})
+    with torch.serialization.skip_data():
+        both({"a": torch.ones(4), "b": torch.zeros(2, 3).t()})
+    both({"a": torch.ones(4), "b": torch.ones(4)[::2]}, location="cpu")
+    a = torch.zeros(4)
+    for in_c in (True, False):
+        monkeypatch.setattr(_plan, "C_REDUCE", in_c)
+        with pytest.raises(pickle.PicklingError,
+                           match=r"different dtypes \(torch.float32 and torch.int32\)"):
+            _plan._Pickler(io.BytesIO(), 2, {}).dump({"a": a, "b": a.view(torch.int32)})
 
 
 def many(n=1200, seed=3):
@@ -381,6 +421,9 @@ def test_persistent_id_filter_answers_plain_types_in_c():
         pass
     assert pid(2.5) == ("id", 1)
     assert pid(MyInt(4)) == ("id", 2)
+    assert seen == [2.5, MyInt(4)]
+    made = ("storage", None, "7", "cpu", 1)
+    assert pid(nvio._nvio.PersistentId(made)) is made      # made ahead: fn not asked
     assert seen == [2.5, MyInt(4)]
     with pytest.raises(TypeError, match="plain must be a set"):
         nvio._nvio.persistent_id_filter([int], fn)
@@ -686,6 +729,7 @@ def test_gc_paused_while_pickling_and_restored(tmp_path, monkeypatch):
         return orig(self, obj)
     orig = _plan._StorageIds.__call__
     monkeypatch.setattr(_plan._StorageIds, "__call__", spy)
+    monkeypatch.setattr(_plan, "C_REDUCE", False)       # ids made in Python: spied
     assert gc.isenabled()
     nvio.save({"a": torch.ones(3)}, tmp_path / "a.pt")
     assert states and not any(states)
