@@ -378,6 +378,44 @@ def test_files_are_torch_save_images_and_crc32_is_optional(tmp_path):
             assert (bad is None) == crc, (crc, bad)
 
 
+def test_no_collection_runs_while_the_data_files_are_written(tmp_path, monkeypatch):
+    """The writer pauses the cyclic collector while it lays out and writes
+    its images (a Plan each, thousands of records): with thresholds so low
+    that 300 items would start hundreds of collections, none starts inside
+    _write_files; the collector is on after the save, which loads back."""
+    import gc
+    sd = {"t%d" % i: torch.full((50 + i,), float(i)) for i in range(300)}
+    events, inside = [], []
+    orig = nd.FileSystemWriter._write_files
+
+    def spy(self, *a):
+        n = len(events)
+        try:
+            return orig(self, *a)
+        finally:
+            inside.append(len(events) - n)
+    monkeypatch.setattr(nd.FileSystemWriter, "_write_files", spy)
+
+    def note(phase, info):
+        if phase == "start":
+            events.append(info["generation"])
+    old = gc.get_threshold()
+    gc.collect()
+    gc.set_threshold(10, 1, 1)
+    gc.callbacks.append(note)
+    try:
+        junk = [[i] for i in range(100)]        # the thresholds do start collections
+        assert events
+        del junk
+        save1(sd, nd.FileSystemWriter(tmp_path))
+    finally:
+        gc.callbacks.remove(note)
+        gc.set_threshold(*old)
+    assert inside == [0] and gc.isenabled()
+    assert_same(sd, load1({k: torch.zeros_like(v) for k, v in sd.items()},
+                          nd.FileSystemReader(tmp_path)))
+
+
 def test_single_file_per_rank_false_and_sync_files_false(tmp_path):
     sd = state(2)
     save1(sd, nd.FileSystemWriter(tmp_path, single_file_per_rank=False, sync_files=False))
