@@ -91,7 +91,8 @@ from ._base.group import Group, GroupFailure, barrier, group_timeout
 from ._base.handle import default_handle
 from ._base.pieces import locked_buffer, write_device
 from ._base.pickles import check_pickle
-from ._base.plan import DEFAULT_ALIGN, CheckpointError, Plan, gc_paused
+from ._base.plan import DEFAULT_ALIGN, CheckpointError, Plan, gc_paused, image_item, packs
+from ._base.plan import write_images
 from ._base.space import atomic_flags, reserve_space
 from ._base.views import tensor_u8 as _u8
 from ._base.views import u8
@@ -113,6 +114,8 @@ _SPARE_TAG = "b"
 _ROTATING_NAME = re.compile(r"^__\d+_\d+(\.b)?\.distcp$")
 #: Small records of each torch.save image are packed as torch.save packs them.
 _META_ALIGN = 64
+#: Bytes of a packed rank file (many small host tensors) per window.
+PACK_WINDOW = 32 << 20
 #: Bytes read from the start and the end of each image to find its pickle,
 #: local headers and zip directory (more is read when they do not fit).
 _HEAD = 4096
@@ -159,7 +162,7 @@ class _Image:
         return self.plan.size if self.plan is not None else len(self.raw)
 
 
-def _layout_file(items, resolve, path, align, crc):
+def _layout_file(items, resolve, path, align):
     """Lay out one rank file: [_Image] with offsets, and its size."""
     images, pos = [], 0
     for item in items:                  # bytes items first, packed, as DCP does
@@ -177,22 +180,42 @@ def _layout_file(items, resolve, path, align, crc):
                         location="cpu")
             images.append(_Image(item, pos, plan=plan, keep=(t, keep)))
             pos += plan.size
+    return images, pos
+
+
+def _packed(images):
+    """Whether a rank file is written as its image through windows (many
+    small host tensors: _base.plan.packs)."""
+    return packs([im.plan for im in images if im.plan is not None])
+
+
+def _start_crcs(images):
+    """Start the CRC-32s of a rank file's records written straight from
+    the tensors (device storages through host copies)."""
     recs = [(r, s) for im in images if im.plan for r, s in im.plan.data]
     dev = [(r, s) for r, s in recs if _device.is_device(s)]
     if dev:
         _device.synchronize([s for _, s in dev])    # torch's writes to them ended
-    if crc:
-        dev_crcs = [executor().submit(crc_device, s, r.size) for r, s in dev]
-        _crc_batches(images)
-        try:
-            for (r, _), c in zip(dev, dev_crcs):
-                r.crc = c.result()
-        except BaseException:
-            for im in images:           # the CRC threads read the tensors
-                if im.ready is not None:
-                    im.ready.settle()
-            raise
-    return images, pos
+    dev_crcs = [executor().submit(crc_device, s, r.size) for r, s in dev]
+    _crc_batches(images)
+    try:
+        for (r, _), c in zip(dev, dev_crcs):
+            r.crc = c.result()
+    except BaseException:
+        for im in images:               # the CRC threads read the tensors
+            if im.ready is not None:
+                im.ready.settle()
+        raise
+
+
+def _write_packed(f, images, size, crc):
+    """Write a rank file of many small host tensors as its image, window by
+    window (_base.plan.write_images: raw items, each torch.save archive,
+    zeros between; one copy with the CRC-32 in the same pass)."""
+    items = [(im.base, im.raw) if im.raw is not None else
+             image_item(im.plan, [s.data_ptr() for _, s in im.plan.data], im.base)
+             for im in images if im.plan is not None or im.raw]
+    write_images(f, items, size, PACK_WINDOW, checksum=crc)
 
 
 #: Host tensor bytes per CRC batch of a rank file: each batch's CRCs are
@@ -545,11 +568,13 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
                         bufs = [_nvio.LockedBuffer(_SINK_CHUNK) for _ in range(2)]
                     results += self._stream_file(f, name, items, planner, bufs)
                     continue
-                images, size = _layout_file(items, planner.resolve_data, path, self.align,
-                                            self.crc32)
+                images, size = _layout_file(items, planner.resolve_data, path, self.align)
+                packed = _packed(images)
+                if self.crc32 and not packed:
+                    _start_crcs(images)
                 laid.append(images)
                 f = h.open(path, flags)
-                files.append((f, images))
+                files.append((f, (images, size) if packed else images))
                 reserve_space(f, size)     # ENOSPC before any byte moves
                 for im in images:
                     results.append(WriteResult(index=im.item.index, size_in_bytes=im.length,
@@ -559,7 +584,9 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
             err = None
             try:
                 for f, images in files:
-                    if images:      # (None: streamed, written already)
+                    if isinstance(images, tuple):       # many small tensors
+                        _write_packed(f, *images, self.crc32)
+                    elif images:    # (None: streamed, written already)
                         # a CRC batch at a time, in file order: each op starts
                         # as soon as its images' CRCs are known
                         for part in _by_batch(images):

@@ -222,7 +222,7 @@ def reference_directory(records, cursor, limit):
                           min(len(cd), 0xFFFFFFFF), min(cursor, 0xFFFFFFFF), 0))
 
 
-def reference_image(plan, storages=None):
+def reference_image(plan, storages=None, crcs=True):
     """plan's whole file, record by record, in Python: local header, bytes
     (small record, or the storage's), descriptor with zlib's CRC-32, the
     reference directory."""
@@ -234,15 +234,16 @@ def reference_image(plan, storages=None):
         assert r.header_offset == len(out)
         b = plan.meta.get(r.name)
         b = data[id(r)] if b is None else b
-        d = struct.pack("<IIQQ" if r.zip64 else "<IIII", 0x08074B50, zlib.crc32(b),
-                        r.size, r.size)
+        crc = zlib.crc32(b) if crcs or r.name in plan.meta else r.crc
+        d = struct.pack("<IIQQ" if r.zip64 else "<IIII", 0x08074B50, crc, r.size, r.size)
         out += r.local + b + d
-    crcs = {r.name: r.crc for r in plan.layout.records}
+    given = {r.name: r.crc for r in plan.layout.records}
     for r in plan.layout.records:
-        r.crc = zlib.crc32(plan.meta.get(r.name, data.get(id(r), b"")))
+        if crcs or r.name in plan.meta:
+            r.crc = zlib.crc32(plan.meta.get(r.name, data.get(id(r), b"")))
     out += reference_directory(plan.layout.records, plan.dir_offset, _zip.ZIP64_LIMIT)
     for r in plan.layout.records:
-        r.crc = crcs[r.name]
+        r.crc = given[r.name]
     return bytes(out)
 
 
@@ -271,8 +272,7 @@ def test_zip_image_fills_the_file_window_by_window(monkeypatch, limit, nparts, w
     assert len(want) == plan.size
     for r, _ in plan.data:
         r.crc = 0xDEADBEEF                          # stale: must be recomputed
-    img = nvio._nvio.ZipImage(plan.layout.records, plan.meta,
-                              [s.data_ptr() for _, s in plan.data], plan.dir_offset,
+    img = nvio._nvio.ZipImage([_plan.image_item(plan, [s.data_ptr() for _, s in plan.data])],
                               plan.size, nparts, _zip.ZIP64_LIMIT)
     buf = torch.full((window,), 0xAA, dtype=torch.uint8)
     got = bytearray()
@@ -301,8 +301,8 @@ def test_zip_image_in_place_checksums_a_snapshot():
     for r, s in plan.data:
         if r.size:
             image[r.data_offset:r.end] = u8(s)
-    img = nvio._nvio.ZipImage(plan.layout.records, plan.meta, image.data_ptr(),
-                              plan.dir_offset, plan.size, 2, _zip.ZIP64_LIMIT)
+    img = nvio._nvio.ZipImage([_plan.image_item(plan, image.data_ptr())], plan.size, 2,
+                              _zip.ZIP64_LIMIT)
     window = 40000
     for w0 in range(0, plan.size, window):
         w1 = min(w0 + window, plan.size)
@@ -313,6 +313,43 @@ def test_zip_image_in_place_checksums_a_snapshot():
     assert bytes(image.numpy()) == want
 
 
+@pytest.mark.parametrize("checksum", [True, False])
+def test_zip_image_of_several_archives_and_raw_bytes(checksum):
+    """A DCP rank file: raw bytes, then archives at aligned offsets, zeros in
+    the gaps and after the last: each archive byte for byte the reference
+    (its own offsets and directory), windows cutting anywhere;
+    checksum=False computes no CRC (the records' as given)."""
+    from nvio._base import torchzip as _zip
+    plans = [_plan.Plan(zip_image_state(30 + i), "r.pt", 4096, archive="archive",
+                        meta_align=64) for i in range(3)]
+    raw = b"raw item bytes" * 50
+    items, want, pos = [(0, raw)], bytearray(raw), len(raw)
+    for p in plans:
+        pos = -(-pos // 4096) * 4096
+        items.append(_plan.image_item(p, [s.data_ptr() for _, s in p.data], pos))
+        want += bytes(pos - len(want))
+        if checksum:
+            want += reference_image(p)
+        else:
+            for r, _ in p.data:
+                r.crc = 0x1234567
+            want += reference_image(p, crcs=False)
+        pos += p.size
+    size = pos + 100
+    want += bytes(100)
+    img = nvio._nvio.ZipImage(items, size, 2, _zip.ZIP64_LIMIT, checksum)
+    buf = torch.full((70001,), 0xAA, dtype=torch.uint8)
+    got = bytearray()
+    for w0 in range(0, size, 70001):
+        w1 = min(w0 + 70001, size)
+        buf.fill_(0xAA)
+        img.copy(buf.data_ptr(), w0, w1, 0)
+        img.copy(buf.data_ptr(), w0, w1, 1)
+        img.fill(buf.data_ptr(), w0, w1)
+        got += bytes(buf[:w1 - w0].numpy())
+    assert bytes(got) == bytes(want)
+
+
 def test_zip_image_refuses_what_would_make_a_wrong_file():
     """Windows out of order, a window filled before it is copied, sources
     that do not match the records, a bad part: each a clear error, before
@@ -321,8 +358,7 @@ def test_zip_image_refuses_what_would_make_a_wrong_file():
     plan = _plan.Plan(zip_image_state(23), "z.pt")
     srcs = [s.data_ptr() for _, s in plan.data]
     make = lambda sources, nparts=1: nvio._nvio.ZipImage(  # noqa: E731
-        plan.layout.records, plan.meta, sources, plan.dir_offset, plan.size, nparts,
-        _zip.ZIP64_LIMIT)
+        [_plan.image_item(plan, sources)], plan.size, nparts, _zip.ZIP64_LIMIT)
     buf = torch.zeros(plan.size, dtype=torch.uint8)
     with pytest.raises(ValueError, match="sources for more data records"):
         make(srcs[:-1])
@@ -344,9 +380,16 @@ def test_zip_image_refuses_what_would_make_a_wrong_file():
         img.fill(buf.data_ptr(), 0, w1)
     bad = _plan.Plan(zip_image_state(23), "z.pt")
     bad.layout.records[3].header_offset += 1
-    with pytest.raises(ValueError, match="not contiguous|local header"):
-        nvio._nvio.ZipImage(bad.layout.records, bad.meta, srcs, bad.dir_offset, bad.size,
-                            1, _zip.ZIP64_LIMIT)
+    with pytest.raises(ValueError, match="local header"):
+        nvio._nvio.ZipImage([_plan.image_item(bad, srcs)], bad.size, 1, _zip.ZIP64_LIMIT)
+    with pytest.raises(ValueError, match="overlaps one that ends"):
+        nvio._nvio.ZipImage([_plan.image_item(plan, srcs), (100, b"x")], 2 * plan.size, 1,
+                            _zip.ZIP64_LIMIT)
+    with pytest.raises(ValueError, match="after the file's"):
+        nvio._nvio.ZipImage([_plan.image_item(plan, srcs)], plan.size - 1, 1,
+                            _zip.ZIP64_LIMIT)
+    with pytest.raises(TypeError, match="item 0 is neither"):
+        nvio._nvio.ZipImage([(0, b"x", 1)], 10, 1, _zip.ZIP64_LIMIT)
 
 
 def reference_local_header(name_b, size, cursor, align, limit):

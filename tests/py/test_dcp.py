@@ -378,6 +378,40 @@ def test_files_are_torch_save_images_and_crc32_is_optional(tmp_path):
             assert (bad is None) == crc, (crc, bad)
 
 
+@pytest.mark.parametrize("crc", [True, False])
+def test_packed_rank_files_are_the_files_written_straight(tmp_path, monkeypatch, crc):
+    """A rank file of many small host tensors is written as its image through
+    windows (raw items, every archive, zeros between): byte for byte the
+    file written straight from the tensors, with or without CRC-32s, and
+    it loads back; the packed path is really taken (windows smaller than
+    the file)."""
+    g = torch.Generator().manual_seed(5)
+    sd = {"t%d" % i: torch.randn(30 + 7 * i, generator=g) for i in range(200)}
+    sd["big"] = torch.arange(100000, dtype=torch.int64)
+    sd["empty"] = torch.empty(0)
+    sd["step"] = 7
+    sd["note"] = {"text": "x" * 3000}
+    monkeypatch.setattr(nd, "PACK_WINDOW", 64 << 10)
+    from nvio._base import plan as _plan
+    monkeypatch.setattr(_plan.secrets, "randbits", lambda k: 12345)  # one serialization id
+    calls = []
+    orig = nd._write_packed
+    monkeypatch.setattr(nd, "_write_packed", lambda *a: calls.append(1) or orig(*a))
+    out = {}
+    for packed in (True, False):
+        monkeypatch.setattr(nd, "_packed", lambda images, packed=packed: packed)
+        d = tmp_path / str(packed)
+        save1(sd, nd.FileSystemWriter(d, thread_count=2, crc32=crc))
+        out[packed] = {n: (d / n).read_bytes() for n in sorted(os.listdir(d))
+                       if n.endswith(".distcp")}
+    assert len(calls) == 2
+    assert out[True] == out[False] and len(out[True]) == 2
+    zero = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else v
+            for k, v in sd.items()}
+    assert_same(sd, load1(zero | {"step": 0, "note": {"text": ""}},
+                          nd.FileSystemReader(tmp_path / "True")))
+
+
 def test_no_collection_runs_while_the_data_files_are_written(tmp_path, monkeypatch):
     """The writer pauses the cyclic collector while it lays out and writes
     its images (a Plan each, thousands of records): with thresholds so low

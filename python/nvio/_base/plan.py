@@ -358,24 +358,53 @@ class Plan:
         return runs
 
 
+#: A file of at least PACK_MIN_RECORDS storages averaging at most
+#: PACK_MEAN_MAX bytes, all in host memory, is written as its image through
+#: windows (write_images): one copy with the CRC in the same pass, whole-
+#: window O_DIRECT writes, instead of a write per storage and a CRC pass.
+PACK_MIN_RECORDS = 64
+PACK_MEAN_MAX = 1 << 20
+
+
+def packs(plans, min_records=PACK_MIN_RECORDS, mean_max=PACK_MEAN_MAX):
+    """Whether a file of these plans' archives is written through windows
+    (see PACK_MIN_RECORDS)."""
+    n = sum(len(p.data) for p in plans)
+    return (n >= min_records and sum(p.data_bytes for p in plans) <= n * mean_max
+            and all(p.on_host for p in plans))
+
+
+def image_item(plan, sources, base=0):
+    """plan's archive as an item of ``_nvio.ZipImage`` (at file offset base;
+    sources: each storage's address in plan.data's order, or the address
+    of an image in memory holding the tensor bytes at their offsets)."""
+    return (base, plan.layout.records, plan.meta, sources, plan.dir_offset, plan.size)
+
+
 def write_image(plan, f, sources, window, windows=2, buffer=None, check=None):
-    """Write plan's file image to f window by window, in file order.
-    ``sources``: the address of each storage's bytes (plan.data's order),
-    copied into ``windows`` page-aligned buffers of ``window`` bytes (one
-    filled while the others are written); or ``buffer``, a LockedBuffer
-    that holds the image's tensor bytes at their offsets already
-    (async_save's snapshot; ``sources`` is then its address), whose
-    windows are checksummed, filled in and written in place. Each window:
-    its tensor bytes copied and checksummed in one pass by the CRC threads
-    and the caller side by side, the GIL released (``ZipImage.copy``),
-    then its CRCs joined and its headers, descriptors and directory filled
-    in (``ZipImage.fill``), then its write started. ``check()``, if given,
-    runs before each write (a cancelled save raises there)."""
-    size = plan.size
+    """Write plan's file image to f window by window (:func:`write_images`
+    of its one archive)."""
+    write_images(f, [image_item(plan, sources)], plan.size, window, windows, buffer, check)
+
+
+def write_images(f, items, size, window, windows=2, buffer=None, check=None, checksum=True):
+    """Write a file of ``size`` bytes made of ``items`` (``_nvio.ZipImage``'s:
+    archives from :func:`image_item`, raw (offset, bytes); zeros between)
+    to f window by window, in file order. Tensor bytes are copied into
+    ``windows`` page-aligned buffers of ``window`` bytes (one filled while
+    the others are written); or with ``buffer``, a LockedBuffer that holds
+    the image's tensor bytes at their offsets already (async_save's
+    snapshot: the sources are its address), windows are checksummed,
+    filled in and written in place. Each window: its tensor bytes copied
+    and checksummed in one pass by the CRC threads and the caller side by
+    side, the GIL released (``ZipImage.copy``), then its CRCs joined and
+    its headers, descriptors and directories filled in
+    (``ZipImage.fill``), then its write started. ``check()``, if given,
+    runs before each write (a cancelled save raises there).
+    ``checksum=False``: no CRC computed (the records' crc as they are)."""
     ex = crc_executor()
     nparts = ex.n
-    img = _nvio.ZipImage(plan.layout.records, plan.meta, sources, plan.dir_offset, size,
-                         nparts, _zip.ZIP64_LIMIT)
+    img = _nvio.ZipImage(items, size, nparts, _zip.ZIP64_LIMIT, checksum)
     if buffer is None:
         window = min(window, -(-size // 4096) * 4096)
         nwin = max(2, windows)

@@ -2,12 +2,18 @@
  * zipimage.c - the file image of a torch.save zip archive, filled window
  * by window without Python work per record.
  *
- * ZipImage(records, meta, sources, dir_offset, size, nparts, zip64_limit)
- * takes a laid-out archive (nvio._base.torchzip: Record objects in file
+ * ZipImage(items, size, nparts, zip64_limit, checksum=True) takes a file
+ * of laid-out archives (nvio._base.torchzip: Record objects in file
  * order, each with its local header bytes; the small records' bytes by
- * name; every other record's data at an address of host memory) and
- * turns it once into a table of pieces: local header, small record's
- * bytes, tensor bytes, descriptor, and the central directory at the end.
+ * name; every other record's data at an address of host memory), one for
+ * nvio.save, one per item for a DCP rank file with raw byte items
+ * between them, and turns it once into a table of pieces: local header,
+ * small record's bytes, tensor bytes, descriptor, each archive's central
+ * directory at its end, zeros in the gaps (alignment between archives).
+ * Items: (base, records, meta, sources, dir_offset, size) for an archive
+ * at file offset base (sources: each tensor record's address in file
+ * order, or one address A with each record's bytes at A + its data
+ * offset: an image in memory), (base, bytes) for raw bytes.
  * Then, for each window [w0, w1) of the file, in order:
  *
  *   copy(base, w0, w1, part)   part `part` of nparts equal byte ranges of
@@ -22,9 +28,10 @@
  *                              then its headers, small records,
  *                              descriptors and directory written
  *
- * The directory is made when the window holding it is filled (every CRC
- * is known by then), and each tensor record's `crc` attribute is set at
- * that moment. zip_directory(records, cursor, zip64_limit) makes the same
+ * An archive's directory is made when the window holding it is filled
+ * (every CRC is known by then), and its tensor records' `crc` attributes
+ * are set at that moment. checksum=False computes no CRC: the records'
+ * crc as given (DCP's crc32=False). zip_directory(records, cursor, zip64_limit) makes the same
  * bytes from records whose CRCs are set: torchzip.Layout.directory() is
  * that call, and zip_local_header() makes Layout.add()'s local headers:
  * the format's headers are written in this one place (the 16- or 24-byte
@@ -39,12 +46,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { PIECE_BYTES, PIECE_DATA, PIECE_DESC, PIECE_DIR };
+enum { PIECE_BYTES, PIECE_DATA, PIECE_DESC, PIECE_DIR, PIECE_ZERO };
 
 struct piece {
 	uint64_t off, end;
 	const unsigned char *p;		/* BYTES: its bytes; DATA: the source */
-	uint32_t rec;			/* DATA, DESC: the record */
+	uint32_t rec;			/* DATA, DESC: the record; DIR: the image */
 	uint8_t kind;
 };
 
@@ -68,19 +75,27 @@ struct part {
 	int failed;			/* out of memory while recording */
 };
 
+/* One torch.save archive of the file (a DCP rank file holds many). */
+struct zimg {
+	uint32_t r0, n;			/* its records: recs[r0, r0 + n) */
+	uint64_t dir_offset;		/* where its directory starts, in the archive */
+	unsigned char *dir;		/* the directory, once made */
+};
+
 typedef struct {
 	PyObject_HEAD
 	struct zrec *recs;
-	uint32_t nrecs;
+	uint32_t nrecs, recs_cap;
+	struct zimg *imgs;
+	uint32_t nimgs, imgs_cap;
 	struct piece *pieces;
 	uint32_t npieces, cap;
 	PyObject *keep;			/* list: the bytes objects pieces point into */
 	struct part *parts;
 	unsigned nparts;
-	uint64_t size, dir_offset, limit;
+	int checksum;			/* 0: the records' crc as given, none computed */
+	uint64_t size, limit;
 	uint64_t filled;		/* the file's bytes filled so far */
-	unsigned char *dir;		/* the directory, once made */
-	uint64_t dir_len;
 } ZipImageObject;
 
 static void le16(unsigned char *p, unsigned v)
@@ -255,18 +270,15 @@ static PyObject *directory_bytes(const struct zrec *recs, uint32_t n, uint64_t c
 static int add_piece(ZipImageObject *z, uint64_t off, uint64_t len, int kind,
 		     const unsigned char *p, uint32_t rec)
 {
-	if (z->npieces && off != z->pieces[z->npieces - 1].end) {
+	uint64_t end = z->npieces ? z->pieces[z->npieces - 1].end : 0;
+	if (off < end) {
 		PyErr_Format(PyExc_ValueError, "nvio: zip image: a piece at offset %llu "
-			     "follows one that ends at %llu (a layout that is not "
-			     "contiguous)", (unsigned long long)off,
-			     (unsigned long long)z->pieces[z->npieces - 1].end);
+			     "overlaps one that ends at %llu (a layout that is not in file "
+			     "order)", (unsigned long long)off, (unsigned long long)end);
 		return -1;
 	}
-	if (!z->npieces && off != 0) {
-		PyErr_Format(PyExc_ValueError, "nvio: zip image: the first record starts "
-			     "at offset %llu, not 0", (unsigned long long)off);
-		return -1;
-	}
+	if (off > end && add_piece(z, end, off - end, PIECE_ZERO, NULL, 0) < 0)
+		return -1;	/* a gap between archives (alignment): zeros */
 	if (!len)
 		return 0;
 	if (z->npieces == z->cap) {
@@ -303,32 +315,76 @@ static const unsigned char *kept_bytes(ZipImageObject *z, PyObject *b, Py_ssize_
 	return (const unsigned char *)PyBytes_AsString(b);
 }
 
-static int zi_build(ZipImageObject *z, PyObject *records, PyObject *meta, PyObject *sources,
-		    uint64_t src_base, int by_offset)
+/*
+ * Adds the pieces of one archive at file offset base: records (Record
+ * objects in file order), meta (the small records' bytes by name),
+ * sources (a list: the address of each tensor record's bytes; an int A:
+ * each at A + its data offset), its directory at dir_offset of its size
+ * bytes. 0, or -1 with an exception set.
+ */
+static int add_image(ZipImageObject *z, uint64_t base, PyObject *records, PyObject *meta,
+		     PyObject *sources, uint64_t dir_offset, uint64_t size)
 {
+	int by_offset = PyLong_Check(sources);
+	uint64_t src_base = 0;
+	if (!PyList_Check(records) || !PyDict_Check(meta) ||
+	    (!by_offset && !PyList_Check(sources))) {
+		PyErr_SetString(PyExc_TypeError, "nvio: ZipImage: an archive is (base, records "
+				"list, meta dict, sources list or address, dir_offset, size)");
+		return -1;
+	}
+	if (by_offset) {
+		void *v = PyLong_AsVoidPtr(sources);
+		if (!v && PyErr_Occurred())
+			return -1;
+		src_base = (uint64_t)(uintptr_t)v;
+	}
 	Py_ssize_t n = PyList_Size(records);
 	Py_ssize_t ns = by_offset ? 0 : PyList_Size(sources), next_src = 0;
 	if (n < 0 || ns < 0)
 		return -1;
-	if (n > (Py_ssize_t)UINT32_MAX / 4) {
-		PyErr_SetString(PyExc_OverflowError, "nvio: zip image: too many records");
+	if (dir_offset > size || (uint64_t)n > UINT32_MAX / 4 - z->nrecs) {
+		PyErr_Format(PyExc_ValueError, "nvio: ZipImage: an archive of %llu bytes with "
+			     "its directory at %llu and %zd records (%u before)",
+			     (unsigned long long)size, (unsigned long long)dir_offset, n,
+			     z->nrecs);
 		return -1;
 	}
-	z->recs = PyMem_Calloc((size_t)n + 1, sizeof(*z->recs));
-	if (!z->recs) {
-		PyErr_NoMemory();
-		return -1;
+	if (z->nrecs + (uint32_t)n > z->recs_cap) {
+		uint32_t cap = z->recs_cap * 2 > z->nrecs + (uint32_t)n ? z->recs_cap * 2
+			: z->nrecs + (uint32_t)n + 16;
+		struct zrec *v = PyMem_Realloc(z->recs, cap * sizeof(*v));
+		if (!v) {
+			PyErr_NoMemory();
+			return -1;
+		}
+		z->recs = v;
+		z->recs_cap = cap;
 	}
+	if (z->nimgs == z->imgs_cap) {
+		uint32_t cap = z->imgs_cap ? 2 * z->imgs_cap : 8;
+		struct zimg *v = PyMem_Realloc(z->imgs, cap * sizeof(*v));
+		if (!v) {
+			PyErr_NoMemory();
+			return -1;
+		}
+		z->imgs = v;
+		z->imgs_cap = cap;
+	}
+	uint32_t img = z->nimgs++;
+	z->imgs[img] = (struct zimg){ z->nrecs, 0, dir_offset, NULL };
 	for (Py_ssize_t i = 0; i < n; i++) {
 		PyObject *o = PyList_GetItem(records, i);
-		struct zrec *r = &z->recs[i];
+		uint32_t ri = z->nrecs;
+		struct zrec *r = &z->recs[ri];
 		PyObject *local, *m;
 		Py_ssize_t len;
 		const unsigned char *p;
 		uint64_t data_offset;
 		if (rec_read(o, r, 0) < 0)
 			return -1;
-		z->nrecs = (uint32_t)i + 1;
+		z->nrecs++;
+		z->imgs[img].n++;
 		if (attr_u64(o, "data_offset", &data_offset) < 0)
 			return -1;
 		local = PyObject_GetAttrString(o, "local");
@@ -345,7 +401,7 @@ static int zi_build(ZipImageObject *z, PyObject *records, PyObject *meta, PyObje
 				     (unsigned long long)data_offset);
 			return -1;
 		}
-		if (add_piece(z, r->header_offset, (uint64_t)len, PIECE_BYTES, p, 0) < 0)
+		if (add_piece(z, base + r->header_offset, (uint64_t)len, PIECE_BYTES, p, 0) < 0)
 			return -1;
 		m = PyDict_GetItemWithError(meta, r->name);	/* borrowed */
 		if (m) {		/* a small record: its crc is known */
@@ -362,14 +418,16 @@ static int zi_build(ZipImageObject *z, PyObject *records, PyObject *meta, PyObje
 					     (unsigned long long)r->size);
 				return -1;
 			}
-			if (add_piece(z, data_offset, r->size, PIECE_BYTES, p, 0) < 0)
+			if (add_piece(z, base + data_offset, r->size, PIECE_BYTES, p, 0) < 0)
 				return -1;
 		} else if (PyErr_Occurred()) {
 			return -1;
 		} else {		/* tensor bytes: the next source */
-			uint64_t src = src_base + data_offset;
+			uint64_t src = src_base + data_offset, crc = 0;
 			r->is_data = 1;
-			r->crc = 0;
+			if (!z->checksum && attr_u64(o, "crc", &crc) < 0)
+				return -1;	/* kept as given */
+			r->crc = (uint32_t)crc;
 			if (!by_offset) {
 				if (next_src >= ns) {
 					PyErr_Format(PyExc_ValueError, "nvio: zip image: %zd "
@@ -387,12 +445,12 @@ static int zi_build(ZipImageObject *z, PyObject *records, PyObject *meta, PyObje
 					     "for %llu bytes", r->name, (unsigned long long)r->size);
 				return -1;
 			}
-			if (add_piece(z, data_offset, r->size, PIECE_DATA,
-				      (const unsigned char *)(uintptr_t)src, (uint32_t)i) < 0)
+			if (add_piece(z, base + data_offset, r->size, PIECE_DATA,
+				      (const unsigned char *)(uintptr_t)src, ri) < 0)
 				return -1;
 		}
-		if (add_piece(z, data_offset + r->size, r->zip64 ? 24 : 16, PIECE_DESC, NULL,
-			      (uint32_t)i) < 0)
+		if (add_piece(z, base + data_offset + r->size, r->zip64 ? 24 : 16, PIECE_DESC,
+			      NULL, ri) < 0)
 			return -1;
 	}
 	if (!by_offset && next_src != ns) {
@@ -400,15 +458,39 @@ static int zi_build(ZipImageObject *z, PyObject *records, PyObject *meta, PyObje
 			     "records", ns, next_src);
 		return -1;
 	}
-	if (add_piece(z, z->dir_offset, z->size - z->dir_offset, PIECE_DIR, NULL, 0) < 0)
+	if (add_piece(z, base + dir_offset, size - dir_offset, PIECE_DIR, NULL, img) < 0)
 		return -1;
-	if (z->npieces && z->pieces[z->npieces - 1].end != z->size) {
+	if (z->npieces && z->pieces[z->npieces - 1].end != base + size) {
 		PyErr_Format(PyExc_ValueError, "nvio: zip image: the records end at %llu, "
-			     "the file at %llu", (unsigned long long)z->pieces[z->npieces - 1].end,
-			     (unsigned long long)z->size);
+			     "the archive at %llu", (unsigned long long)z->pieces[z->npieces - 1].end,
+			     (unsigned long long)(base + size));
 		return -1;
 	}
 	return 0;
+}
+
+/* Adds one item of the constructor's list: (base, bytes) or an archive. */
+static int add_item(ZipImageObject *z, PyObject *item, Py_ssize_t i)
+{
+	PyObject *b, *records, *meta, *sources;
+	unsigned long long base, dir_offset, size;
+	if (PyTuple_Check(item) && PyTuple_Size(item) == 2) {
+		if (!PyArg_ParseTuple(item, "KO!", &base, &PyBytes_Type, &b))
+			return -1;
+		if (PyList_Append(z->keep, b) < 0)
+			return -1;
+		return add_piece(z, base, (uint64_t)PyBytes_Size(b), PIECE_BYTES,
+				 (const unsigned char *)PyBytes_AsString(b), 0);
+	}
+	if (!PyTuple_Check(item) || PyTuple_Size(item) != 6) {
+		PyErr_Format(PyExc_TypeError, "nvio: ZipImage: item %zd is neither (base, bytes) "
+			     "nor (base, records, meta, sources, dir_offset, size)", i);
+		return -1;
+	}
+	if (!PyArg_ParseTuple(item, "KOOOKK", &base, &records, &meta, &sources, &dir_offset,
+			      &size))
+		return -1;
+	return add_image(z, base, records, meta, sources, dir_offset, size);
 }
 
 static void zi_dealloc(PyObject *o)
@@ -416,11 +498,13 @@ static void zi_dealloc(PyObject *o)
 	ZipImageObject *z = (ZipImageObject *)o;
 	PyTypeObject *tp = Py_TYPE(o);
 	recs_free(z->recs, z->nrecs);
+	for (uint32_t i = 0; i < z->nimgs; i++)
+		PyMem_Free(z->imgs[i].dir);
+	PyMem_Free(z->imgs);
 	PyMem_Free(z->pieces);
 	for (unsigned i = 0; z->parts && i < z->nparts; i++)
 		free(z->parts[i].v);
 	PyMem_Free(z->parts);
-	PyMem_Free(z->dir);
 	Py_XDECREF(z->keep);
 	freefunc f = (freefunc)PyType_GetSlot(tp, Py_tp_free);
 	f(o);
@@ -429,54 +513,48 @@ static void zi_dealloc(PyObject *o)
 
 static PyObject *zi_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = { "records", "meta", "sources", "dir_offset", "size",
-				  "nparts", "zip64_limit", NULL };
-	PyObject *records, *meta, *sources;
-	unsigned long long dir_offset, size, limit;
+	static char *kwlist[] = { "items", "size", "nparts", "zip64_limit", "checksum", NULL };
+	PyObject *items;
+	unsigned long long size, limit;
 	unsigned nparts;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!OKKIK:ZipImage", kwlist,
-					 &PyList_Type, &records, &PyDict_Type, &meta,
-					 &sources, &dir_offset, &size, &nparts, &limit))
+	int checksum = 1;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O!KIK|p:ZipImage", kwlist, &PyList_Type,
+					 &items, &size, &nparts, &limit, &checksum))
 		return NULL;
-	int by_offset = PyLong_Check(sources);
-	if (!by_offset && !PyList_Check(sources)) {
-		PyErr_SetString(PyExc_TypeError, "nvio: ZipImage: sources must be a list of "
-				"addresses or the address of the image");
+	if (nparts < 1 || nparts > 64) {
+		PyErr_Format(PyExc_ValueError, "nvio: ZipImage: nparts %u (1-64)", nparts);
 		return NULL;
-	}
-	if (nparts < 1 || nparts > 64 || dir_offset > size) {
-		PyErr_Format(PyExc_ValueError, "nvio: ZipImage: nparts %u (1-64), directory "
-			     "at %llu of %llu bytes", nparts, dir_offset, size);
-		return NULL;
-	}
-	uint64_t base = 0;
-	if (by_offset) {
-		void *v = PyLong_AsVoidPtr(sources);
-		if (!v && PyErr_Occurred())
-			return NULL;
-		base = (uint64_t)(uintptr_t)v;
 	}
 	allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
 	ZipImageObject *z = (ZipImageObject *)alloc(type, 0);
 	if (!z)
 		return NULL;
-	z->dir_offset = dir_offset;
 	z->size = size;
 	z->limit = limit;
 	z->nparts = nparts;
+	z->checksum = checksum;
 	z->keep = PyList_New(0);
 	z->parts = PyMem_Calloc(nparts, sizeof(*z->parts));
 	if (!z->keep || !z->parts) {
 		if (!PyErr_Occurred())
 			PyErr_NoMemory();
-		Py_DECREF(z);
-		return NULL;
+		goto fail;
 	}
-	if (zi_build(z, records, meta, sources, base, by_offset) < 0) {
-		Py_DECREF(z);
-		return NULL;
+	for (Py_ssize_t i = 0; i < PyList_Size(items); i++)
+		if (add_item(z, PyList_GetItem(items, i), i) < 0)
+			goto fail;
+	if (z->npieces && z->pieces[z->npieces - 1].end > size) {
+		PyErr_Format(PyExc_ValueError, "nvio: ZipImage: the items end at %llu, after "
+			     "the file's %llu bytes",
+			     (unsigned long long)z->pieces[z->npieces - 1].end, size);
+		goto fail;
 	}
+	if (add_piece(z, size, 0, PIECE_ZERO, NULL, 0) < 0)	/* zeros up to size */
+		goto fail;
 	return (PyObject *)z;
+fail:
+	Py_DECREF(z);
+	return NULL;
 }
 
 /* The first piece that ends after off. */
@@ -542,7 +620,10 @@ static PyObject *zi_copy(PyObject *o, PyObject *args)
 		unsigned char *d = base + (a - w0);
 		const unsigned char *s = pc->p + (a - pc->off);
 		uint32_t crc = 0;
-		if (d == s) {
+		if (!z->checksum) {
+			if (d != s)
+				memcpy(d, s, (size_t)(b - a));
+		} else if (d == s) {
 			crc = nvio_crc32(0, d, b - a);
 		} else {
 			for (uint64_t k = 0; k < b - a; k += ZI_STEP) {
@@ -569,10 +650,10 @@ static PyObject *zi_copy(PyObject *o, PyObject *args)
 	Py_RETURN_NONE;
 }
 
-/* The crc attribute of every tensor record, from the image's CRCs. */
-static int store_crcs(ZipImageObject *z)
+/* The crc attribute of every tensor record of an archive, from the CRCs. */
+static int store_crcs(ZipImageObject *z, const struct zimg *img)
 {
-	for (uint32_t i = 0; i < z->nrecs; i++) {
+	for (uint32_t i = img->r0; z->checksum && i < img->r0 + img->n; i++) {
 		if (!z->recs[i].is_data)
 			continue;
 		PyObject *v = PyLong_FromUnsignedLong(z->recs[i].crc);
@@ -615,7 +696,9 @@ static PyObject *zi_fill(PyObject *o, PyObject *args)
 					     r->name, (unsigned long long)r->done);
 				return NULL;
 			}
-			r->crc = r->done ? nvio_crc32_combine(r->crc, f->crc, f->len) : f->crc;
+			if (z->checksum)
+				r->crc = r->done ? nvio_crc32_combine(r->crc, f->crc, f->len)
+					: f->crc;
 			r->done += f->len;
 		}
 		pt->n = 0;
@@ -653,9 +736,10 @@ static PyObject *zi_fill(PyObject *o, PyObject *args)
 			}
 			src = desc;
 		} else if (pc->kind == PIECE_DIR) {
-			if (!z->dir) {
-				PyObject *d = directory_bytes(z->recs, z->nrecs, z->dir_offset,
-							      z->limit);
+			struct zimg *img = &z->imgs[pc->rec];
+			if (!img->dir) {
+				PyObject *d = directory_bytes(z->recs + img->r0, img->n,
+							      img->dir_offset, z->limit);
 				if (!d)
 					return NULL;
 				Py_ssize_t n = PyBytes_Size(d);
@@ -667,17 +751,20 @@ static PyObject *zi_fill(PyObject *o, PyObject *args)
 					Py_DECREF(d);
 					return NULL;
 				}
-				z->dir = PyMem_Malloc((size_t)n);
-				if (!z->dir) {
+				img->dir = PyMem_Malloc((size_t)n);
+				if (!img->dir) {
 					Py_DECREF(d);
 					return PyErr_NoMemory();
 				}
-				memcpy(z->dir, PyBytes_AsString(d), (size_t)n);
+				memcpy(img->dir, PyBytes_AsString(d), (size_t)n);
 				Py_DECREF(d);
-				if (store_crcs(z) < 0)
+				if (store_crcs(z, img) < 0)
 					return NULL;
 			}
-			src = z->dir;
+			src = img->dir;
+		} else if (pc->kind == PIECE_ZERO) {
+			memset(base + (a - w0), 0, (size_t)(b - a));
+			continue;
 		}
 		memcpy(base + (a - w0), src + (a - pc->off), (size_t)(b - a));
 	}
@@ -699,11 +786,12 @@ static PyType_Slot zi_slots[] = {
 	{ Py_tp_new, zi_new },
 	{ Py_tp_dealloc, zi_dealloc },
 	{ Py_tp_methods, zi_methods },
-	{ Py_tp_doc, "ZipImage(records, meta, sources, dir_offset, size, nparts, zip64_limit)\n"
-		     "--\n\nA laid-out torch.save zip archive filled window by window (see\n"
-		     "nvio/_ext/zipimage.c). sources: the address of each tensor record's\n"
-		     "bytes in file order, or one address A where each record's bytes are\n"
-		     "at A + its data offset (an image in memory)." },
+	{ Py_tp_doc, "ZipImage(items, size, nparts, zip64_limit, checksum=True)\n--\n\n"
+		     "A file of laid-out torch.save zip archives filled window by window\n"
+		     "(see nvio/_ext/zipimage.c). items: (base, records, meta, sources,\n"
+		     "dir_offset, size) for an archive at base, (base, bytes) for raw bytes;\n"
+		     "sources: the address of each tensor record's bytes in file order, or\n"
+		     "one address A where each record's bytes are at A + its data offset." },
 	{ 0, NULL }
 };
 

@@ -27,7 +27,8 @@ from .._base.crc import crc_device, crc_submit, executor
 from .._base.handle import default_handle
 from .._base.pieces import wait_all as _wait_all
 from .._base.pieces import write_device
-from .._base.plan import DEFAULT_ALIGN, Plan, gc_paused, write_image
+from .._base import plan as _plan
+from .._base.plan import DEFAULT_ALIGN, Plan, gc_paused, packs, write_image
 from .._base.space import open_atomic, reserve_space
 from .._base.views import u8
 from ._dist import save_group
@@ -46,9 +47,10 @@ def write_plan(plan, f):
 
 
 #: A checkpoint of at least PACK_MIN_RECORDS storages averaging at most
-#: PACK_MEAN_MAX bytes, all in host memory, is written through windows.
-PACK_MIN_RECORDS = 64
-PACK_MEAN_MAX = 1 << 20
+#: PACK_MEAN_MAX bytes, all in host memory, is written through windows
+#: (the rule of ``_base.plan.packs``).
+PACK_MIN_RECORDS = _plan.PACK_MIN_RECORDS
+PACK_MEAN_MAX = _plan.PACK_MEAN_MAX
 #: Bytes of file per window, and how many windows are in use at a time
 #: (one being filled while the others are written).
 PACK_WINDOW = 32 << 20
@@ -56,8 +58,7 @@ PACK_WINDOWS = 2
 
 
 def _packs(plan):
-    n = len(plan.data)
-    return n >= PACK_MIN_RECORDS and plan.data_bytes <= n * PACK_MEAN_MAX and plan.on_host
+    return packs([plan], PACK_MIN_RECORDS, PACK_MEAN_MAX)
 
 
 def write_packed(plan, f):
