@@ -839,6 +839,43 @@ def test_no_collection_runs_inside_a_save(handle, tmp_path):
     equal_states(sd, nvio.load(p, handle=handle, verify=True))
 
 
+def test_async_save_call_runs_no_collection_but_at_its_seams(tmp_path):
+    """async_save keeps the cyclic collector paused while it plans and
+    while it copies the state (not while it may wait for the pool): with
+    thresholds so low that 400 records start 78 collections without the
+    pauses, at most one starts at each seam of the call (its start, between
+    plan and copy, its end); the collector is on after it and the file
+    holds the state."""
+    import gc
+    sd = many(n=400, seed=12)
+    p = tmp_path / "agc.pt"
+    ck = nvio.AsyncCheckpointer()
+    ck.save({"warm": torch.ones(3)}, tmp_path / "warm.pt").result()
+    events = []
+
+    def note(phase, info):
+        if phase == "start":
+            events.append(info["generation"])
+    old = gc.get_threshold()
+    gc.collect()
+    gc.set_threshold(10, 1, 1)
+    gc.callbacks.append(note)
+    try:
+        junk = [[i] for i in range(100)]        # the thresholds do start collections
+        assert events
+        del events[:], junk
+        fut = ck.save(sd, p)
+        during = list(events)
+    finally:
+        gc.callbacks.remove(note)
+        gc.set_threshold(*old)
+    fut.result()
+    ck.close()
+    assert len(during) <= 3, during
+    assert gc.isenabled()
+    equal_states(sd, nvio.load(p, verify=True))
+
+
 def test_the_plan_is_freed_before_the_collector_comes_back(handle, tmp_path, monkeypatch):
     """nvio.save frees its plan (thousands of records) while the collector
     is still paused, so that turning it back on does not start a collection

@@ -33,7 +33,7 @@ import torch
 
 from .. import _device, _nvio
 from .._base.handle import default_handle
-from .._base.plan import DEFAULT_ALIGN, Plan, write_image
+from .._base.plan import DEFAULT_ALIGN, Plan, gc_paused, write_image
 from .._base.space import open_atomic, reserve_space
 from .._futures import NvioFuture
 
@@ -170,19 +170,26 @@ class AsyncCheckpointer:
         spare = _nvio.check_flag(spare, "spare")
         # resolved now: the write may start after a chdir
         path = os.path.abspath(os.fspath(path))
-        plan = Plan(obj, path, align, pickle_protocol)
+        # no cyclic collection while the plan's objects are made and the
+        # state copied (for 50,000 tensors, 0.2 s of collections walking the
+        # records and the caller's tensors inside the call), as nvio.save;
+        # but on while _acquire may wait for earlier saves (the collector is
+        # the whole process's)
+        with gc_paused():
+            plan = Plan(obj, path, align, pickle_protocol)
         buf = self._acquire(plan.size)
-        try:
-            dst = torch.frombuffer(buf, dtype=torch.uint8, count=plan.size) \
-                if plan.size else None
-            _snapshot(dst, plan.data)
-            del dst
-        except BaseException:
-            self._release(buf)
-            raise
-        # the write needs the records only: the caller's tensors may go now
-        plan.data = [(r, None) for r, _ in plan.data]
-        plan.storages = {}
+        with gc_paused():
+            try:
+                dst = torch.frombuffer(buf, dtype=torch.uint8, count=plan.size) \
+                    if plan.size else None
+                _snapshot(dst, plan.data)
+                del dst
+            except BaseException:
+                self._release(buf)
+                raise
+            # the write needs the records only: the caller's tensors may go now
+            plan.data = [(r, None) for r, _ in plan.data]
+            plan.storages = {}
         fut = NvioFuture(path)
         with self._lock:
             closed = self._closed
