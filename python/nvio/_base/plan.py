@@ -5,10 +5,16 @@ every storage replaced by the persistent id
 ``("storage", storage_type, key, location, numel)``, one record per storage
 however many tensors view it) and lays out the records of torch's zip
 format (:mod:`.torchzip`) with each storage's data on a multiple of
-``align``. It neither opens nor writes a file, so an object that cannot be
-pickled fails before anything on disk is touched. Shared by nvio.save
-(checkpoint), nvio.dcp (one image per item) and the offload optimizer's
-state files; their CRCs come from :mod:`.crc`.
+``align``. Making a Plan neither opens nor writes a file, so an object
+that cannot be pickled fails before anything on disk is touched. Shared by
+nvio.save (checkpoint), nvio.dcp (one image per item) and the offload
+optimizer's state files; their CRCs come from :mod:`.crc`.
+
+``write_images`` writes a file of such images (one for nvio.save and
+async_save, many for a DCP rank file of small tensors) window by window
+through ``_nvio.ZipImage``: tensor bytes copied and checksummed in one pass
+in C, headers, descriptors and directories filled in around them. Plain
+CPU tensors are reduced for the pickle in C (``_nvio.TensorReducer``).
 """
 from __future__ import annotations
 

@@ -4,9 +4,10 @@
 page-locked memory laid out exactly as the file will be (each record's data
 at its aligned offset; CUDA storages by a device-to-host copy,
 ``nvio._device.copy_to_host``); then it returns an :class:`nvio.NvioFuture`, and the
-caller may change or free its tensors at once. A writer thread then fills
-in the CRCs, headers and directory and writes the whole image with one
-O_DIRECT write into an ATOMIC file, commits it (durable unless
+caller may change or free its tensors at once. A writer thread then
+checksums the image and fills in the descriptors and directory window by
+window, each window written with O_DIRECT as soon as it is complete
+(``_base.plan.write_images``), into an ATOMIC file, commits it (durable unless
 ``durable=False``) and resolves the future with the file's size, or with
 the error. Saves are written one after another, in call order.
 
