@@ -1,4 +1,5 @@
 """Small helpers shared by the nvio Python tests."""
+import contextlib
 
 
 def pattern(n, seed=0):
@@ -209,3 +210,28 @@ def same(a, b, path="obj", *, layout=False, ordered=False):
     else:
         assert a == b, (path, a, b)
     return True
+
+
+@contextlib.contextmanager
+def low_gc_thresholds():
+    """The cyclic collector's thresholds so low inside that a few hundred
+    new objects start collections (checked at entry); yields the list to
+    which the generation of every collection that starts is appended."""
+    import gc
+    events = []
+
+    def note(phase, info):
+        if phase == "start":
+            events.append(info["generation"])
+    old = gc.get_threshold()
+    gc.collect()
+    gc.set_threshold(10, 1, 1)
+    gc.callbacks.append(note)
+    try:
+        junk = [[i] for i in range(100)]
+        assert events, "the lowered thresholds started no collection"
+        del events[:], junk
+        yield events
+    finally:
+        gc.callbacks.remove(note)
+        gc.set_threshold(*old)

@@ -816,24 +816,9 @@ def test_no_collection_runs_inside_a_save(handle, tmp_path):
     sd = many(n=400, seed=8)
     p = tmp_path / "gc.pt"
     save = nvio.save            # imported now (a first import makes objects too)
-    events = []
-
-    def note(phase, info):
-        if phase == "start":
-            events.append(info["generation"])
-    old = gc.get_threshold()
-    gc.collect()
-    gc.set_threshold(10, 1, 1)
-    gc.callbacks.append(note)
-    try:
-        junk = [[i] for i in range(100)]        # the thresholds do start collections
-        assert events
-        del events[:], junk
+    with nvio_testutil.low_gc_thresholds() as events:
         save(sd, p, handle=handle)
         during = list(events)
-    finally:
-        gc.callbacks.remove(note)
-        gc.set_threshold(*old)
     # at most the youngest generation's, as the collector comes back on
     assert during in ([], [0]) and gc.isenabled()
     equal_states(sd, nvio.load(p, handle=handle, verify=True))
@@ -851,24 +836,9 @@ def test_async_save_call_runs_no_collection_but_at_its_seams(tmp_path):
     p = tmp_path / "agc.pt"
     ck = nvio.AsyncCheckpointer()
     ck.save({"warm": torch.ones(3)}, tmp_path / "warm.pt").result()
-    events = []
-
-    def note(phase, info):
-        if phase == "start":
-            events.append(info["generation"])
-    old = gc.get_threshold()
-    gc.collect()
-    gc.set_threshold(10, 1, 1)
-    gc.callbacks.append(note)
-    try:
-        junk = [[i] for i in range(100)]        # the thresholds do start collections
-        assert events
-        del events[:], junk
+    with nvio_testutil.low_gc_thresholds() as events:
         fut = ck.save(sd, p)
         during = list(events)
-    finally:
-        gc.callbacks.remove(note)
-        gc.set_threshold(*old)
     fut.result()
     ck.close()
     assert len(during) <= 3, during

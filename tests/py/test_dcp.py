@@ -419,33 +419,18 @@ def test_no_collection_runs_while_the_data_files_are_written(tmp_path, monkeypat
     _write_files; the collector is on after the save, which loads back."""
     import gc
     sd = {"t%d" % i: torch.full((50 + i,), float(i)) for i in range(300)}
-    events, inside = [], []
+    inside = []
     orig = nd.FileSystemWriter._write_files
-
-    def spy(self, *a):
-        n = len(events)
-        try:
-            return orig(self, *a)
-        finally:
-            inside.append(len(events) - n)
-    monkeypatch.setattr(nd.FileSystemWriter, "_write_files", spy)
-
-    def note(phase, info):
-        if phase == "start":
-            events.append(info["generation"])
-    old = gc.get_threshold()
-    gc.collect()
-    gc.set_threshold(10, 1, 1)
-    gc.callbacks.append(note)
-    try:
-        junk = [[i] for i in range(100)]        # the thresholds do start collections
-        assert events
-        del junk
+    with nvio_testutil.low_gc_thresholds() as events:
+        def spy(self, *a):      # the collections started inside _write_files
+            n = len(events)
+            try:
+                return orig(self, *a)
+            finally:
+                inside.append(events[n:])
+        monkeypatch.setattr(nd.FileSystemWriter, "_write_files", spy)
         save1(sd, nd.FileSystemWriter(tmp_path))
-    finally:
-        gc.callbacks.remove(note)
-        gc.set_threshold(*old)
-    assert inside == [0] and gc.isenabled()
+    assert inside == [[]] and gc.isenabled()
     assert_same(sd, load1({k: torch.zeros_like(v) for k, v in sd.items()},
                           nd.FileSystemReader(tmp_path)))
 
