@@ -267,6 +267,27 @@ static PyObject *directory_bytes(const struct zrec *recs, uint32_t n, uint64_t c
 	return out;
 }
 
+/*
+ * Room for `need` elements of `size` bytes in the array *v of capacity
+ * *cap (at least doubled). 0, or -1 with MemoryError set.
+ */
+static int reserve(void **v, uint32_t *cap, uint64_t need, size_t size)
+{
+	if (need <= *cap)
+		return 0;
+	uint64_t c = *cap ? 2 * (uint64_t)*cap : 16;
+	if (c < need)
+		c = need;
+	void *p = c <= UINT32_MAX ? PyMem_Realloc(*v, (size_t)c * size) : NULL;
+	if (!p) {
+		PyErr_NoMemory();
+		return -1;
+	}
+	*v = p;
+	*cap = (uint32_t)c;
+	return 0;
+}
+
 static int add_piece(ZipImageObject *z, uint64_t off, uint64_t len, int kind,
 		     const unsigned char *p, uint32_t rec)
 {
@@ -281,16 +302,11 @@ static int add_piece(ZipImageObject *z, uint64_t off, uint64_t len, int kind,
 		return -1;	/* a gap between archives (alignment): zeros */
 	if (!len)
 		return 0;
-	if (z->npieces == z->cap) {
-		uint32_t cap = z->cap ? 2 * z->cap : 64;
-		struct piece *v = PyMem_Realloc(z->pieces, cap * sizeof(*v));
-		if (!v) {
-			PyErr_NoMemory();
-			return -1;
-		}
-		z->pieces = v;
-		z->cap = cap;
-	}
+	void *v = z->pieces;
+	int rc = reserve(&v, &z->cap, (uint64_t)z->npieces + 1, sizeof(*z->pieces));
+	z->pieces = v;
+	if (rc < 0)
+		return -1;
 	struct piece *pc = &z->pieces[z->npieces++];
 	pc->off = off;
 	pc->end = off + len;
@@ -350,27 +366,16 @@ static int add_image(ZipImageObject *z, uint64_t base, PyObject *records, PyObje
 			     z->nrecs);
 		return -1;
 	}
-	if (z->nrecs + (uint32_t)n > z->recs_cap) {
-		uint32_t cap = z->recs_cap * 2 > z->nrecs + (uint32_t)n ? z->recs_cap * 2
-			: z->nrecs + (uint32_t)n + 16;
-		struct zrec *v = PyMem_Realloc(z->recs, cap * sizeof(*v));
-		if (!v) {
-			PyErr_NoMemory();
-			return -1;
-		}
-		z->recs = v;
-		z->recs_cap = cap;
-	}
-	if (z->nimgs == z->imgs_cap) {
-		uint32_t cap = z->imgs_cap ? 2 * z->imgs_cap : 8;
-		struct zimg *v = PyMem_Realloc(z->imgs, cap * sizeof(*v));
-		if (!v) {
-			PyErr_NoMemory();
-			return -1;
-		}
-		z->imgs = v;
-		z->imgs_cap = cap;
-	}
+	void *arr = z->recs;
+	int rc = reserve(&arr, &z->recs_cap, (uint64_t)z->nrecs + (uint64_t)n, sizeof(*z->recs));
+	z->recs = arr;
+	if (rc < 0)
+		return -1;
+	arr = z->imgs;
+	rc = reserve(&arr, &z->imgs_cap, (uint64_t)z->nimgs + 1, sizeof(*z->imgs));
+	z->imgs = arr;
+	if (rc < 0)
+		return -1;
 	uint32_t img = z->nimgs++;
 	z->imgs[img] = (struct zimg){ z->nrecs, 0, dir_offset, NULL };
 	for (Py_ssize_t i = 0; i < n; i++) {
