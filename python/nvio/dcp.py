@@ -114,8 +114,6 @@ _SPARE_TAG = "b"
 _ROTATING_NAME = re.compile(r"^__\d+_\d+(\.b)?\.distcp$")
 #: Small records of each torch.save image are packed as torch.save packs them.
 _META_ALIGN = 64
-#: Bytes of a packed rank file (many small host tensors) per window.
-PACK_WINDOW = 32 << 20
 #: Bytes read from the start and the end of each image to find its pickle,
 #: local headers and zip directory (more is read when they do not fit).
 _HEAD = 4096
@@ -215,7 +213,7 @@ def _write_packed(f, images, size, crc):
     items = [(im.base, im.raw) if im.raw is not None else
              image_item(im.plan, [s.data_ptr() for _, s in im.plan.data], im.base)
              for im in images if im.plan is not None or im.raw]
-    write_images(f, items, size, PACK_WINDOW, checksum=crc)
+    write_images(f, items, size, checksum=crc)
 
 
 #: Host tensor bytes per CRC batch of a rank file: each batch's CRCs are

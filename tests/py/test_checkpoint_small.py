@@ -651,8 +651,8 @@ def write_both_ways(plan, handle, tmp_path, monkeypatch, window, windows=2):
     orig = _save.write_packed
     for packed in (True, False):
         monkeypatch.setattr(_save, "_packs", lambda plan, packed=packed: packed)
-        monkeypatch.setattr(_save, "PACK_WINDOW", window)
-        monkeypatch.setattr(_save, "PACK_WINDOWS", windows)
+        monkeypatch.setattr(_plan, "PACK_WINDOW", window)
+        monkeypatch.setattr(_plan, "PACK_WINDOWS", windows)
         for r, _ in plan.data:
             r.crc = 0xDEADBEEF                      # stale: must be recomputed
         p = tmp_path / ("packed.pt" if packed else "plain.pt")
@@ -685,11 +685,10 @@ def test_packed_writer_writes_the_same_file(handle, tmp_path, monkeypatch, windo
 def test_packed_writer_error_leaves_old_checkpoint(tmp_path, monkeypatch):
     """A failure after two windows are in flight: the error comes out, the
     old checkpoint stays, no temporary is left."""
-    from nvio.checkpoint import _save
     p = tmp_path / "ck.pt"
     nvio.save({"old": torch.ones(10)}, p)
     before = p.read_bytes()
-    monkeypatch.setattr(_save, "PACK_WINDOW", 64 << 10)
+    monkeypatch.setattr(_plan, "PACK_WINDOW", 64 << 10)
     real = nvio._nvio.ZipImage
     n = [0]
 

@@ -391,8 +391,8 @@ def test_packed_rank_files_are_the_files_written_straight(tmp_path, monkeypatch,
     sd["empty"] = torch.empty(0)
     sd["step"] = 7
     sd["note"] = {"text": "x" * 3000}
-    monkeypatch.setattr(nd, "PACK_WINDOW", 64 << 10)
     from nvio._base import plan as _plan
+    monkeypatch.setattr(_plan, "PACK_WINDOW", 64 << 10)
     monkeypatch.setattr(_plan.secrets, "randbits", lambda k: 12345)  # one serialization id
     calls = []
     orig = nd._write_packed

@@ -370,13 +370,17 @@ class Plan:
 #: window O_DIRECT writes, instead of a write per storage and a CRC pass.
 PACK_MIN_RECORDS = 64
 PACK_MEAN_MAX = 1 << 20
+#: Bytes of file per window, and how many windows are in use at a time
+#: (one being filled while the others are written).
+PACK_WINDOW = 32 << 20
+PACK_WINDOWS = 2
 
 
-def packs(plans, min_records=PACK_MIN_RECORDS, mean_max=PACK_MEAN_MAX):
+def packs(plans):
     """Whether a file of these plans' archives is written through windows
     (see PACK_MIN_RECORDS)."""
     n = sum(len(p.data) for p in plans)
-    return (n >= min_records and sum(p.data_bytes for p in plans) <= n * mean_max
+    return (n >= PACK_MIN_RECORDS and sum(p.data_bytes for p in plans) <= n * PACK_MEAN_MAX
             and all(p.on_host for p in plans))
 
 
@@ -387,18 +391,18 @@ def image_item(plan, sources, base=0):
     return (base, plan.layout.records, plan.meta, sources, plan.dir_offset, plan.size)
 
 
-def write_image(plan, f, sources, window, windows=2, buffer=None, check=None):
+def write_image(plan, f, sources, window=None, buffer=None, check=None):
     """Write plan's file image to f window by window (:func:`write_images`
     of its one archive)."""
-    write_images(f, [image_item(plan, sources)], plan.size, window, windows, buffer, check)
+    write_images(f, [image_item(plan, sources)], plan.size, window, buffer, check)
 
 
-def write_images(f, items, size, window, windows=2, buffer=None, check=None, checksum=True):
+def write_images(f, items, size, window=None, buffer=None, check=None, checksum=True):
     """Write a file of ``size`` bytes made of ``items`` (``_nvio.ZipImage``'s:
     archives from :func:`image_item`, raw (offset, bytes); zeros between)
     to f window by window, in file order. Tensor bytes are copied into
-    ``windows`` page-aligned buffers of ``window`` bytes (one filled while
-    the others are written); or with ``buffer``, a LockedBuffer that holds
+    PACK_WINDOWS page-aligned buffers of ``window`` bytes (PACK_WINDOW by
+    default; one filled while the others are written); or with ``buffer``, a LockedBuffer that holds
     the image's tensor bytes at their offsets already (async_save's
     snapshot: the sources are its address), windows are checksummed,
     filled in and written in place. Each window: its tensor bytes copied
@@ -411,9 +415,10 @@ def write_images(f, items, size, window, windows=2, buffer=None, check=None, che
     ex = crc_executor()
     nparts = ex.n
     img = _nvio.ZipImage(items, size, nparts, _zip.ZIP64_LIMIT, checksum)
+    window = window or PACK_WINDOW
     if buffer is None:
         window = min(window, -(-size // 4096) * 4096)
-        nwin = max(2, windows)
+        nwin = max(2, PACK_WINDOWS)
         bufs = [_nvio.LockedBuffer(window) for _ in range(nwin)] if size else []
     else:
         nwin = 1 << 30                        # every window has its own bytes

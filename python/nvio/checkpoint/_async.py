@@ -339,7 +339,7 @@ class AsyncCheckpointer:
             h = default_handle()
         with open_atomic(h, path, durable, spare) as f:
             reserve_space(f, plan.size)
-            write_image(plan, f, buf.address, WRITE_WINDOW, buffer=buf, check=self._check)
+            write_image(plan, f, buf.address, WRITE_WINDOW, buf, self._check)
             self._check()
             f.commit()
         return plan.size

@@ -27,7 +27,6 @@ from .._base.crc import crc_device, crc_submit, executor
 from .._base.handle import default_handle
 from .._base.pieces import wait_all as _wait_all
 from .._base.pieces import write_device
-from .._base import plan as _plan
 from .._base.plan import DEFAULT_ALIGN, Plan, gc_paused, packs, write_image
 from .._base.space import open_atomic, reserve_space
 from .._base.views import u8
@@ -46,38 +45,19 @@ def write_plan(plan, f):
         write_plans(f, [(0, plan)], plan.size)
 
 
-#: A checkpoint of at least PACK_MIN_RECORDS storages averaging at most
-#: PACK_MEAN_MAX bytes, all in host memory, is written through windows
-#: (the rule of ``_base.plan.packs``).
-PACK_MIN_RECORDS = _plan.PACK_MIN_RECORDS
-PACK_MEAN_MAX = _plan.PACK_MEAN_MAX
-#: Bytes of file per window, and how many windows are in use at a time
-#: (one being filled while the others are written).
-PACK_WINDOW = 32 << 20
-PACK_WINDOWS = 2
-
-
 def _packs(plan):
-    return packs([plan], PACK_MIN_RECORDS, PACK_MEAN_MAX)
+    return packs([plan])
 
 
 def write_packed(plan, f):
-    """Write a checkpoint of many small host storages as its file image,
-    PACK_WINDOW bytes at a time, through a ``_nvio.ZipImage`` (the file as
-    pieces: headers, small records, tensor bytes, descriptors, the
-    directory; no Python work per record): the CRC threads and the caller
-    copy the window's tensor bytes into a page-aligned buffer side by side,
-    checksumming them in the same pass (the GIL released), then the
-    window's CRCs are joined and its headers, descriptors and directory
-    filled in, its write starts, and the other buffer is filled while it
-    runs. Each record's descriptor follows its data, so its CRC is
-    complete when the descriptor's window is filled; the directory comes
-    last. One copy of the bytes buys whole-window O_DIRECT writes instead
-    of a direct write, a buffered tail and a buffered header per record
-    (thousands of small writes, and as many dirty pages to flush)."""
-    size = plan.size
-    reserve_space(f, size)
-    write_image(plan, f, [s.data_ptr() for _, s in plan.data], PACK_WINDOW, PACK_WINDOWS)
+    """Write a checkpoint of many small host storages (``_base.plan.packs``)
+    as its file image through windows (``_base.plan.write_image``): one
+    copy of the bytes with their CRCs in the same pass buys whole-window
+    O_DIRECT writes instead of a direct write, a buffered tail and a
+    buffered header per record (thousands of small writes, and as many
+    dirty pages to flush)."""
+    reserve_space(f, plan.size)
+    write_image(plan, f, [s.data_ptr() for _, s in plan.data])
 
 
 #: A host storage's bytes go to the file straight from its memory when its
