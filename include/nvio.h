@@ -38,7 +38,7 @@ extern "C" {
 
 #define NVIO_VERSION_MAJOR 0
 #define NVIO_VERSION_MINOR 3
-#define NVIO_VERSION_PATCH 0
+#define NVIO_VERSION_PATCH 1
 #define NVIO_VERSION_NUM \
 	((NVIO_VERSION_MAJOR << 16) | (NVIO_VERSION_MINOR << 8) | NVIO_VERSION_PATCH)
 #define NVIO_CHECK_VERSION(major, minor, patch) \
@@ -655,6 +655,19 @@ NVIO_API int nvio_file_pwritev(nvio_file_t *f, const nvio_iovec_t *iov,
  *   iov        with iovcnt: a vector, as for nvio_file_preadv (then buf
  *              must be NULL and nbytes 0)
  *   user_data  anything; comes back in the completion
+ *   crc32      NULL, or an array of one uint32_t per buffer (iovcnt of
+ *              them for a vector, else one; a vector's empty buffers
+ *              too) where the op stores the CRC-32 (nvio_crc32's, as
+ *              zlib's crc32()) of each buffer's bytes as they moved,
+ *              once it has completed without error (its content is
+ *              undefined until then, and after a failure). Host memory
+ *              is checksummed in the same pass as a bounce-buffer copy
+ *              (gathered writes, unaligned O_DIRECT, scattered reads),
+ *              else read once more by the worker that moved the piece;
+ *              device memory always goes through the bounce buffers
+ *              then (never cuFile), which are checksummed. Saves the
+ *              writer of a format with checksums (zip) a pass of its
+ *              own over memory (0.3.1).
  * reserved fields must be 0.
  * Returns how many ops, from the first, were accepted. When op r is
  * refused the call stops there and returns r, or the refusal's -errno if
@@ -675,7 +688,8 @@ typedef struct nvio_op {
 	uint32_t iovcnt;
 	uint32_t reserved0;
 	uint64_t user_data;
-	uint64_t reserved[4];	/* 0.3: room to grow; must be 0 */
+	uint32_t *crc32;	/* 0.3.1: NULL, or one CRC-32 per buffer (above) */
+	uint64_t reserved[3];	/* 0.3: room to grow; must be 0 */
 } nvio_op_t;
 
 NVIO_API int nvio_submit(nvio_handle_t *h, const nvio_op_t *ops, unsigned n);

@@ -65,6 +65,7 @@ struct nvio__seg {
 	unsigned char *base;
 	uint64_t len;
 	uint64_t pos;
+	uint32_t iov;		/* the caller's buffer (index in its vector) */
 };
 
 /* A contiguous file range of an op and where its bytes start in the
@@ -92,6 +93,24 @@ unsigned char *nvio__op_mem(const struct nvio__op *op, uint64_t pos, uint64_t le
  * These lookups live in opmem.c. */
 void nvio__op_gather(const struct nvio__op *op, void *dst, uint64_t pos, uint64_t len);
 void nvio__op_scatter(const struct nvio__op *op, const void *src, uint64_t pos, uint64_t len);
+/*
+ * CRC-32s of an op's buffers (nvio_op_t.crc32), taken piece by piece by
+ * whoever moves piece k, from bytes at [pos, pos + len) of the virtual
+ * buffer: NVIO__CRC_MEM reads the op's memory; NVIO__CRC_FLAT reads
+ * flat, a host copy of those bytes (a staged device piece);
+ * NVIO__CRC_GATHER / NVIO__CRC_SCATTER copy between the op's host memory
+ * and flat as nvio__op_gather / nvio__op_scatter do, checksumming each
+ * step of the copy's source while it is in cache. A buffer whole in one
+ * piece gets its CRC at once; the parts pieces share are joined, in
+ * order, by nvio__op_crc_finish once every piece has moved. (opmem.c)
+ */
+enum { NVIO__CRC_MEM, NVIO__CRC_FLAT, NVIO__CRC_GATHER, NVIO__CRC_SCATTER };
+struct nvio__crc_part {
+	uint32_t first, last;	/* CRCs of piece k's first and last parts */
+};
+void nvio__op_crc(const struct nvio__op *op, uint64_t k, void *flat, uint64_t pos,
+		  uint64_t len, int how);
+void nvio__op_crc_finish(struct nvio__op *op);
 
 struct nvio__task {
 	struct nvio__op *op;
@@ -238,6 +257,9 @@ struct nvio__op {
 	uint32_t mem_align;	/* for direct pieces */
 	int stage_body;		/* direct pieces go through staging too (pages.c) */
 	void *cufh;		/* cuFile handle: pieces go through cuFile */
+	uint32_t *crc32;	/* the caller's CRC per buffer, or NULL */
+	uint32_t ncrc;		/* its entries */
+	struct nvio__crc_part *crc_parts;	/* one per piece, with crc32 */
 	atomic_uint tasks_left;
 	atomic_int err;		/* first error, 0 if none */
 	/* Where it happened: written once, by the thread that set err, and
@@ -399,6 +421,7 @@ struct nvio__opspec {
 	int sink;
 	struct nvio__group *group;
 	struct nvio_queue *queue;	/* QUEUE: which */
+	uint32_t *crc32;		/* nvio_op_t.crc32 */
 };
 int nvio__submit(struct nvio_handle *h, const struct nvio__opspec *sp);
 

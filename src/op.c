@@ -104,6 +104,8 @@ static void epilogue(struct nvio__op *op)
 	int err = atomic_load(&op->err), durable = (op->flags & NVIO_FSYNC) != 0;
 	const char *what = "close";
 
+	if (!err && op->crc32)
+		nvio__op_crc_finish(op);
 	if (!err && (op->flags & NVIO_VALIDATE))
 		err = validate(op);
 	if (!err && op->is_write && durable && nvio__sys.fsync(f->fd) < 0) {
@@ -150,6 +152,7 @@ void nvio__op_free(struct nvio__op *op)
 		free(op->segs);
 	if (op->ext != &op->ext1)
 		free(op->ext);
+	free(op->crc_parts);
 	if (op->on_heap)
 		free(op);
 }

@@ -97,3 +97,92 @@ void nvio__op_scatter(const struct nvio__op *op, const void *src, uint64_t pos, 
 {
 	each_part(op, pos, len, from_flat, (unsigned char *)src);
 }
+
+/* ---- CRC-32 per buffer (nvio_op_t.crc32) ---------------------------- */
+
+/* A copy is checksummed in steps this long: each step's source is still
+ * in the cache when its CRC reads it again. At least STREAM_COPY_BYTES
+ * (staging.c), so that the steps keep their non-temporal stores. */
+#define CRC_STEP (64u << 10)
+
+/*
+ * The CRC of one part of piece k, which lies in buffer s at in, n bytes
+ * long: a whole buffer's is final; a part of a buffer other pieces share
+ * is kept as the piece's first or last part (only those two can be
+ * partial) for nvio__op_crc_finish. Distinct pieces write distinct
+ * places, so workers need no lock.
+ */
+static void crc_part(const struct nvio__op *op, uint64_t k, const struct nvio__seg *s,
+		     uint64_t in, uint64_t n, int first, uint32_t crc)
+{
+	if (in == 0 && n == s->len)
+		op->crc32[s->iov] = crc;
+	else if (first)
+		op->crc_parts[k].first = crc;
+	else
+		op->crc_parts[k].last = crc;
+}
+
+void nvio__op_crc(const struct nvio__op *op, uint64_t k, void *flat, uint64_t pos,
+		  uint64_t len, int how)
+{
+	const struct nvio__seg *s = seg_at(op, pos);
+	unsigned char *f = flat;
+
+	for (int first = 1; len > 0; first = 0, s++) {
+		uint64_t in = pos - s->pos, n = s->len - in < len ? s->len - in : len;
+		unsigned char *mem = s->base + in;
+		uint32_t crc = 0;
+
+		if (how == NVIO__CRC_MEM || how == NVIO__CRC_FLAT) {
+			crc = nvio_crc32(0, how == NVIO__CRC_MEM ? mem : f, (size_t)n);
+		} else {
+			for (uint64_t d = 0; d < n; d += CRC_STEP) {
+				size_t m = (size_t)(n - d < CRC_STEP ? n - d : CRC_STEP);
+
+				if (how == NVIO__CRC_GATHER) {
+					nvio__stage_copy(f + d, mem + d, m);
+					crc = nvio_crc32(crc, mem + d, m);
+				} else {
+					nvio__stage_copy(mem + d, f + d, m);
+					crc = nvio_crc32(crc, f + d, m);
+				}
+			}
+		}
+		crc_part(op, k, s, in, n, first, crc);
+		if (f)
+			f += n;
+		pos += n;
+		len -= n;
+	}
+}
+
+/* Joins part crc (n bytes at in) into buffer s's CRC: parts come in order. */
+static void crc_join(const struct nvio__op *op, const struct nvio__seg *s, uint64_t in,
+		     uint64_t n, uint32_t crc)
+{
+	uint32_t *c = &op->crc32[s->iov];
+
+	*c = in == 0 ? crc : nvio_crc32_combine(*c, crc, n);
+}
+
+void nvio__op_crc_finish(struct nvio__op *op)
+{
+	for (uint64_t k = 0; k < op->npieces; k++) {
+		struct nvio__piece pc;
+		const struct nvio__seg *a, *b;
+		uint64_t in, n;
+
+		nvio__op_piece(op, k, &pc);
+		if (!pc.len)
+			continue;
+		a = seg_at(op, pc.pos);
+		b = seg_at(op, pc.pos + pc.len - 1);
+		in = pc.pos - a->pos;
+		n = a->len - in < pc.len ? a->len - in : pc.len;
+		if (n < a->len)
+			crc_join(op, a, in, n, op->crc_parts[k].first);
+		if (b != a && pc.pos + pc.len - b->pos < b->len)
+			crc_join(op, b, 0, pc.pos + pc.len - b->pos, op->crc_parts[k].last);
+	}
+}

@@ -129,7 +129,7 @@ static void lay_out(struct nvio__op *op, const struct nvio__opspec *sp)
 	uint32_t e = 0;
 
 	if (!sp->vec) {
-		op->seg1 = (struct nvio__seg){ sp->buf, sp->nbytes, 0 };
+		op->seg1 = (struct nvio__seg){ sp->buf, sp->nbytes, 0, 0 };
 		op->nsegs = 1;
 		op->ext1.plan.off = (uint64_t)sp->offset;
 		op->ext1.plan.len = sp->nbytes;
@@ -143,7 +143,7 @@ static void lay_out(struct nvio__op *op, const struct nvio__opspec *sp)
 
 		if (!v->len)
 			continue;
-		op->segs[op->nsegs++] = (struct nvio__seg){ v->base, v->len, pos };
+		op->segs[op->nsegs++] = (struct nvio__seg){ v->base, v->len, pos, i };
 		if (sp->offset == NVIO_OFFSET_PER_IOV && (uint64_t)v->offset != end) {
 			if (end != UINT64_MAX)
 				e++;
@@ -205,6 +205,8 @@ static struct nvio__op *op_new(struct nvio_handle *h, const struct nvio__opspec 
 	op->group = sp->group;
 	op->queue = sp->queue;
 	op->dfd = -1;
+	op->crc32 = sp->crc32;
+	op->ncrc = sp->vec ? sp->iovcnt : 1;
 	lay_out(op, sp);
 	return op;
 }
@@ -328,8 +330,10 @@ static int plan_op(struct nvio_handle *h, struct nvio__op *op, const char **what
 	uint64_t block = h->cfg.block_size;
 	int policy = h->cfg.direct, dfd;
 
+	/* cuFile moves device memory the CPU cannot checksum: crc32 ops
+	 * stage it */
 	if (h->gds && op->mem == NVIO__MEM_CUDA && op->nsegs == 1 && !f->plain &&
-	    (op->cufh = nvio__file_cufh(f)) != NULL) {
+	    !op->crc32 && (op->cufh = nvio__file_cufh(f)) != NULL) {
 		plan_extents(op, block, 0);
 		return 0;
 	}
@@ -451,7 +455,7 @@ static unsigned char *inline_mem(const struct nvio__op *op, struct nvio__piece *
 {
 	unsigned char *mem;
 
-	if (op->sink != NVIO__SINK_SYNC || op->npieces != 1 || op->stage_body ||
+	if (op->sink != NVIO__SINK_SYNC || op->npieces != 1 || op->stage_body || op->crc32 ||
 	    op->mem != NVIO__MEM_HOST || op->cufh || op->file->plain)
 		return NULL;
 	nvio__op_piece(op, 0, pc);
@@ -607,6 +611,13 @@ int nvio__submit(struct nvio_handle *h, const struct nvio__opspec *sp)
 		r = ask_mem(h, op, &what);	/* not inline: see classify_mem */
 	if (!r)
 		r = check_range(op, &what);
+	if (!r && op->crc32) {
+		what = "memory";
+		op->crc_parts = calloc(op->npieces ? op->npieces : 1, sizeof(*op->crc_parts));
+		r = op->crc_parts ? 0 : -ENOMEM;
+		if (!r)		/* empty buffers have the CRC of nothing */
+			memset(op->crc32, 0, op->ncrc * sizeof(*op->crc32));
+	}
 	if (r)
 		return refuse(h, sp, op, r, what);
 	/* Run here, it ends before the call returns: nothing to track (a
@@ -752,14 +763,14 @@ static int submit_one(struct nvio_queue *q, const nvio_op_t *o)
 		.offset = o->offset, .iov = o->iov, .iovcnt = o->iovcnt,
 		.vec = o->iov || o->iovcnt,
 		.user_data = o->user_data, .sink = NVIO__SINK_QUEUE, .queue = q,
+		.crc32 = o->crc32,
 	};
 	const char *what = NULL;
 	nvio_error_t e;
 
 	if (o->opcode != NVIO_OP_READ && o->opcode != NVIO_OP_WRITE)
 		what = "opcode";
-	else if (o->reserved0 || o->reserved[0] || o->reserved[1] || o->reserved[2] ||
-		 o->reserved[3])
+	else if (o->reserved0 || o->reserved[0] || o->reserved[1] || o->reserved[2])
 		what = "reserved field";
 	else if (!o->file || o->file->h != h)
 		what = "file (NULL or of another handle)";

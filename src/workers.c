@@ -48,6 +48,7 @@ struct slot {
 	struct nvio__task *task;
 	void *stage;		/* bounce buffer, or NULL */
 	uint64_t pos;		/* where the piece lives in the op's memory */
+	uint64_t k;		/* its number in the op (for crc32) */
 	unsigned retries;	/* completions of EINTR/EAGAIN/EBUSY so far */
 	struct iovec *iov;	/* a vectored piece's parts (grown on need) */
 	unsigned iov_cap;
@@ -129,16 +130,21 @@ static void task_pieces_done(struct nvio__task *t, uint64_t n)
 }
 
 /*
- * Copies between a piece's place in the op's memory (which may span
+ * Copies between piece k's place in the op's memory (which may span
  * several of its buffers: a vector's small pieces are gathered into one
- * request) and its bounce buffer.
+ * request) and its bounce buffer; with crc32, its CRCs in the same pass
+ * (host memory) or from the bounce buffer (device memory).
  */
-static int stage_copy(struct wstate *s, struct nvio__op *op, void *stage,
+static int stage_copy(struct wstate *s, struct nvio__op *op, void *stage, uint64_t k,
 		      uint64_t pos, size_t n, int to_user)
 {
 	unsigned char *flat = stage;
 	int r;
 
+	if (op->mem == NVIO__MEM_HOST && op->crc32) {
+		nvio__op_crc(op, k, stage, pos, n, to_user ? NVIO__CRC_SCATTER : NVIO__CRC_GATHER);
+		return 0;
+	}
 	if (op->mem == NVIO__MEM_HOST) {
 		if (to_user)
 			nvio__op_scatter(op, stage, pos, n);
@@ -161,20 +167,22 @@ static int stage_copy(struct wstate *s, struct nvio__op *op, void *stage,
 			return r;
 		nvio__stage_want_cuda(&s->w->stage);
 	}
-	while (n > 0) {	/* one buffer's part at a time */
-		uint64_t k;
-		unsigned char *mem = nvio__op_at(op, pos, &k);
+	for (uint64_t at = pos, left = n; left > 0;) {	/* a buffer's part at a time */
+		uint64_t m;
+		unsigned char *mem = nvio__op_at(op, at, &m);
 
-		if (k > n)
-			k = n;
-		r = to_user ? nvio__cuda_copy(mem, flat, (size_t)k, 1, &s->cuda) :
-			      nvio__cuda_copy(flat, mem, (size_t)k, 0, &s->cuda);
+		if (m > left)
+			m = left;
+		r = to_user ? nvio__cuda_copy(mem, flat, (size_t)m, 1, &s->cuda) :
+			      nvio__cuda_copy(flat, mem, (size_t)m, 0, &s->cuda);
 		if (r < 0)
 			return r;
-		flat += k;
-		pos += k;
-		n -= (size_t)k;
+		flat += m;
+		at += m;
+		left -= m;
 	}
+	if (op->crc32)	/* the bounce buffer holds the bytes, either way */
+		nvio__op_crc(op, k, stage, pos, n, NVIO__CRC_FLAT);
 	return 0;
 }
 
@@ -185,7 +193,9 @@ static void piece_end(struct wstate *s, struct slot *sl, int err)
 	struct nvio__io *io = &sl->io;
 
 	if (!err && sl->stage && !io->is_write)
-		err = stage_copy(s, op, sl->stage, sl->pos, io->len, 1);
+		err = stage_copy(s, op, sl->stage, sl->k, sl->pos, io->len, 1);
+	else if (!err && op->crc32 && !sl->stage)	/* moved from its memory */
+		nvio__op_crc(op, sl->k, NULL, sl->pos, io->len, NVIO__CRC_MEM);
 	if (err)
 		nvio__op_fail(op, err, io->is_write ? "pwrite" : "pread",
 			      io->off, io->len);
@@ -417,12 +427,13 @@ static int rw_parts(struct nvio__op *op, uint64_t pos, uint64_t off, uint64_t le
 	return err;
 }
 
-static void move_here(struct nvio__op *op, const struct nvio__piece *pc)
+static int move_here(struct nvio__op *op, const struct nvio__piece *pc)
 {
 	int err = rw_parts(op, pc->pos, pc->off, pc->len);
 
 	if (err)
 		nvio__op_fail(op, err, op->is_write ? "pwrite" : "pread", pc->off, pc->len);
+	return err;
 }
 
 /*
@@ -509,8 +520,10 @@ static void fill(struct wstate *s)
 		op = t->op;
 		nvio__op_piece(op, t->next_piece, &pc);
 		if (op->file->plain) {
-			take_piece(s, t);
-			move_here(op, &pc);
+			uint64_t k = take_piece(s, t);
+
+			if (move_here(op, &pc) == 0 && op->crc32)
+				nvio__op_crc(op, k, NULL, pc.pos, pc.len, NVIO__CRC_MEM);
 			task_pieces_done(t, 1);
 			continue;
 		}
@@ -521,7 +534,7 @@ static void fill(struct wstate *s)
 			if (!stage && !err)
 				return;	/* all bounce buffers busy: reap first */
 		}
-		take_piece(s, t);
+		sl->k = take_piece(s, t);
 		s->nfree--;
 		sl->task = t;
 		sl->stage = stage;
@@ -539,7 +552,7 @@ static void fill(struct wstate *s)
 			continue;
 		}
 		if (stage && op->is_write) {
-			err = stage_copy(s, op, stage, pc.pos, (size_t)pc.len, 0);
+			err = stage_copy(s, op, stage, sl->k, pc.pos, (size_t)pc.len, 0);
 			if (err) {
 				piece_end(s, sl, err);
 				continue;

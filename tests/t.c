@@ -331,6 +331,19 @@ uint64_t t_rand64(uint64_t *state)
 	return t_mix(*state);
 }
 
+uint32_t t_crc32_ref(const void *buf, size_t n)
+{
+	const unsigned char *p = buf;
+	uint32_t c = 0xffffffffu;
+
+	for (size_t i = 0; i < n; i++) {
+		c ^= p[i];
+		for (int b = 0; b < 8; b++)
+			c = c >> 1 ^ (0xedb88320u & (0u - (c & 1)));
+	}
+	return ~c;
+}
+
 void t_fill_random_at(void *buf, size_t n, uint64_t seed, uint64_t start)
 {
 	unsigned char *p = buf;

@@ -127,6 +127,9 @@ void t_fill_random_at(void *buf, size_t n, uint64_t seed, uint64_t start);
 int64_t t_check_random_at(const void *buf, size_t n, uint64_t seed,
 			  uint64_t start);
 uint64_t t_rand64(uint64_t *state);
+/* The CRC-32 of zip and zlib, one bit at a time: a reference that shares
+ * nothing with nvio_crc32. */
+uint32_t t_crc32_ref(const void *buf, size_t n);
 
 /* Plain libc file helpers: 0 or -errno. */
 int t_write_file(const char *path, const void *buf, size_t n);

@@ -613,10 +613,10 @@ static void test_version(void)
 
 	t_ctx("version");
 	T_EQ_U64(nvio_version(), NVIO_VERSION_NUM);
-	T_EQ_U64(NVIO_VERSION_NUM, (0u << 16) | (3u << 8) | 0u);
-	T_TRUE(NVIO_CHECK_VERSION(0, 3, 0));
+	T_EQ_U64(NVIO_VERSION_NUM, (0u << 16) | (3u << 8) | 1u);
+	T_TRUE(NVIO_CHECK_VERSION(0, 3, 1));
 	T_TRUE(NVIO_CHECK_VERSION(0, 2, 9));
-	T_TRUE(!NVIO_CHECK_VERSION(0, 3, 1));
+	T_TRUE(!NVIO_CHECK_VERSION(0, 3, 2));
 	T_TRUE(!NVIO_CHECK_VERSION(1, 0, 0));
 	snprintf(want, sizeof(want), "%d.%d.%d", NVIO_VERSION_MAJOR,
 		 NVIO_VERSION_MINOR, NVIO_VERSION_PATCH);

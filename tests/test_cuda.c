@@ -309,6 +309,67 @@ static void test_two_devices(unsigned char *dev0, const char *path)
  * O_DIRECT descriptor opened for cuFile: they are unaligned). No cuFile
  * handle outlives its op.
  */
+/*
+ * A tagged write of three device buffers with crc32, then a tagged read
+ * into device memory with crc32: the CRCs are those of the bytes moved
+ * (checked against host copies), taken from the bounce buffers. On a GDS
+ * handle the op must not go through cuFile (the CPU cannot checksum
+ * device memory: a host read of it faults here).
+ */
+static void crc_cases(nvio_handle_t *h, unsigned char *dev, const char *path)
+{
+	static const struct { size_t at, n; } b[3] = {
+		{ 3, 5000 }, { 8192, (1u << 20) + 17 }, { (1u << 20) + 16384, 4096 },
+	};
+	unsigned char *host = malloc((2u << 20) + 65536);
+	char wpath[T_PATH_MAX + 8];
+	nvio_iovec_t iov[3];
+	nvio_completion_t c;
+	uint32_t crc[3], one;
+	uint64_t total = 0;
+	nvio_file_t *f;
+	nvio_op_t op;
+	int err = 0;
+
+	snprintf(wpath, sizeof(wpath), "%s.crc", path);
+	t_ctx("crc32 of device buffers");
+	if (!host) {
+		T_FAILF("malloc");
+		return;
+	}
+	for (int i = 0; i < 3; i++) {
+		dev_fill_random(dev + b[i].at, b[i].n, 30 + (uint64_t)i, 0);
+		iov[i] = (nvio_iovec_t){ dev + b[i].at, b[i].n, 0 };
+		total += b[i].n;
+	}
+	unlink(wpath);
+	f = nvio_file_open(h, wpath, NVIO_FILE_READ | NVIO_FILE_WRITE | NVIO_FILE_CREATE, &err);
+	if (!f) {
+		T_FAILF("open %s: %s", wpath, t_errname(err));
+		free(host);
+		return;
+	}
+	nvio_prep_writev(&op, f, iov, 3, 0, 1);
+	op.crc32 = crc;
+	if (T_EQ_INT(nvio_submit(h, &op, 1), 1) && T_EQ_INT(nvio_reap(h, &c, 1, 1, -1), 1)) {
+		T_EQ_INT(c.res, (int64_t)total);
+		for (int i = 0; i < 3; i++) {
+			t_fill_random_at(host, b[i].n, 30 + (uint64_t)i, 0);
+			T_EQ_U64(crc[i], t_crc32_ref(host, b[i].n));
+		}
+	}
+	t_ctx("crc32 of a read into device memory");
+	nvio_prep_read(&op, f, dev + 1, total - 9, 9, 2);
+	op.crc32 = &one;
+	if (T_EQ_INT(nvio_submit(h, &op, 1), 1) && T_EQ_INT(nvio_reap(h, &c, 1, 1, -1), 1) &&
+	    T_EQ_INT(c.res, (int64_t)(total - 9)) &&
+	    T_OK(t_pread_file(wpath, host, total - 9, 9)))
+		T_EQ_U64(one, t_crc32_ref(host, total - 9));
+	nvio_file_close(f);
+	unlink(wpath);
+	free(host);
+}
+
 static void test_gds(unsigned char *dev, const char *path)
 {
 	T_FOR_EACH_COMBO(e, d) {
@@ -323,6 +384,7 @@ static void test_gds(unsigned char *dev, const char *path)
 		T_EQ_INT(nvio_get_gds(h), 1);
 		rw_cases(h, dev, path, 0, VIA_CUFILE);
 		rw_cases(h, dev, path, 1, VIA_CUFILE);
+		crc_cases(h, dev, path);
 		t_ctx("%s GDS handle: validate compares device memory", t_combo());
 		T_OK(nvio_pwrite(h, dev + 1, 5000, path, 3, NVIO_VALIDATE));
 		T_OK(nvio_pread(h, dev + 1, 5000, path, 3, NVIO_VALIDATE));
@@ -406,6 +468,7 @@ int main(void)
 				continue;
 			rw_cases(h, dev, path, 0, VIA_BOUNCE);
 			rw_cases(h, dev, path, 1, VIA_BOUNCE);
+			crc_cases(h, dev, path);
 			failing_copy(h, dev, path);
 			/* one context reference per worker, not per copy;
 			 * all let go, the bounce pool unpinned */

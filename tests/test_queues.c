@@ -281,14 +281,15 @@ static void layouts(void)
 	nvio_prep_write(&op, NULL, buf, 10, 20, 30);
 	T_EQ_INT(op.opcode, NVIO_OP_WRITE);
 	T_TRUE(op.buf == buf && op.nbytes == 10 && op.offset == 20 && op.user_data == 30);
-	T_TRUE(!op.iov && !op.iovcnt && !op.flags && !op.reserved0);
-	for (int i = 0; i < 4; i++)
+	T_TRUE(!op.iov && !op.iovcnt && !op.flags && !op.reserved0 && !op.crc32);
+	for (int i = 0; i < 3; i++)
 		T_EQ_U64(op.reserved[i], 0);
 	memset(&op, 0xa5, sizeof(op));
 	nvio_prep_readv(&op, NULL, &iov, 1, NVIO_OFFSET_PER_IOV, 7);
 	T_TRUE(op.opcode == NVIO_OP_READ && op.iov == &iov && op.iovcnt == 1 &&
 	       !op.buf && !op.nbytes && op.offset == NVIO_OFFSET_PER_IOV);
-	T_EQ_U64(op.reserved[3], 0);
+	T_EQ_U64(op.reserved[2], 0);
+	T_TRUE(op.crc32 == NULL);
 
 	t_path(path, "layout");
 	t_fill_random(buf, sizeof(buf), 8);
@@ -297,9 +298,9 @@ static void layouts(void)
 	f = open_file(h, path, NVIO_FILE_READ);
 	T_OK(nvio_queue_create(h, &q, 0));
 	if (f && q) {
-		for (int i = 0; i < 5; i++) {
+		for (int i = 0; i < 4; i++) {
 			nvio_prep_read(&op, f, buf, sizeof(buf), 0, 1);
-			if (i < 4)
+			if (i < 3)
 				op.reserved[i] = 1;
 			else
 				op.reserved0 = 1;
