@@ -83,8 +83,9 @@ class Completions:
     # -- submitting -------------------------------------------------------
 
     def submit(self, ops, *, refused="raise"):
-        """Submit ops, each ``(opcode, file, buf, offset[, user_data[, flags]])``
-        as for ``Handle.submit``; returns one future per op, in order.
+        """Submit ops, each ``(opcode, file, buf, offset[, user_data[, flags[,
+        crc32]]])`` as for ``Handle.submit``; returns one future per op, in
+        order.
 
         ``refused="raise"``: an op libnvio refuses at submit (bad argument,
         read past the end, ENOSPC when growing) raises its NvioError; the
@@ -102,13 +103,13 @@ class Completions:
         futs, tagged = [], []
         for op in ops:
             op = tuple(op)
-            if not 4 <= len(op) <= 6:
+            if not 4 <= len(op) <= 7:
                 raise TypeError("nvio: an op is (opcode, file, buf, offset"
-                                "[, user_data[, flags]])")
+                                "[, user_data[, flags[, crc32]]])")
             fut = NvioFuture(op[4] if len(op) > 4 else None)
             flags = op[5] if len(op) > 5 else 0
             futs.append(fut)
-            tagged.append((op[0], op[1], op[2], op[3], fut, flags))
+            tagged.append((op[0], op[1], op[2], op[3], fut, flags) + op[6:])
         i = 0
         while i < len(tagged):
             with self._lock:
@@ -310,8 +311,9 @@ class File(_nvio.File):
 
     __slots__ = ()
 
-    def _one(self, opcode, buf, offset, flags):
-        return completions(self.handle).submit([(opcode, self, buf, offset, None, flags)])[0]
+    def _one(self, opcode, buf, offset, flags, crc32=None):
+        return completions(self.handle).submit(
+            [(opcode, self, buf, offset, None, flags, crc32)])[0]
 
     def pread_async(self, buf, offset, flags=0):
         """Read len(buf) bytes at offset; a future of the bytes read."""
@@ -321,11 +323,16 @@ class File(_nvio.File):
         """Write buf at offset; a future of the bytes written."""
         return self._one(_nvio.OP_WRITE, buf, offset, flags)
 
-    def preadv_async(self, bufs, offset, flags=0):
+    def preadv_async(self, bufs, offset, flags=0, crc32=None):
         """preadv as a future (bufs: a list of buffers, or of (buf, offset)
-        pairs with offset OFFSET_PER_IOV)."""
-        return self._one(_nvio.OP_READ, list(bufs), offset, flags)
+        pairs with offset OFFSET_PER_IOV). ``crc32``: None, or a writable
+        buffer of one uint32 per buffer (``array("I", bytes(4 * n))``) that
+        holds the CRC-32 (zlib's) of each buffer's bytes once the future
+        has resolved without error, taken by libnvio as it moved them."""
+        return self._one(_nvio.OP_READ, list(bufs), offset, flags, crc32)
 
-    def pwritev_async(self, bufs, offset, flags=0):
-        """pwritev as a future."""
-        return self._one(_nvio.OP_WRITE, list(bufs), offset, flags)
+    def pwritev_async(self, bufs, offset, flags=0, crc32=None):
+        """pwritev as a future; ``crc32`` as for :meth:`preadv_async`: the
+        CRC-32 of each buffer, in the same pass as libnvio's bounce-buffer
+        copy where it makes one."""
+        return self._one(_nvio.OP_WRITE, list(bufs), offset, flags, crc32)

@@ -383,11 +383,14 @@ MAX_IOV: Final[int]
 # OFFSET_PER_IOV (buffer, offset) pairs in increasing order.
 _Vector: TypeAlias = Sequence[_BufferLike] | Sequence[tuple[_BufferLike, int]]
 
-# A tagged op: (opcode, file, buf or vector, offset[, user_data[, flags]]).
+# A tagged op: (opcode, file, buf or vector, offset[, user_data[, flags[, crc32]]]);
+# crc32: None, or a writable buffer of one uint32 per buffer (array("I")) that
+# gets the CRC-32 of each buffer's bytes once the op has completed.
 _Op: TypeAlias = (
     tuple[int, File, _BufferLike | _Vector, int]
     | tuple[int, File, _BufferLike | _Vector, int, Any]
     | tuple[int, File, _BufferLike | _Vector, int, Any, int]
+    | tuple[int, File, _BufferLike | _Vector, int, Any, int, _BufferLike | None]
 )
 
 class _FileInfo(TypedDict):

@@ -165,7 +165,7 @@ class AioHandle(_nvio.Handle):
     def submit_async(self, ops, *, refused="raise"):
         """Submit many tagged ops at once; one :class:`nvio.NvioFuture` per op.
 
-        Each op is ``(opcode, file, buf, offset[, user_data[, flags]])`` as for
+        Each op is ``(opcode, file, buf, offset[, user_data[, flags[, crc32]]])`` as for
         ``Handle.submit`` (``user_data`` ends up as ``future.user_data``).
         ``refused="future"`` turns an op refused at submit into a failed
         future instead of raising. The handle's one reaper thread resolves

@@ -615,11 +615,13 @@ static PyMethodDef handle_methods[] = {
 	  "flags: FILE_READ and/or FILE_WRITE." },
 	{ "submit", (PyCFunction)(void (*)(void))h_submit, METH_VARARGS | METH_KEYWORDS,
 	  "submit($self, ops, /, pending=None)\n--\n\n"
-	  "Submit tagged ops; each is a tuple (opcode, file, buf, offset[, user_data[, flags]]):\n"
+	  "Submit tagged ops; each is a tuple (opcode, file, buf, offset[, user_data[, flags[, crc32]]]):\n"
 	  "opcode EXT_IO_READ or EXT_IO_WRITE; buf one buffer, or a list/tuple of buffers laid\n"
 	  "end to end from offset, or with offset OFFSET_PER_IOV (-1) a list of\n"
 	  "(buffer, offset) pairs; user_data any object (reap() gives it back);\n"
-	  "flags VALIDATE | FSYNC. Every buffer and the file are kept alive until\n"
+	  "flags VALIDATE | FSYNC; crc32 None or a writable buffer of one uint32 per\n"
+	  "buffer (array('I')), where the op stores the CRC-32 of each buffer's bytes\n"
+	  "once it has completed. Every buffer and the file are kept alive until\n"
 	  "reap() returns the op. Returns how many ops, from the first, were\n"
 	  "accepted; a refused first op raises NvioError (resubmit the rest to see\n"
 	  "a later refusal). Accepted ops complete exactly once; wait() never sees them.\n"

@@ -33,6 +33,8 @@ struct ext_tag {
 	uint32_t nbufs;
 	nvio_iovec_t *iov;	/* a vector's, else NULL */
 	int is_write;
+	int has_crc;
+	ext_buf crc;		/* the op's crc32 array, writable */
 };
 
 /* A Queue object: a queue of its own on a handle. */
@@ -59,6 +61,8 @@ static void tag_free(ext_tag *t)
 		ext_buf_release(&t->bufs[i]);
 	PyMem_Free(t->bufs);
 	PyMem_Free(t->iov);
+	if (t->has_crc)
+		ext_buf_release(&t->crc);
 	Py_XDECREF(t->user);
 	Py_XDECREF((PyObject *)t->file);
 	PyMem_Free(t);
@@ -194,14 +198,44 @@ static int parse_op_file(ext_state *st, ext_handle *hd, PyObject *opc, PyObject 
 	return ext_file_check_open((ext_file *)fo);
 }
 
+/*
+ * An op's crc32 array (None: none): a writable buffer of at least one
+ * uint32 per buffer of the op, 4-byte aligned, into t and op. 0, or -1
+ * with an exception.
+ */
+static int parse_op_crc(ext_state *st, PyObject *co, Py_ssize_t idx, ext_tag *t,
+			nvio_op_t *op)
+{
+	uint64_t want = 4ull * (op->iov ? op->iovcnt : 1);
+	if (co == Py_None)
+		return 0;
+	if (!PyObject_CheckBuffer(co)) {
+		PyErr_Format(PyExc_TypeError, "nvio: op %zd: crc32 must be a writable buffer "
+			     "(array('I'), bytearray) or None", idx);
+		return -1;
+	}
+	if (ext_buf_get(st, co, 1, &t->crc) < 0)
+		return -1;
+	t->has_crc = 1;
+	if (t->crc.nbytes < want || (uintptr_t)t->crc.ptr % 4) {
+		PyErr_Format(PyExc_ValueError, "nvio: op %zd: crc32 must hold %llu bytes (one "
+			     "uint32 per buffer), 4-byte aligned; it has %llu at %p", idx,
+			     (unsigned long long)want, (unsigned long long)t->crc.nbytes,
+			     t->crc.ptr);
+		return -1;
+	}
+	op->crc32 = t->crc.ptr;
+	return 0;
+}
+
 /* Parses one op tuple into *op and a new tag. 0, or -1 with an exception. */
 static int parse_op(ext_state *st, ext_handle *hd, PyObject *item, Py_ssize_t idx,
 		    nvio_op_t *op, ext_tag **tag_out)
 {
 	Py_ssize_t n = PyTuple_Check(item) ? PyTuple_Size(item) : -1;
-	if (n < 4 || n > 6) {
+	if (n < 4 || n > 7) {
 		PyErr_Format(PyExc_TypeError, "nvio: op %zd must be a tuple (opcode, file, buf, "
-			     "offset[, user_data[, flags]])", idx);
+			     "offset[, user_data[, flags[, crc32]]])", idx);
 		return -1;
 	}
 	PyObject *fo = PyTuple_GetItem(item, 1);
@@ -222,6 +256,10 @@ static int parse_op(ext_state *st, ext_handle *hd, PyObject *item, Py_ssize_t id
 	t->is_write = code == NVIO_OP_WRITE;
 	if (parse_op_buf(st, PyTuple_GetItem(item, 2), off, idx, t, op) < 0) {
 		PyMem_Free(t);
+		return -1;
+	}
+	if (n > 6 && parse_op_crc(st, PyTuple_GetItem(item, 6), idx, t, op) < 0) {
+		tag_free(t);
 		return -1;
 	}
 	op->opcode = (uint32_t)code;

@@ -4,8 +4,8 @@ The file is an ATOMIC nvio file (an unnamed temporary beside the destination
 that replaces it at commit: fsync, rename, fsync of the directory). Tensor
 bytes go to the file in one vectored op straight from the tensors' memory
 (each record's data starts on a page boundary, so the bulk moves with
-O_DIRECT), while other threads compute the records' CRC-32; as soon as
-those are known, one more vectored op writes the headers, descriptors,
+O_DIRECT), libnvio taking the records' CRC-32 as it moves them; then
+one more vectored op writes the headers, descriptors,
 small tensors and directory in page-aligned runs that fill the file
 between the large tensors' pages (:func:`write_plans`). A checkpoint of
 many small host storages (a few hundred KB each) is written instead as its
@@ -17,13 +17,14 @@ behind.
 """
 from __future__ import annotations
 
+import array
 import ctypes
 import os
 
 import torch
 
 from .. import _device, _nvio
-from .._base.crc import crc_device, crc_submit, executor
+from .._base.crc import crc32_combine, crc_device, executor
 from .._base.handle import default_handle
 from .._base.pieces import wait_all as _wait_all
 from .._base.pieces import write_device
@@ -129,15 +130,15 @@ def write_plans(f, placed, size):
     """Write laid-out checkpoints [(base offset, Plan)] into an open writable
     nvio File of ``size`` bytes (several torch.save images in one file, as
     DCP stores them): the whole pages of each large tensor in one vectored
-    op straight from their memory while threads compute the CRC-32s, then,
-    as soon as the CRCs are known and while that op still runs, everything
-    else in runs that fill the file between those pages exactly (headers,
-    small records and small tensors, the unaligned ends of large ones,
-    descriptors, the directory: :func:`_runs`). Every write starts and
-    ends on a page (but the file's last), so with O_DIRECT no byte goes
-    through the page cache and no record costs a small write of its own;
-    the runs no longer wait for the data to drain (they were written
-    after it, a hole per record filled last).
+    op straight from their memory, libnvio taking each one's CRC-32 as it
+    moves it (in the same pass as its bounce copy where the memory is not
+    aligned for O_DIRECT: no pass of its own over the tensors), then, once
+    those CRCs are known, everything else in runs that fill the file
+    between those pages exactly (headers, small records and small tensors,
+    the unaligned ends of large ones, descriptors, the directory:
+    :func:`_runs`). Every write starts and ends on a page (but the file's
+    last), so with O_DIRECT no byte goes through the page cache and no
+    record costs a small write of its own.
 
     Storages in device memory (CUDA) go to the file from device memory,
     through the handle's bounce buffers or cuFile; their CRC-32s come from
@@ -161,25 +162,52 @@ def write_plans(f, placed, size):
                 pieces.append((v[a - r.data_offset:b - r.data_offset], base + a))
     for _, r, _ in dev:
         direct[id(r)] = (r.data_offset, r.end)
-    crcs = crc_submit([(s.data_ptr(), r.size) for _, r, s in host])
     dev_crcs = [executor().submit(crc_device, s, r.size) for _, r, s in dev]
     futs = []
     try:
         if pieces:
-            futs.append(f.pwritev_async(pieces, _nvio.OFFSET_PER_IOV))
+            # libnvio takes each piece's CRC-32 as it moves it (in the
+            # same pass as its bounce copy of unaligned memory)
+            direct_crcs = array.array("I", bytes(4 * len(pieces)))
+            futs.append(f.pwritev_async(pieces, _nvio.OFFSET_PER_IOV, crc32=direct_crcs))
         if dev:
             futs += write_device(f, [(u8(s), base + r.data_offset) for base, r, s in dev])
-        for (_, r, _), crc in zip(host, crcs()):
-            r.crc = crc
+        _host_crcs(host, direct, futs[0] if pieces else None,
+                   direct_crcs if pieces else None)
         for (_, r, _), crc in zip(dev, dev_crcs):
             r.crc = crc.result()
         meta = [(b, base + off) for base, plan in placed
                 for off, b in _runs(plan, direct, views)]
         futs.append(f.pwritev_async(meta, _nvio.OFFSET_PER_IOV))
     finally:
-        crcs.settle()                     # they read host: it may be a copy
         _wait_all(futs)                   # also on an error: buffers are busy
     del pieces, host, dev, views
+
+
+def _host_crcs(host, direct, fut, direct_crcs):
+    """Sets the crc of every host record: the bytes outside its direct range
+    (a small record whole; a large one's unaligned ends) checksummed here
+    while the direct pieces are written, then joined with the direct
+    pieces' CRCs, which libnvio gives once that write (``fut``) is done."""
+    regions = []
+    for _, r, s in host:
+        a, b = direct.get(id(r), (r.end, r.end))
+        addr = s.data_ptr() - r.data_offset          # file offset -> address
+        if b > a:
+            regions += [(addr + r.data_offset, a - r.data_offset), (addr + b, r.end - b)]
+        else:
+            regions.append((addr + r.data_offset, r.size))
+    small = iter(_nvio.crc32_many(regions))
+    if fut is not None:
+        fut.result()
+    mid = iter(direct_crcs or ())
+    for _, r, _ in host:
+        a, b = direct.get(id(r), (r.end, r.end))
+        if b > a:
+            head, tail = next(small), next(small)
+            r.crc = crc32_combine(crc32_combine(head, next(mid), b - a), tail, r.end - b)
+        else:
+            r.crc = next(small)
 
 
 def save(obj, f, *, durable=True, handle=None, align=DEFAULT_ALIGN,
