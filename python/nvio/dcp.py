@@ -13,13 +13,17 @@ DCP's FileSystemReader reads what this writer writes and this reader reads
 what DCP's FileSystemWriter writes. What differs is how the bytes move:
 
 - Writing: each image is laid out by nvio's checkpoint planner with the
-  tensor's bytes on a page boundary, and each rank file is written with ONE
-  vectored O_DIRECT op straight from the tensors' memory (headers, bytes
-  items and the zip directories in the same op), into an unnamed temporary
-  that is fsynced and renamed into place (``sync_files=False``: no fsync).
-  The zip CRC-32s are left 0 unless ``crc32=True``: torch.load does not
-  check them and DCP never reads the images otherwise, so computing them
-  would be CPU time the format does not need.
+  tensor's bytes on a page boundary, and each rank file is written as
+  nvio.save writes its files (_base.plan): larger tensors with one
+  vectored O_DIRECT op straight from their memory, then the runs of
+  headers, small tensors and zip directories between them, bytes items in
+  one op of their own; a file of many small tensors as its image through
+  two windows. Into an unnamed temporary that is fsynced and renamed into
+  place (``sync_files=False``: no fsync). The zip CRC-32s are left 0
+  unless ``crc32=True`` (then libnvio takes them as it moves the tensors,
+  or the windows' copy does): torch.load does not check them and DCP never
+  reads the images otherwise, so computing them would be CPU time the
+  format does not need.
 - Commit: ``.metadata`` is written last, by the coordinator, after every
   rank's files are durable, and replaces the old one atomically (temporary,
   fsync, rename, fsync of the directory). Data files never overwrite files
@@ -86,16 +90,14 @@ from torch.futures import Future
 
 from . import _atomic, _device, _nvio, _regular
 from ._base import torchzip as _zip
-from ._base.crc import crc_device, crc_submit, executor
 from ._base.group import Group, GroupFailure, barrier, group_timeout
 from ._base.handle import default_handle
-from ._base.pieces import locked_buffer, write_device
+from ._base.pieces import locked_buffer, wait_all
 from ._base.pickles import check_pickle
 from ._base.plan import DEFAULT_ALIGN, CheckpointError, Plan, gc_paused, image_item, packs
-from ._base.plan import write_images
+from ._base.plan import write_images, write_plans
 from ._base.space import atomic_flags, reserve_space
 from ._base.views import tensor_u8 as _u8
-from ._base.views import u8
 
 __all__ = ["FileSystemWriter", "FileSystemReader", "UnsafeCheckpointError", "save",
            "async_save", "load", "METADATA_MAX_BYTES"]
@@ -148,7 +150,6 @@ class _Image:
     """One item of a rank file: a laid-out torch.save image or raw bytes."""
 
     def __init__(self, item, base, plan=None, raw=None, keep=None):
-        self.ready = None       # waits for this image's CRCs (_crc_batches)
         self.item = item
         self.base = base
         self.plan = plan
@@ -187,25 +188,6 @@ def _packed(images):
     return packs([im.plan for im in images if im.plan is not None])
 
 
-def _start_crcs(images):
-    """Start the CRC-32s of a rank file's records written straight from
-    the tensors (device storages through host copies)."""
-    recs = [(r, s) for im in images if im.plan for r, s in im.plan.data]
-    dev = [(r, s) for r, s in recs if _device.is_device(s)]
-    if dev:
-        _device.synchronize([s for _, s in dev])    # torch's writes to them ended
-    dev_crcs = [executor().submit(crc_device, s, r.size) for r, s in dev]
-    _crc_batches(images)
-    try:
-        for (r, _), c in zip(dev, dev_crcs):
-            r.crc = c.result()
-    except BaseException:
-        for im in images:               # the CRC threads read the tensors
-            if im.ready is not None:
-                im.ready.settle()
-        raise
-
-
 def _write_packed(f, images, size, crc):
     """Write a rank file of many small host tensors as its image, window by
     window (_base.plan.write_images: raw items, each torch.save archive,
@@ -216,81 +198,18 @@ def _write_packed(f, images, size, crc):
     write_images(f, items, size, checksum=crc)
 
 
-#: Host tensor bytes per CRC batch of a rank file: each batch's CRCs are
-#: started at layout and waited for only when its images are written, so
-#: the file's first images go out while later ones are still checksummed.
-CRC_BATCH = 64 << 20
-
-
-def _crc_batches(images):
-    """Start the CRC-32s of the images' host records in file order, in
-    batches of about CRC_BATCH bytes; each image gets ``ready``, which
-    waits for its batch and fills in the CRCs (``ready.settle`` waits
-    without raising: error paths, before the tensors may go)."""
-    group, acc = [], 0
-
-    def flush():
-        recs = [(r, s) for im in group for r, s in im.plan.data
-                if not _device.is_device(s)]
-        wait = crc_submit([(s.data_ptr(), r.size) for r, s in recs])
-        done = []
-
-        def ready():
-            if not done:
-                for (r, _), c in zip(recs, wait()):
-                    r.crc = c
-                done.append(True)
-        ready.settle = wait.settle
-        for im in group:
-            im.ready = ready
-    for im in images:
-        if im.plan is None:
-            continue
-        group.append(im)
-        acc += sum(r.size for r, s in im.plan.data if not _device.is_device(s))
-        if acc >= CRC_BATCH:
-            flush()
-            group, acc = [], 0
-    if group:
-        flush()
-
-
-def _by_batch(images):
-    """The images in file order, cut where their CRC batch changes."""
-    part, cur = [], None
-    for im in images:
-        if part and im.ready is not cur and im.ready is not None:
-            yield part
-            part = []
-        if im.ready is not None:
-            cur = im.ready
-        part.append(im)
-    if part:
-        yield part
-
-
-def _file_vector(images):
-    """Every byte of a laid-out rank file as (buffer, offset) pieces: the
-    host's in one vector, and the storages in device memory apart (they go
-    to the file from device memory: nvio._base.pieces.write_device)."""
-    vec, dev = [], []
-    for im in images:
-        if im.raw is not None:
-            if im.raw:
-                vec.append((im.raw, im.base))
-            continue
-        runs = [(im.base + off, b) for off, b in im.plan.meta_pieces()]
-        runs += [(im.base + r.data_offset, s) for r, s in im.plan.data if r.size]
-        runs.sort(key=lambda x: x[0])
-        for off, b in runs:
-            if isinstance(b, torch.UntypedStorage):
-                on_dev = _device.is_device(b)
-                b = u8(b)
-                if on_dev:
-                    dev.append((b, off))
-                    continue
-            vec.append((b, off))
-    return vec, dev
+def _write_direct(f, images, crc):
+    """Write a rank file of larger tensors: its bytes items in one op, and
+    its torch.save images with their tensors straight from memory
+    (_base.plan.write_plans: libnvio takes the CRC-32s as it moves them;
+    ``crc`` False: none, the records' crc as DCP leaves it)."""
+    raw = [(im.raw, im.base) for im in images if im.raw]
+    fut = f.pwritev_async(raw, _nvio.OFFSET_PER_IOV) if raw else None
+    try:
+        write_plans(f, [(im.base, im.plan) for im in images if im.plan is not None], crc)
+    finally:
+        if fut is not None:
+            wait_all([fut])
 
 
 #: Bytes of each of a streamed file's two page-aligned buffers.
@@ -553,7 +472,6 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
         h = _handle(self.handle)
         flags = atomic_flags(self.sync_files, self.spare)
         files, results = [], []
-        laid = []               # every file's images: their CRCs may be running
         bufs = None
         try:
             for n, items in enumerate(some, first):
@@ -568,9 +486,6 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
                     continue
                 images, size = _layout_file(items, planner.resolve_data, path, self.align)
                 packed = _packed(images)
-                if self.crc32 and not packed:
-                    _start_crcs(images)
-                laid.append(images)
                 f = h.open(path, flags)
                 files.append((f, (images, size) if packed else images))
                 reserve_space(f, size)     # ENOSPC before any byte moves
@@ -578,40 +493,14 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
                     results.append(WriteResult(index=im.item.index, size_in_bytes=im.length,
                                                storage_data=_StorageInfo(name, im.base,
                                                                          im.length)))
-            futs = []
-            err = None
-            try:
-                for f, images in files:
-                    if isinstance(images, tuple):       # many small tensors
-                        _write_packed(f, *images, self.crc32)
-                    elif images:    # (None: streamed, written already)
-                        # a CRC batch at a time, in file order: each op starts
-                        # as soon as its images' CRCs are known
-                        for part in _by_batch(images):
-                            for im in part:
-                                if im.ready is not None:
-                                    im.ready()
-                            vec, dev = _file_vector(part)
-                            if vec:
-                                futs.append(f.pwritev_async(vec, _nvio.OFFSET_PER_IOV))
-                            if dev:
-                                futs += write_device(f, dev)
-            except BaseException as e:  # noqa: BLE001 - raised below, after the waits
-                err = e
-            for fut in futs:            # every op ends before its buffers go
-                try:
-                    fut.result()
-                except BaseException as e:  # noqa: BLE001 - the first is raised below
-                    err = err or e
-            if err is not None:
-                raise err
+            for f, images in files:     # each waits for its own ops, also on an error
+                if isinstance(images, tuple):       # many small tensors
+                    _write_packed(f, *images, self.crc32)
+                elif images:    # (None: streamed, written already)
+                    _write_direct(f, images, self.crc32)
             for f, _ in files:
                 f.commit()              # fsync, rename into place, fsync the directory
         finally:
-            for images in laid:         # the CRC threads read the tensors
-                for im in images:
-                    if im.ready is not None:
-                        im.ready.settle()
             for f, _ in files:
                 f.close()               # an uncommitted one is abandoned: no trace
         return results

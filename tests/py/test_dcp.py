@@ -362,7 +362,8 @@ def test_round_trip_and_cross_reading_on_every_engine(tmp_path, engine, direct):
 def test_files_are_torch_save_images_and_crc32_is_optional(tmp_path):
     import zipfile
     from torch.distributed.checkpoint.filesystem import _StorageInfo
-    sd = {"w": torch.randn(1000, 3), "x": torch.arange(10)}
+    # "big": written straight from memory, its CRC taken by libnvio's op
+    sd = {"w": torch.randn(1000, 3), "x": torch.arange(10), "big": torch.randn(300001)}
     for crc in (False, True):
         d = tmp_path / str(crc)
         save1(sd, nd.FileSystemWriter(d, crc32=crc))

@@ -1,4 +1,4 @@
-"""How nvio.save's direct path (checkpoint._save.write_plans) writes the
+"""How nvio.save's direct path (_base.plan.write_plans) writes the
 file (issue 33): every write starts and ends on a page but the file's last
 (no byte through the page cache in the middle of an O_DIRECT file: 0-dim
 AdamW steps, odd sizes, small tensors ride with the headers), the writes
@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 
 import nvio  # noqa: E402
 from nvio import _nvio  # noqa: E402
+from nvio._base import plan as _plan  # noqa: E402
 from nvio._base.plan import Plan  # noqa: E402
 from nvio.checkpoint import _save  # noqa: E402
 
@@ -124,7 +125,7 @@ def _same(a, b):
 
 @pytest.mark.parametrize("align", [4096, 64])
 def test_writes_cover_the_file_once_on_pages(handle, tmp_path, align):
-    sd = _state(3 * _save.DIRECT_MIN + 100)
+    sd = _state(3 * _plan.DIRECT_MIN + 100)
     p = str(tmp_path / "ck.pt")
     plan = Plan(sd, p, align)
     assert not _save._packs(plan)
@@ -141,7 +142,7 @@ def test_writes_cover_the_file_once_on_pages(handle, tmp_path, align):
         pos = b
     assert pos == plan.size == os.path.getsize(p)
     # two vectored writes: the large tensors' pages, then the runs between them
-    direct = [r for r, s in plan.data if len(set(_save._direct_range(r, s))) == 2]
+    direct = [r for r, s in plan.data if len(set(_plan.direct_range(r, s))) == 2]
     assert len(direct) >= 4
     assert [k for k, _ in rec.calls] == ["v", "v"]
     assert len(rec.calls[0][1]) == len(direct)
@@ -155,7 +156,7 @@ def test_writes_cover_the_file_once_on_pages(handle, tmp_path, align):
 
 
 def test_save_and_spare_bytes_equal(handle, tmp_path):
-    sd = _state(2 * _save.DIRECT_MIN + 8)
+    sd = _state(2 * _plan.DIRECT_MIN + 8)
     p = str(tmp_path / "ck.pt")
     for spare in (False, True, True, True):     # new, then the spare made, then reused
         nvio.save(sd, p, handle=handle, spare=spare)
@@ -189,7 +190,7 @@ class _RecHandle:
 def test_async_save_writes_windows_in_order_while_checksumming(handle, tmp_path, monkeypatch):
     from nvio.checkpoint import _async
     monkeypatch.setattr(_async, "WRITE_WINDOW", 64 << 10)
-    sd = _state(3 * _save.DIRECT_MIN + 100)
+    sd = _state(3 * _plan.DIRECT_MIN + 100)
     p = str(tmp_path / "ck.pt")
     rh = _RecHandle(handle)
     with _async.AsyncCheckpointer(handle=rh) as ck:

@@ -13,15 +13,21 @@ optimizer's state files; their CRCs come from :mod:`.crc`.
 ``write_images`` writes a file of such images (one for nvio.save and
 async_save, many for a DCP rank file of small tensors) window by window
 through ``_nvio.ZipImage``: tensor bytes copied and checksummed in one pass
-in C, headers, descriptors and directories filled in around them. Plain
-CPU tensors are reduced for the pickle in C (``_nvio.TensorReducer``).
+in C, headers, descriptors and directories filled in around them.
+``write_plans`` writes such images with their large tensors straight from
+their memory instead (one vectored op, libnvio taking the CRC-32s as it
+moves them), then the runs of everything else between them: nvio.save's
+and nvio.dcp's files of larger tensors. Plain CPU tensors are reduced for
+the pickle in C (``_nvio.TensorReducer``).
 """
 from __future__ import annotations
 
+import array
 import collections
 import concurrent.futures
 import contextlib
 import copyreg
+import ctypes
 import gc
 import io
 import os
@@ -35,8 +41,10 @@ import torch
 
 from .. import _device, _nvio
 from . import torchzip as _zip
+from .crc import crc32_combine, crc_device
 from .crc import executor as crc_executor
-from .pieces import wait_all
+from .pieces import wait_all, write_device
+from .views import u8
 
 #: Record data aligned to this by default: the page size (every O_DIRECT
 #: alignment Linux asks of a file on a local disk divides it).
@@ -452,3 +460,157 @@ def write_images(f, items, size, window=None, buffer=None, check=None, checksum=
     finally:
         wait_all(list(futs.values()))      # buffers are busy until then
     del bufs
+
+
+# --- the direct path: tensors straight from their memory -------------------
+
+
+#: A host storage's bytes go to the file straight from its memory when its
+#: page-aligned part is at least this long; smaller ones (a 0-dim AdamW
+#: step, a norm's weight) and the unaligned ends of larger ones are written
+#: with the headers and descriptors around them.
+DIRECT_MIN = 64 << 10
+#: O_DIRECT writes that never touch the page cache start and end on pages.
+PAGE = 4096
+
+
+def direct_range(r, s):
+    """The part [start, end) of record r's data (storage s) written straight
+    from memory: for a host storage its whole pages (or nothing, if fewer
+    than DIRECT_MIN bytes), for device memory all of it (the handle stages
+    device memory whatever its alignment)."""
+    if _device.is_device(s):
+        return r.data_offset, r.end
+    a = -(-r.data_offset // PAGE) * PAGE
+    b = r.end // PAGE * PAGE
+    return (a, b) if b - a >= DIRECT_MIN else (r.data_offset, r.data_offset)
+
+
+def _runs(plan, direct, host):
+    """(offset, bytes) of every byte of plan's file that is not written
+    straight from memory (``direct``: id(record) -> its direct range), in
+    file order, neighbours merged: headers, small records, descriptors, the
+    directory, and the bytes of host storages (``host``: id(record) -> its
+    uint8 view) outside their direct range. Each run ends where a direct
+    range starts and starts where one ends: on pages, so that with O_DIRECT
+    the whole file but its last page is written without the page cache and
+    without a write per record. Needs every data record's crc."""
+    runs = []
+    start, parts, pos = 0, [], 0
+
+    def cut(resume):            # the run so far ends; the next starts at resume
+        nonlocal start, parts
+        if parts:
+            runs.append((start, b"".join(parts)))
+        start, parts = resume, []
+
+    for r in plan.layout.records:
+        if r.header_offset != pos:          # never in nvio's layouts
+            cut(r.header_offset)
+        parts.append(r.local)
+        m = plan.meta.get(r.name)
+        if m is not None:
+            parts.append(m)
+        elif r.size:
+            a, b = direct.get(id(r), (r.end, r.end))
+            if a > r.data_offset or b < r.end:      # host memory: file offset -> address
+                addr = host[id(r)].data_ptr() - r.data_offset
+            if a > r.data_offset:
+                parts.append(ctypes.string_at(addr + r.data_offset, a - r.data_offset))
+            if b > a:
+                cut(b)
+            if b < r.end:
+                parts.append(ctypes.string_at(addr + b, r.end - b))
+        parts.append(r.descriptor())
+        pos = r.end + r.descriptor_size
+    if plan.dir_offset != pos:
+        cut(plan.dir_offset)
+    parts.append(plan.layout.directory())
+    cut(None)
+    return runs
+
+
+def write_plans(f, placed, checksum=True):
+    """Write laid-out checkpoints [(base offset, Plan)] into an open writable
+    nvio File whose space the caller has reserved (several torch.save
+    images in one file, as DCP stores them): the whole pages of each large tensor in one vectored
+    op straight from their memory, libnvio taking each one's CRC-32 as it
+    moves it (in the same pass as its bounce copy where the memory is not
+    aligned for O_DIRECT: no pass of its own over the tensors), then, once
+    those CRCs are known, everything else in runs that fill the file
+    between those pages exactly (headers, small records and small tensors,
+    the unaligned ends of large ones, descriptors, the directory:
+    :func:`_runs`). Every write starts and ends on a page (but the file's
+    last), so with O_DIRECT no byte goes through the page cache and no
+    record costs a small write of its own.
+
+    Storages in device memory (CUDA) go to the file from device memory,
+    through the handle's bounce buffers or cuFile; their CRC-32s come from
+    chunked copies to the host (``crc_device``). ``checksum=False``: no
+    CRC taken, the records' crc as they are (DCP's crc32=False)."""
+    host, dev = [], []
+    for base, plan in placed:
+        for r, s in plan.data:
+            if _device.is_device(s):
+                dev.append((base, r, s))
+            else:           # host memory; another device's (mps, xpu) copied here
+                host.append((base, r, s if s.device.type == "cpu" else s.cpu()))
+    if dev:
+        _device.synchronize([s for _, _, s in dev])   # torch's writes to them ended
+    direct, views, pieces = {}, {}, []
+    for base, r, s in host:
+        if r.size:
+            v = views[id(r)] = u8(s)
+            a, b = direct[id(r)] = direct_range(r, s)
+            if b > a:
+                pieces.append((v[a - r.data_offset:b - r.data_offset], base + a))
+    for _, r, _ in dev:
+        direct[id(r)] = (r.data_offset, r.end)
+    dev_crcs = [crc_executor().submit(crc_device, s, r.size) for _, r, s in dev] \
+        if checksum else []
+    futs = []
+    # libnvio takes each direct piece's CRC-32 as it moves it (in the same
+    # pass as its bounce copy of unaligned memory)
+    direct_crcs = array.array("I", bytes(4 * len(pieces))) if checksum and pieces else None
+    try:
+        if pieces:
+            futs.append(f.pwritev_async(pieces, _nvio.OFFSET_PER_IOV, crc32=direct_crcs))
+        if dev:
+            futs += write_device(f, [(u8(s), base + r.data_offset) for base, r, s in dev])
+        if checksum:
+            _host_crcs(host, direct, futs[0] if pieces else None, direct_crcs)
+        for (_, r, _), crc in zip(dev, dev_crcs):
+            r.crc = crc.result()
+        meta = [(b, base + off) for base, plan in placed
+                for off, b in _runs(plan, direct, views)]
+        if meta:
+            futs.append(f.pwritev_async(meta, _nvio.OFFSET_PER_IOV))
+    finally:
+        wait_all(futs)                    # also on an error: buffers are busy
+    del pieces, host, dev, views
+
+
+def _host_crcs(host, direct, fut, direct_crcs):
+    """Sets the crc of every host record: the bytes outside its direct range
+    (a small record whole; a large one's unaligned ends) checksummed here
+    while the direct pieces are written, then joined with the direct
+    pieces' CRCs, which libnvio gives once that write (``fut``) is done."""
+    regions = []
+    for _, r, s in host:
+        a, b = direct.get(id(r), (r.end, r.end))
+        addr = s.data_ptr() - r.data_offset          # file offset -> address
+        if b > a:
+            regions += [(addr + r.data_offset, a - r.data_offset), (addr + b, r.end - b)]
+        else:
+            regions.append((addr + r.data_offset, r.size))
+    small = iter(_nvio.crc32_many(regions))
+    if fut is not None:
+        fut.result()
+    mid = iter(direct_crcs or ())
+    for _, r, _ in host:
+        a, b = direct.get(id(r), (r.end, r.end))
+        if b > a:
+            head, tail = next(small), next(small)
+            r.crc = crc32_combine(crc32_combine(head, next(mid), b - a), tail, r.end - b)
+        else:
+            r.crc = next(small)
