@@ -54,9 +54,18 @@ class CrcPool:
         while True:
             fut, fn, args = self.q.get()
             try:
-                fut.set_result(fn(*args))
+                res, err = fn(*args), None
             except BaseException as e:  # noqa: BLE001 - it goes to the future
-                fut.set_exception(e)
+                res, err = None, e
+            # the job's arguments go before its caller hears of it: a pool
+            # thread never drops the last reference to a caller's storage
+            # (freeing device memory here, later, while the next save runs)
+            del fn, args
+            if err is None:
+                fut.set_result(res)
+            else:
+                fut.set_exception(err)
+            del fut, res, err
 
 
 _pool = None
