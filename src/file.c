@@ -559,6 +559,16 @@ static int open_plain(struct nvio_file *f, const char *path, const char **what)
 			r = lock_shared(fd, path, &st, i < READ_LOCK_PATIENCE);
 			if (r && r != -EWOULDBLOCK && r != -ESTALE)
 				*what = "stat (the name, to lock the file)";
+			/*
+			 * The version now held: between the fstat above and the
+			 * lock, two spare saves may have made this file the
+			 * spare, rewritten it and swapped it back (the same
+			 * inode, another size: a torn read of the old size)
+			 */
+			if (!r && nvio__sys.fstat(fd, &st) < 0) {
+				r = -errno;
+				*what = "fstat";
+			}
 		}
 		if (r) {
 			nvio__sys.close(fd);

@@ -6,7 +6,9 @@
  * after two spare saves made that file the spare again: the second save
  * takes a fresh temporary instead (the reader's shared lock), and once
  * the reader closes, the next save reuses the spare; a target someone
- * else holds an exclusive lock on is still read. Threads spare-saving
+ * else holds an exclusive lock on is still read. A reader whose file is
+ * swapped out, rewritten and swapped back before it takes its lock reads
+ * the version it holds, whole. Threads spare-saving
  * one path while others read it whole (nvio_read_file) always read one
  * complete version. A spare whose fallocate fails with ENOSPC after the
  * file system took part of it goes back to the size it had, and the error
@@ -112,6 +114,53 @@ static void held(nvio_handle_t *h)
 		}
 		close(fd);
 	}
+}
+
+/*
+ * The reader opens the target (v2) and looks at its size; before it
+ * takes its lock, two spare saves make that file the spare, rewrite it
+ * with a longer version and swap it back: the same inode at the name
+ * again. The reader must see the version it then holds, whole (its size
+ * and bytes), not the old size over the new bytes.
+ */
+static nvio_handle_t *aba_h;
+static atomic_int aba_armed;
+
+static int h_flock_aba(int fd, int op)
+{
+	if (op == (LOCK_SH | LOCK_NB) && atomic_exchange(&aba_armed, 0)) {
+		T_OK(save(aba_h, buf, N / 2, 3));	/* the reader's file: the spare */
+		T_OK(save(aba_h, buf, N, 4));		/* rewritten, the target again */
+	}
+	return flock(fd, op);
+}
+
+static void aba(nvio_handle_t *h)
+{
+	nvio_file_info_t info = { .struct_size = sizeof(info) };
+	nvio_file_t *r;
+	ino_t x;
+	int err = 0;
+
+	t_ctx("%s the reader's file swapped out and back before its lock", t_combo());
+	unlink(target);
+	unlink(spare);
+	T_OK(save(h, buf, N / 4, 1));
+	T_OK(save(h, buf, N / 4, 2));		/* a spare now */
+	x = ino_of(target);
+	aba_h = h;
+	atomic_store(&aba_armed, 1);
+	nvio__sys.flock = h_flock_aba;
+	r = nvio_file_open(h, target, NVIO_FILE_READ, &err);
+	nvio__sys_reset();
+	T_EQ_INT(atomic_load(&aba_armed), 0);
+	T_EQ_U64(ino_of(target), x);		/* the same file, version 4 */
+	if (!T_TRUE(r != NULL))
+		return;
+	T_OK(nvio_file_info(r, &info));
+	T_EQ_U64(info.size, N);
+	check_reader(r, N, 4);
+	T_OK(nvio_file_close(r));
 }
 
 struct stress {
@@ -275,6 +324,7 @@ int main(void)
 		if (t_handle(&h, e, d, 2, 0))
 			continue;
 		held(h);
+		aba(h);
 		stress(h);
 		rollback(h);
 		name_check_fails(h);
