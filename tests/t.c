@@ -331,6 +331,16 @@ uint64_t t_rand64(uint64_t *state)
 	return t_mix(*state);
 }
 
+nvio_file_t *t_open_file(nvio_handle_t *h, const char *path, unsigned flags)
+{
+	int err = 0;
+	nvio_file_t *f = nvio_file_open(h, path, flags, &err);
+
+	if (!f)
+		T_FAILF("nvio_file_open(%s): %s", path, t_errname(err));
+	return f;
+}
+
 uint32_t t_crc32_ref(const void *buf, size_t n)
 {
 	const unsigned char *p = buf;

@@ -143,6 +143,9 @@ int64_t t_file_size(const char *path);
 int t_check_file_random(const char *path, off_t off, uint64_t n,
 			uint64_t seed, uint64_t start);
 
+/* nvio_file_open, a failure recorded with the path and the error; NULL then. */
+nvio_file_t *t_open_file(nvio_handle_t *h, const char *path, unsigned flags);
+
 /* Page-aligned zeroed memory, aborts the test if none. */
 void *t_alloc(size_t n);
 

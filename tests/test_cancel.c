@@ -122,16 +122,6 @@ static int handle_one(nvio_handle_t **h, int e, int d)
 	return r;
 }
 
-static nvio_file_t *open_file(nvio_handle_t *h, const char *path, unsigned flags)
-{
-	int err = 0;
-	nvio_file_t *f = nvio_file_open(h, path, flags, &err);
-
-	if (!f)
-		T_FAILF("nvio_file_open(%s): %s", path, t_errname(err));
-	return f;
-}
-
 /* How many whole pieces from the start of got equal want's; the rest
  * must equal old's. Returns the finished prefix, -1 if any piece is
  * neither or a new piece follows an old one. */
@@ -167,7 +157,7 @@ static void cancel_write(int e, int d, int atomic)
 	T_OK(t_write_file(path, old, size));
 	if (handle_one(&h, e, d))
 		return;
-	f = open_file(h, path, atomic ? NVIO_FILE_ATOMIC : NVIO_FILE_READ | NVIO_FILE_WRITE);
+	f = t_open_file(h, path, atomic ? NVIO_FILE_ATOMIC : NVIO_FILE_READ | NVIO_FILE_WRITE);
 	T_OK(nvio_queue_create(h, &q, 0));
 	T_OK(nvio_queue_create(h, &q2, 0));
 	if (f && q && q2) {
@@ -224,7 +214,7 @@ static void cancel_read(int e, int d)
 	T_OK(t_write_file(path, file, size));
 	if (handle_one(&h, e, d))
 		return;
-	f = open_file(h, path, NVIO_FILE_READ);
+	f = t_open_file(h, path, NVIO_FILE_READ);
 	if (f) {
 		hold_arm(0);
 		/* the default queue: nvio_submit / nvio_cancel / nvio_reap;
@@ -270,7 +260,7 @@ static void cancel_late(int e, int d)
 	t_fill_random(mem, BS, 4);
 	if (handle_one(&h, e, d))
 		return;
-	f = open_file(h, path, NVIO_FILE_WRITE | NVIO_FILE_CREATE);
+	f = t_open_file(h, path, NVIO_FILE_WRITE | NVIO_FILE_CREATE);
 	T_OK(nvio_queue_create(h, &q, 0));
 	if (f && q) {
 		real_fsync = nvio__sys.fsync;

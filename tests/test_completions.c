@@ -36,17 +36,6 @@ static int64_t now_ns(void)
 	return (int64_t)ts.tv_sec * SEC + ts.tv_nsec;
 }
 
-static nvio_file_t *open_file(nvio_handle_t *h, const char *path,
-			      unsigned flags)
-{
-	int err = 0;
-	nvio_file_t *f = nvio_file_open(h, path, flags, &err);
-
-	if (!f)
-		T_FAILF("nvio_file_open(%s): %s", path, t_errname(err));
-	return f;
-}
-
 /*
  * Reaps until n completions have come (10 s without one is a failure);
  * returns how many came. out must hold n.
@@ -112,7 +101,7 @@ static void test_tags(nvio_handle_t *h, const char *path)
 	t_fill_random(file_bytes, FSIZE, seed++);
 	if (!T_OK(t_write_file(path, file_bytes, FSIZE)))
 		return;
-	f = open_file(h, path, NVIO_FILE_READ | NVIO_FILE_WRITE);
+	f = t_open_file(h, path, NVIO_FILE_READ | NVIO_FILE_WRITE);
 	if (!f)
 		return;
 	make_ops(ops, n, f, NVIO_OP_READ);
@@ -213,7 +202,7 @@ static void test_partial(nvio_handle_t *h, const char *path)
 	t_fill_random(file_bytes, FSIZE, seed++);
 	if (!T_OK(t_write_file(path, file_bytes, 1u << 20)))
 		return;
-	f = open_file(h, path, NVIO_FILE_READ);
+	f = t_open_file(h, path, NVIO_FILE_READ);
 	if (!f)
 		return;
 	memset(ops, 0, sizeof(ops));
@@ -256,7 +245,7 @@ static void test_partial(nvio_handle_t *h, const char *path)
 	t_ctx("%s batch, injected -EIO", t_combo());
 	if (!T_OK(t_write_file(path, file_bytes, FSIZE)))
 		return;
-	f = open_file(h, path, NVIO_FILE_READ);
+	f = t_open_file(h, path, NVIO_FILE_READ);
 	if (!f)
 		return;
 	fault = 3 * 200000 + 12345;
@@ -334,8 +323,8 @@ static void test_refused(nvio_handle_t *h, const char *path)
 	t_fill_random(file_bytes, 100000, seed++);
 	if (!T_OK(t_write_file(path, file_bytes, 100000)))
 		return;
-	f = open_file(h, path, NVIO_FILE_READ | NVIO_FILE_WRITE);
-	ro = open_file(h, path, NVIO_FILE_READ);
+	f = t_open_file(h, path, NVIO_FILE_READ | NVIO_FILE_WRITE);
+	ro = t_open_file(h, path, NVIO_FILE_READ);
 	if (!f || !ro)
 		goto out;
 	memset(ops, 0, sizeof(ops));
@@ -457,7 +446,7 @@ static void test_reap_and_fd(nvio_handle_t *h, const char *path)
 	t_fill_random(file_bytes, 1u << 20, seed++);
 	if (!T_OK(t_write_file(path, file_bytes, 1u << 20)))
 		return;
-	f = open_file(h, path, NVIO_FILE_READ);
+	f = t_open_file(h, path, NVIO_FILE_READ);
 	if (!f)
 		return;
 	memset(ops, 0, sizeof(ops));
@@ -544,7 +533,7 @@ static void test_threads(nvio_handle_t *h, const char *path)
 	t_fill_random(file_bytes, 1u << 20, seed++);
 	if (!T_OK(t_write_file(path, file_bytes, 1u << 20)))
 		goto out;
-	f = open_file(h, path, NVIO_FILE_READ);
+	f = t_open_file(h, path, NVIO_FILE_READ);
 	if (!f)
 		goto out;
 	for (int i = 0; i < NSUB; i++) {

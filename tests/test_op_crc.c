@@ -21,16 +21,6 @@
 #define NBUF 40
 #define SEC 1000000000ll
 
-static nvio_file_t *open_file(nvio_handle_t *h, const char *path, unsigned flags)
-{
-	int err = 0;
-	nvio_file_t *f = nvio_file_open(h, path, flags, &err);
-
-	if (!f)
-		T_FAILF("nvio_file_open(%s): %s", path, t_errname(err));
-	return f;
-}
-
 /* Submits one op and reaps it: its res (a failure to reap is recorded). */
 static int64_t run(nvio_handle_t *h, const nvio_op_t *op)
 {
@@ -93,7 +83,7 @@ static void test_vector(nvio_handle_t *h, const char *path, int shift)
 		off += size[i];
 	}
 	unlink(path);
-	f = open_file(h, path, NVIO_FILE_READ | NVIO_FILE_WRITE | NVIO_FILE_CREATE);
+	f = t_open_file(h, path, NVIO_FILE_READ | NVIO_FILE_WRITE | NVIO_FILE_CREATE);
 	if (!f)
 		goto out;
 	nvio_prep_writev(&op, f, iov, NBUF, NVIO_OFFSET_PER_IOV, 5);
@@ -152,7 +142,7 @@ static void test_refusals(nvio_handle_t *h, const char *path)
 
 	t_ctx("%s refusals", t_combo());
 	T_OK(t_write_file(path, buf, 4096));
-	f = open_file(h, path, NVIO_FILE_READ);
+	f = t_open_file(h, path, NVIO_FILE_READ);
 	if (f) {
 		nvio_prep_read(&op, f, buf, BS, 0, 8);
 		op.crc32 = crc;
@@ -181,7 +171,7 @@ static void test_many(nvio_handle_t *h, const char *path)
 	t_ctx("%s many", t_combo());
 	t_fill_random(mem, (size_t)N * SZ + 1, 11);
 	unlink(path);
-	f = open_file(h, path, NVIO_FILE_WRITE | NVIO_FILE_CREATE);
+	f = t_open_file(h, path, NVIO_FILE_WRITE | NVIO_FILE_CREATE);
 	if (!f)
 		goto out;
 	for (int i = 0; i < N; i++) {

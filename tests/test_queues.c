@@ -30,16 +30,6 @@ static int64_t now_ns(void)
 	return (int64_t)ts.tv_sec * SEC + ts.tv_nsec;
 }
 
-static nvio_file_t *open_file(nvio_handle_t *h, const char *path, unsigned flags)
-{
-	int err = 0;
-	nvio_file_t *f = nvio_file_open(h, path, flags, &err);
-
-	if (!f)
-		T_FAILF("nvio_file_open(%s): %s", path, t_errname(err));
-	return f;
-}
-
 struct consumer {
 	nvio_handle_t *h;
 	nvio_queue_t *q;
@@ -120,7 +110,7 @@ static void isolation(int e, int d)
 	t_fill_random(want, region, 78);
 	if (t_handle(&h, e, d, 2, BS))
 		return;
-	f = open_file(h, path, NVIO_FILE_READ | NVIO_FILE_WRITE);
+	f = t_open_file(h, path, NVIO_FILE_READ | NVIO_FILE_WRITE);
 	for (int i = 0; i < 2 && f; i++) {
 		c[i] = (struct consumer){ .h = h, .f = f, .id = 10 + (unsigned)i,
 					  .is_write = i == 0,
@@ -176,7 +166,7 @@ static void eventfds(int e, int d)
 	T_OK(t_write_file(path, buf, BS));
 	if (t_handle(&h, e, d, 1, BS))
 		return;
-	f = open_file(h, path, NVIO_FILE_READ);
+	f = t_open_file(h, path, NVIO_FILE_READ);
 	T_OK(nvio_queue_create(h, &q1, 0));
 	T_OK(nvio_queue_create(h, &q2, 0));
 	if (f && q1 && q2) {
@@ -229,7 +219,7 @@ static void timeouts(int e, int d)
 	T_OK(t_write_file(path, buf, 8 * BS));
 	if (t_handle(&h, e, d, 2, BS))
 		return;
-	f = open_file(h, path, NVIO_FILE_READ);
+	f = t_open_file(h, path, NVIO_FILE_READ);
 	T_OK(nvio_queue_create(h, &q, 0));
 	if (f && q) {
 		t0 = now_ns();
@@ -295,7 +285,7 @@ static void layouts(void)
 	t_fill_random(buf, sizeof(buf), 8);
 	T_OK(t_write_file(path, buf, sizeof(buf)));
 	T_OK(nvio_handle_create(&h, NULL));
-	f = open_file(h, path, NVIO_FILE_READ);
+	f = t_open_file(h, path, NVIO_FILE_READ);
 	T_OK(nvio_queue_create(h, &q, 0));
 	if (f && q) {
 		for (int i = 0; i < 4; i++) {
@@ -338,7 +328,7 @@ static void invalid(void)
 	T_OK(nvio_handle_create(&h2, NULL));
 	t_path(path, "inv");
 	T_OK(t_write_file(path, "x", 1));
-	f2 = open_file(h2, path, NVIO_FILE_READ);
+	f2 = t_open_file(h2, path, NVIO_FILE_READ);
 	T_ERR(nvio_queue_create(NULL, &q, 0), -EINVAL);
 	T_TRUE(q == NULL);
 	T_ERR(nvio_queue_create(h, NULL, 0), -EINVAL);

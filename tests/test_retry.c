@@ -58,17 +58,6 @@ static void disarm(const char *what)
 		t_note("%s %s: %ld attempts", t_combo(), what, n);
 }
 
-static nvio_file_t *open_file(nvio_handle_t *h, const char *path,
-			      unsigned flags)
-{
-	int err = 0;
-	nvio_file_t *f = nvio_file_open(h, path, flags, &err);
-
-	if (!f)
-		T_FAILF("nvio_file_open(%s): %s", path, t_errname(err));
-	return f;
-}
-
 static void cases(nvio_handle_t *h, const char *path)
 {
 	nvio_completion_t c;
@@ -97,7 +86,7 @@ static void cases(nvio_handle_t *h, const char *path)
 		T_ERR(nvio_wait(h), -EAGAIN);
 	disarm("async, many pieces");
 
-	f = open_file(h, path, NVIO_FILE_READ | NVIO_FILE_WRITE);
+	f = t_open_file(h, path, NVIO_FILE_READ | NVIO_FILE_WRITE);
 	if (!f)
 		return;
 	t_ctx("%s tagged op", t_combo());

@@ -30,17 +30,6 @@ static const uint64_t chunks[] = { 1, 7, 4096, 13, SB - 3, 100000, 1, 4097,
 static unsigned char *want, *got, *src;
 static uint64_t seed = 77000;
 
-static nvio_file_t *open_file(nvio_handle_t *h, const char *path,
-			      unsigned flags)
-{
-	int err = 0;
-	nvio_file_t *f = nvio_file_open(h, path, flags, &err);
-
-	if (!f)
-		T_FAILF("nvio_file_open(%s): %s", path, t_errname(err));
-	return f;
-}
-
 static nvio_stream_t *open_stream(nvio_file_t *f, unsigned flags,
 				  int64_t off)
 {
@@ -90,7 +79,7 @@ static void test_writer(nvio_handle_t *h, const char *path)
 			t_fill_random(want, MAXN + 9000, seed++);
 			if (!T_OK(t_write_file(path, want, MAXN + 9000)))
 				return;
-			f = open_file(h, path, NVIO_FILE_READ | NVIO_FILE_WRITE);
+			f = t_open_file(h, path, NVIO_FILE_READ | NVIO_FILE_WRITE);
 			if (!f)
 				return;
 			s = open_stream(f, NVIO_STREAM_WRITE, off);
@@ -123,7 +112,7 @@ static void test_reader(nvio_handle_t *h, const char *path)
 		t_fill_random(want, n, seed++);
 		if (!T_OK(t_write_file(path, want, n)))
 			return;
-		f = open_file(h, path, NVIO_FILE_READ);
+		f = t_open_file(h, path, NVIO_FILE_READ);
 		if (!f)
 			return;
 		s = open_stream(f, NVIO_STREAM_READ, 0);
@@ -200,7 +189,7 @@ static void test_commit(nvio_handle_t *h, const char *path)
 	t_fill_random(want, 5000, seed++);
 	if (!T_OK(t_write_file(path, want, 5000)))
 		return;
-	f = open_file(h, path, NVIO_FILE_ATOMIC);
+	f = t_open_file(h, path, NVIO_FILE_ATOMIC);
 	if (!f)
 		return;
 	s = open_stream(f, NVIO_STREAM_WRITE, 0);
@@ -244,7 +233,7 @@ static void test_fault(nvio_handle_t *h, const char *path)
 
 	t_ctx("%s writer, write fault", t_combo());
 	unlink(path);
-	f = open_file(h, path, NVIO_FILE_WRITE | NVIO_FILE_CREATE);
+	f = t_open_file(h, path, NVIO_FILE_WRITE | NVIO_FILE_CREATE);
 	if (!f)
 		return;
 	s = open_stream(f, NVIO_STREAM_WRITE, 0);
@@ -287,7 +276,7 @@ static void test_args(nvio_handle_t *h, const char *path)
 	t_ctx("%s stream arguments", t_combo());
 	if (!T_OK(t_write_file(path, "abc", 3)))
 		return;
-	f = open_file(h, path, NVIO_FILE_READ);
+	f = t_open_file(h, path, NVIO_FILE_READ);
 	if (!f)
 		return;
 	err = 0;
