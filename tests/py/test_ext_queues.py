@@ -140,11 +140,12 @@ buf = np.empty(size, np.uint8)
 h = nvio.AioHandle(engine=engine, direct=False)
 f = h.open(path, nvio.FILE_ATOMIC)
 inside, v = False, 0
-print("ready", flush=True)
 try:
     while True:
         v = v % 255 + 1
         buf.fill(v)               # each write its own byte: a torn one shows
+        if v == 2:                # the second write, over the first: go now
+            print("ready", flush=True)
         inside = True
         f.pwrite(buf, 0)
         inside = False
@@ -191,8 +192,11 @@ def test_ctrl_c_cancels_a_blocking_write_and_its_atomic_file_refuses_to_commit(e
         p = subprocess.Popen([sys.executable, "-c", CANCEL_CHILD, path, engine, str(size)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
+            # the child says "ready" right before its second write (with a
+            # fill of 768 MiB between writes, a loaded CI once had five
+            # signals in a row land between two writes)
             assert p.stdout.readline().split() == ["ready"], p.stderr.read()
-            time.sleep(0.3)
+            time.sleep(0.005)
             p.send_signal(signal.SIGINT)
             out, err = p.communicate(timeout=120)
         finally:
