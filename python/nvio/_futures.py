@@ -315,13 +315,15 @@ class File(_nvio.File):
         return completions(self.handle).submit(
             [(opcode, self, buf, offset, None, flags, crc32)])[0]
 
-    def pread_async(self, buf, offset, flags=0):
-        """Read len(buf) bytes at offset; a future of the bytes read."""
-        return self._one(_nvio.OP_READ, buf, offset, flags)
+    def pread_async(self, buf, offset, flags=0, crc32=None):
+        """Read len(buf) bytes at offset; a future of the bytes read.
+        ``crc32``: as for :meth:`preadv_async` (one uint32)."""
+        return self._one(_nvio.OP_READ, buf, offset, flags, crc32)
 
-    def pwrite_async(self, buf, offset, flags=0):
-        """Write buf at offset; a future of the bytes written."""
-        return self._one(_nvio.OP_WRITE, buf, offset, flags)
+    def pwrite_async(self, buf, offset, flags=0, crc32=None):
+        """Write buf at offset; a future of the bytes written.
+        ``crc32``: as for :meth:`preadv_async` (one uint32)."""
+        return self._one(_nvio.OP_WRITE, buf, offset, flags, crc32)
 
     def preadv_async(self, bufs, offset, flags=0, crc32=None):
         """preadv as a future (bufs: a list of buffers, or of (buf, offset)

@@ -246,3 +246,20 @@ def test_op_crc32_refuses_what_cannot_hold_the_crcs(handle, tmp_path):
         c = array.array("I", [0, 0])
         assert f.pwritev_async(data, 0, crc32=c).result(30) == 5100
         assert list(c) == [zlib.crc32(bytes(100)), zlib.crc32(bytes(5000))]
+
+
+def test_op_crc32_of_one_buffer(handle, tmp_path):
+    """pwrite_async / pread_async take crc32 too: one uint32."""
+    import array
+    p = str(tmp_path / "f")
+    blob = np.random.default_rng(9).integers(0, 256, (1 << 20) + 77, dtype=np.uint8)
+    one = array.array("I", [0])
+    with handle.open(p, _nvio.FILE_WRITE | _nvio.FILE_READ | _nvio.FILE_CREATE) as f:
+        assert f.pwrite_async(blob[3:], 0, crc32=one).result(30) == blob.size - 3
+        assert one[0] == zlib.crc32(blob[3:].tobytes())
+        back = bytearray(blob.size - 3)
+        one[0] = 0
+        assert f.pread_async(back, 0, crc32=one).result(30) == len(back)
+        assert one[0] == zlib.crc32(back) == zlib.crc32(blob[3:].tobytes())
+        with pytest.raises(ValueError, match="crc32 must hold 4 bytes"):
+            f.pwrite_async(blob, 0, crc32=bytearray(2))
