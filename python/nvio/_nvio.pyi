@@ -59,9 +59,15 @@ class ZipImage:
     one address A where each record's bytes are at A + its data offset (an
     image in memory, checksummed in place)."""
 
-    def __init__(self, records: list[Any], meta: dict[str, bytes],
-                 sources: list[int] | int, dir_offset: int, size: int, nparts: int,
-                 zip64_limit: int) -> None: ...
+    def __init__(self, items: list[tuple[Any, ...]], size: int, nparts: int,
+                 zip64_limit: int, checksum: bool = True) -> None: ...
+
+    def extend(self, base: int, records: list[Any], meta: dict[str, bytes],
+               sources: list[int] | int, dir_offset: int = -1, size: int = -1, /) -> None:
+        """More records of the archive at file offset base, open until a call
+        gives dir_offset and size (its directory's place, its length); until
+        then the image ends at its last record's descriptor, and windows up
+        to there may be copied and filled. Never while a copy() runs."""
 
     def copy(self, base: int, w0: int, w1: int, part: int, /) -> None:
         """Copy and checksum part `part` (of nparts equal byte ranges) of the
@@ -107,7 +113,8 @@ class TensorReducer:
                  stype_fn: Callable[[Any], Any], keys: dict[Any, str],
                  storages: dict[str, Any], types: dict[str, Any], dtypes: dict[int, Any],
                  location: str | None, location_fn: Callable[[Any], str],
-                 pickling_error: type) -> None: ...
+                 pickling_error: type, grow: Callable[[], object] | None = None,
+                 grow_bytes: int = 0, grow_extra: int = 0) -> None: ...
 
     def __call__(self, t: Any, /) -> Any: ...
 

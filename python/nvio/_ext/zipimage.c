@@ -80,6 +80,8 @@ struct zimg {
 	uint32_t r0, n;			/* its records: recs[r0, r0 + n) */
 	uint64_t dir_offset;		/* where its directory starts, in the archive */
 	unsigned char *dir;		/* the directory, once made */
+	uint64_t base;			/* where the archive starts in the file */
+	int open;			/* extend() may still add records */
 };
 
 typedef struct {
@@ -96,6 +98,8 @@ typedef struct {
 	int checksum;			/* 0: the records' crc as given, none computed */
 	uint64_t size, limit;
 	uint64_t filled;		/* the file's bytes filled so far */
+	int copying;			/* copy() calls running (GIL released) */
+	int broken;			/* an extend() failed half way */
 } ZipImageObject;
 
 static void le16(unsigned char *p, unsigned v)
@@ -331,18 +335,29 @@ static const unsigned char *kept_bytes(ZipImageObject *z, PyObject *b, Py_ssize_
 	return (const unsigned char *)PyBytes_AsString(b);
 }
 
+/* A new archive at file offset base, open for records; its index or -1. */
+static int64_t image_open(ZipImageObject *z, uint64_t base)
+{
+	void *arr = z->imgs;
+	int rc = reserve(&arr, &z->imgs_cap, (uint64_t)z->nimgs + 1, sizeof(*z->imgs));
+	z->imgs = arr;
+	if (rc < 0)
+		return -1;
+	z->imgs[z->nimgs] = (struct zimg){ z->nrecs, 0, 0, NULL, base, 1 };
+	return z->nimgs++;
+}
+
 /*
- * Adds the pieces of one archive at file offset base: records (Record
- * objects in file order), meta (the small records' bytes by name),
- * sources (a list: the address of each tensor record's bytes; an int A:
- * each at A + its data offset), its directory at dir_offset of its size
- * bytes. 0, or -1 with an exception set.
+ * Appends records to open archive img: records (Record objects in file
+ * order), meta (the small records' bytes by name), sources (a list: the
+ * address of each tensor record's bytes; an int A: each at A + its data
+ * offset). 0, or -1 with an exception set.
  */
-static int add_image(ZipImageObject *z, uint64_t base, PyObject *records, PyObject *meta,
-		     PyObject *sources, uint64_t dir_offset, uint64_t size)
+static int image_records(ZipImageObject *z, uint32_t img, PyObject *records, PyObject *meta,
+			 PyObject *sources)
 {
 	int by_offset = PyLong_Check(sources);
-	uint64_t src_base = 0;
+	uint64_t src_base = 0, base = z->imgs[img].base;
 	if (!PyList_Check(records) || !PyDict_Check(meta) ||
 	    (!by_offset && !PyList_Check(sources))) {
 		PyErr_SetString(PyExc_TypeError, "nvio: ZipImage: an archive is (base, records "
@@ -359,10 +374,8 @@ static int add_image(ZipImageObject *z, uint64_t base, PyObject *records, PyObje
 	Py_ssize_t ns = by_offset ? 0 : PyList_Size(sources), next_src = 0;
 	if (n < 0 || ns < 0)
 		return -1;
-	if (dir_offset > size || (uint64_t)n > UINT32_MAX / 4 - z->nrecs) {
-		PyErr_Format(PyExc_ValueError, "nvio: ZipImage: an archive of %llu bytes with "
-			     "its directory at %llu and %zd records (%u before)",
-			     (unsigned long long)size, (unsigned long long)dir_offset, n,
+	if ((uint64_t)n > UINT32_MAX / 4 - z->nrecs) {
+		PyErr_Format(PyExc_ValueError, "nvio: ZipImage: %zd more records after %u", n,
 			     z->nrecs);
 		return -1;
 	}
@@ -371,13 +384,6 @@ static int add_image(ZipImageObject *z, uint64_t base, PyObject *records, PyObje
 	z->recs = arr;
 	if (rc < 0)
 		return -1;
-	arr = z->imgs;
-	rc = reserve(&arr, &z->imgs_cap, (uint64_t)z->nimgs + 1, sizeof(*z->imgs));
-	z->imgs = arr;
-	if (rc < 0)
-		return -1;
-	uint32_t img = z->nimgs++;
-	z->imgs[img] = (struct zimg){ z->nrecs, 0, dir_offset, NULL };
 	for (Py_ssize_t i = 0; i < n; i++) {
 		PyObject *o = PyList_GetItem(records, i);
 		uint32_t ri = z->nrecs;
@@ -463,6 +469,23 @@ static int add_image(ZipImageObject *z, uint64_t base, PyObject *records, PyObje
 			     "records", ns, next_src);
 		return -1;
 	}
+	return 0;
+}
+
+/* Ends open archive img with its directory at dir_offset: size bytes in
+ * all. 0, or -1 with an exception set. */
+static int image_close(ZipImageObject *z, uint32_t img, uint64_t dir_offset, uint64_t size)
+{
+	struct zimg *im = &z->imgs[img];
+	uint64_t base = im->base;
+	if (dir_offset > size) {
+		PyErr_Format(PyExc_ValueError, "nvio: ZipImage: an archive of %llu bytes with "
+			     "its directory at %llu", (unsigned long long)size,
+			     (unsigned long long)dir_offset);
+		return -1;
+	}
+	im->dir_offset = dir_offset;
+	im->open = 0;
 	if (add_piece(z, base + dir_offset, size - dir_offset, PIECE_DIR, NULL, img) < 0)
 		return -1;
 	if (z->npieces && z->pieces[z->npieces - 1].end != base + size) {
@@ -472,6 +495,17 @@ static int add_image(ZipImageObject *z, uint64_t base, PyObject *records, PyObje
 		return -1;
 	}
 	return 0;
+}
+
+/* Adds the pieces of one whole archive at file offset base (see
+ * image_records; its directory at dir_offset, size bytes in all). */
+static int add_image(ZipImageObject *z, uint64_t base, PyObject *records, PyObject *meta,
+		     PyObject *sources, uint64_t dir_offset, uint64_t size)
+{
+	int64_t img = image_open(z, base);
+	if (img < 0 || image_records(z, (uint32_t)img, records, meta, sources) < 0)
+		return -1;
+	return image_close(z, (uint32_t)img, dir_offset, size);
 }
 
 /* Adds one item of the constructor's list: (base, bytes) or an archive. */
@@ -611,11 +645,17 @@ static PyObject *zi_copy(PyObject *o, PyObject *args)
 	unsigned part;
 	if (window_args(z, args, "copy", &base, &w0, &w1, &part) < 0)
 		return NULL;
+	if (z->broken) {
+		PyErr_SetString(PyExc_RuntimeError, "nvio: ZipImage.copy: the image is "
+				"incomplete (an extend() failed)");
+		return NULL;
+	}
 	struct part *pt = &z->parts[part];
 	uint64_t span = w1 - w0;
 	uint64_t lo = w0 + span * part / z->nparts, hi = w0 + span * (part + 1) / z->nparts;
 	pt->n = 0;
 	pt->failed = 0;
+	z->copying++;		/* under the GIL: extend() refuses meanwhile */
 	Py_BEGIN_ALLOW_THREADS
 	for (uint32_t i = first_after(z, lo); i < z->npieces && z->pieces[i].off < hi; i++) {
 		const struct piece *pc = &z->pieces[i];
@@ -650,6 +690,7 @@ static PyObject *zi_copy(PyObject *o, PyObject *args)
 		pt->v[pt->n++] = (struct frag){ a, b - a, i, crc };
 	}
 	Py_END_ALLOW_THREADS
+	z->copying--;
 	if (pt->failed)
 		return PyErr_NoMemory();
 	Py_RETURN_NONE;
@@ -678,6 +719,11 @@ static PyObject *zi_fill(PyObject *o, PyObject *args)
 	uint64_t w0, w1;
 	if (window_args(z, args, "fill", &base, &w0, &w1, NULL) < 0)
 		return NULL;
+	if (z->broken) {
+		PyErr_SetString(PyExc_RuntimeError, "nvio: ZipImage.fill: the image is "
+				"incomplete (an extend() failed)");
+		return NULL;
+	}
 	if (w0 != z->filled) {
 		PyErr_Format(PyExc_ValueError, "nvio: ZipImage.fill: window [%llu, %llu) "
 			     "after bytes up to %llu were filled (windows go in order)",
@@ -777,7 +823,74 @@ static PyObject *zi_fill(PyObject *o, PyObject *args)
 	Py_RETURN_NONE;
 }
 
+/*
+ * extend(base, records, meta, sources, dir_offset=-1, size=-1): more
+ * records of the archive at file offset base, which stays open for more
+ * until a call gives dir_offset and size (its directory's place and the
+ * archive's length: it is closed then). Until it is closed, the image
+ * ends where its last record's descriptor does, and windows up to there
+ * may be copied and filled: a writer can start on the first records of
+ * an archive before the last are laid out (nvio.save's records as its
+ * pickler meets the storages). Never while a copy() of the image runs
+ * (pieces move in memory).
+ */
+static PyObject *zi_extend(PyObject *o, PyObject *args)
+{
+	ZipImageObject *z = (ZipImageObject *)o;
+	unsigned long long base;
+	long long dir_offset = -1, size = -1;
+	PyObject *records, *meta, *sources;
+	if (!PyArg_ParseTuple(args, "KOOO|LL:extend", &base, &records, &meta, &sources,
+			      &dir_offset, &size))
+		return NULL;
+	if (z->copying || z->broken) {
+		PyErr_SetString(PyExc_RuntimeError, z->copying
+				? "nvio: ZipImage.extend while a copy() of it runs"
+				: "nvio: ZipImage.extend: the image is incomplete (an earlier "
+				  "extend() failed)");
+		return NULL;
+	}
+	if ((dir_offset < 0) != (size < 0)) {
+		PyErr_SetString(PyExc_ValueError, "nvio: ZipImage.extend: dir_offset and size "
+				"come together (they close the archive)");
+		return NULL;
+	}
+	uint64_t end = z->npieces ? z->pieces[z->npieces - 1].end : 0;
+	int64_t img = -1;
+	if (z->nimgs && z->imgs[z->nimgs - 1].open) {
+		img = z->nimgs - 1;
+		if (z->imgs[img].base != base) {
+			PyErr_Format(PyExc_ValueError, "nvio: ZipImage.extend: the open archive "
+				     "starts at %llu, not %llu",
+				     (unsigned long long)z->imgs[img].base, base);
+			return NULL;
+		}
+	} else if (base < end || base < z->size) {
+		PyErr_Format(PyExc_ValueError, "nvio: ZipImage.extend: an archive at %llu "
+			     "inside the image's %llu bytes", base,
+			     (unsigned long long)(end > z->size ? end : z->size));
+		return NULL;
+	}
+	z->broken = 1;		/* until the pieces are whole again */
+	if (img < 0 && (img = image_open(z, base)) < 0)
+		return NULL;
+	if (image_records(z, (uint32_t)img, records, meta, sources) < 0)
+		return NULL;
+	if (size >= 0 && image_close(z, (uint32_t)img, (uint64_t)dir_offset,
+				     (uint64_t)size) < 0)
+		return NULL;
+	z->broken = 0;
+	end = z->npieces ? z->pieces[z->npieces - 1].end : 0;
+	if (end > z->size)
+		z->size = end;
+	Py_RETURN_NONE;
+}
+
 static PyMethodDef zi_methods[] = {
+	{ "extend", zi_extend, METH_VARARGS,
+	  "extend(base, records, meta, sources, dir_offset=-1, size=-1)\n--\n\nMore records of "
+	  "the open archive at base (opened by the first call);\ndir_offset and size close it. "
+	  "Never while a copy() runs." },
 	{ "copy", zi_copy, METH_VARARGS,
 	  "copy(base, w0, w1, part)\n--\n\nCopy and checksum part `part` of the tensor bytes of "
 	  "window\n[w0, w1) to base + (offset - w0), the GIL released." },
