@@ -312,11 +312,15 @@ class Hooks:
         # classes, patched once each wherever they live
         seen = set()
         for m in mods:
+            # a streamed save's windows (ImageStream._pump: copy+CRC, its
+            # I/O waits nested) and allocations run inside the pickling
             for cname, meth, label in (("Plan", "__init__", "planning"),
-                                       ("_Pickler", "dump", "pickling")):
+                                       ("_Pickler", "dump", "pickling"),
+                                       ("ImageStream", "_pump", "copy+CRC wait"),
+                                       ("ImageStream", "_allocate", "fallocate")):
                 c = m.__dict__.get(cname)
-                if isinstance(c, type) and id(c) not in seen and hasattr(c, meth):
-                    seen.add(id(c))
+                if isinstance(c, type) and (id(c), meth) not in seen and hasattr(c, meth):
+                    seen.add((id(c), meth))
                     setattr_(c, meth, self.wrap(label, getattr(c, meth)))
                     self.found.add("%s.%s" % (cname, meth))
         from nvio import _futures, handles
@@ -758,8 +762,10 @@ def breakdown_table(res):
            "Seconds on the calling thread, exclusive, from timers the bench puts around "
            "nvio's internal functions by monkeypatching (nvio has no timing hook): "
            "**measured from outside, approximate**. *copy+CRC wait*: a packed save's "
-           "windows copied and checksummed (write_image: the caller and the CRC threads "
-           "in C, its I/O waits apart); *CRC wait*: the caller waiting for the CRC "
+           "windows copied and checksummed (write_image, or ImageStream._pump for a "
+           "save streamed while it pickles, timed apart from the pickling it interrupts: "
+           "the caller and the CRC threads in C, its I/O waits apart); *CRC wait*: the "
+           "caller waiting for the CRC "
            "threads; "
            "*I/O wait*: waiting on write futures; *sync writes*: blocking pwrite(v) calls; "
            "*commit*: fsync + link/rename + directory fsync (split by `strace -T` from a "

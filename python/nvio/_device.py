@@ -68,6 +68,11 @@ def is_device(storage):
     return _provider is not None and _provider.owns(storage)
 
 
+def has_provider():
+    """Whether a device provider is set (its memory may look like the CPU's)."""
+    return _provider is not None
+
+
 def any_provided(storages):
     """Whether any of these storages is a device provider's memory (never
     without a provider: no call per storage then)."""

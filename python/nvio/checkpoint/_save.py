@@ -11,9 +11,13 @@ between the large tensors' pages (``_base.plan.write_plans``). A checkpoint of
 many small host storages (a few hundred KB each) is written instead as its
 file image through two windows (:func:`write_packed`): one copy of the
 bytes with their CRCs in the same pass, whole-window O_DIRECT writes, no
-small write per record. Anything failing on the way (a bad object,
-ENOSPC, EIO, Ctrl-C) leaves the destination as it was and no temporary
-behind.
+small write per record. Such a checkpoint is written while it is still
+being pickled: its tensor records come first in the file, laid out as the
+pickler meets their storages, and each window goes to the file as soon as
+it is laid out (``_base.plan.ImageStream``), so the device starts within
+~10 ms instead of after the whole pickle and layout (40-60 ms for 5,000
+tensors). Anything failing on the way (a bad object, ENOSPC, EIO, Ctrl-C)
+leaves the destination as it was and no temporary behind.
 """
 from __future__ import annotations
 
@@ -21,9 +25,10 @@ import os
 
 import torch
 
-from .. import _nvio
+from .. import _device, _nvio
 from .._base.handle import default_handle
-from .._base.plan import DEFAULT_ALIGN, Plan, gc_paused, packs, write_image, write_plans
+from .._base.plan import (DEFAULT_ALIGN, ImageStream, Plan, Restart, gc_paused, packs,
+                          write_image, write_plans)
 from .._base.space import open_atomic, reserve_space
 from ._dist import save_group
 
@@ -108,11 +113,37 @@ def save(obj, f, *, durable=True, handle=None, align=DEFAULT_ALIGN,
                           writers_per_node=writers_per_node, timeout=timeout, spare=spare)
     h = handle if handle is not None else default_handle()
     with gc_paused():           # the records' objects start no full collection
-        plan = Plan(obj, f, align, pickle_protocol)
-        with open_atomic(h, f, durable, spare) as nf:   # an exception abandons it
-            write_plan(plan, nf)
-            nf.commit()
+        if _device.has_provider():
+            plan = Plan(obj, f, align, pickle_protocol)
+            with open_atomic(h, f, durable, spare) as nf:   # an exception abandons it
+                write_plan(plan, nf)
+                nf.commit()
+        else:
+            try:
+                plan = _save_streamed(obj, f, h, durable, spare, align, pickle_protocol)
+            except Restart:     # a device's storage after the first windows
+                plan = Plan(obj, f, align, pickle_protocol)
+                with open_atomic(h, f, durable, spare) as nf:
+                    write_plan(plan, nf)
+                    nf.commit()
         # freed while the collector is off: it comes back on with nothing of
         # ours to walk (0.06-0.1 s for 50,000 tensors' records, else)
         del plan
     return None
+
+
+def _save_streamed(obj, f, h, durable, spare, align, pickle_protocol):
+    """The file opened first and the plan made with an ImageStream: a
+    checkpoint that packs is written window by window while it is still
+    being pickled; any other is written once its plan is made. Returns the
+    plan."""
+    with open_atomic(h, f, durable, spare) as nf:       # an exception abandons it
+        stream = ImageStream(nf)
+        try:
+            plan = Plan(obj, f, align, pickle_protocol, grow=stream.grow)
+            if not stream.finish(plan):
+                write_plan(plan, nf)
+        finally:
+            stream.close()                  # the writes in flight end first
+        nf.commit()
+    return plan
