@@ -650,8 +650,8 @@ class ImageStream:
             if fut is not None:
                 if not wait and not fut.done():
                     return
-                del self.futs[slot]
                 fut.result()              # its buffer is free again
+                del self.futs[slot]       # (kept for close() if the wait fails)
             buf = self.bufs[slot]
             if buf is None:
                 buf = self.bufs[slot] = _nvio.LockedBuffer(self.window)
