@@ -333,3 +333,41 @@ def test_zip_image_extend_refusals(tmp_path):
         img.copy(buf.address, 0, 4096, 0)
     with pytest.raises(RuntimeError, match="incomplete"):
         img.extend(0, recs[2:3], plan.meta, srcs[2:3])
+
+
+def test_space_guessed_from_the_file_it_replaces(tmpfs, small_windows):
+    """The stream allocates, before its first write, what the file it
+    replaces held: more than the new checkpoint needs is cut off at the
+    end (the file is exactly the checkpoint); a guess the disk cannot hold
+    falls back to what is laid out, and the save succeeds."""
+    mnt = tmpfs("guess", "size=16m")
+    p = mnt / "ck.pt"
+    sd = many(600, seed=11, lo=500, hi=1500)          # a file of ~3.9 MB
+    p.write_bytes(b"x" * (6 << 20))                    # larger: the guess is too big
+    allocs = []
+    real = _plan.ImageStream._allocate
+
+    def allocate(self, close):
+        a = self.allocated
+        real(self, close)
+        if self.allocated != a:
+            allocs.append(self.allocated)
+    import pytest as _pt
+    mp = _pt.MonkeyPatch()
+    mp.setattr(_plan.ImageStream, "_allocate", allocate)
+    try:
+        nvio.save(sd, p)
+        assert allocs[0] == 6 << 20                    # the guess, before any write
+        size = os.path.getsize(p)
+        assert size < 6 << 20 and allocs[-1] == size   # cut to the checkpoint
+        check_file(p, sd)
+        # a replaced file of 9 MB on 16 MB: the guess does not fit beside it
+        # (the old file holds its blocks until the commit), the save still does
+        p.write_bytes(b"y" * (9 << 20))
+        del allocs[:]
+        nvio.save(sd, p)
+        assert allocs and allocs[0] < 9 << 20
+        check_file(p, sd)
+        assert sorted(os.listdir(mnt)) == ["ck.pt"]
+    finally:
+        mp.undo()

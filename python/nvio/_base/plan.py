@@ -558,16 +558,20 @@ class ImageStream:
     #: The first allocation's least size; later ones double what is allocated.
     ALLOC_STEP = 32 << 20
 
-    def __init__(self, f, window=None):
+    def __init__(self, f, window=None, expect=0):
         self.f = f
         self.window = window or PACK_WINDOW
+        self.expect = expect      # the file's likely size (the one it replaces)
+        self.guessed = False      # allocated past the layout on that guess
         self.img = None           # the ZipImage, once the stream started
         self.off = False          # never starts: a storage not in host memory
         self.added = 0            # plan.layout.records given to img
         self.end = 0              # the image's laid-out bytes
         self.next = 0             # the next window's start
         self.k = 0                # the next window's number
-        self.allocated = 0        # bytes of the file allocated (None: no fallocate)
+        # bytes of the file allocated (None: no fallocate): a spare's own
+        # blocks are there already, up to its old size
+        self.allocated = os.fstat(f.fd).st_size if hasattr(f, "fd") else 0
         self.bufs = [None] * max(2, PACK_WINDOWS)
         self.futs = {}            # slot -> the future of its window's write
         self.ex = crc_executor()
@@ -613,26 +617,40 @@ class ImageStream:
 
     def _allocate(self, close):
         """Allocate the laid-out bytes ahead of the writes (a direct write
-        past the end of the file is a slow, blocking one): each time the
-        layout has doubled (ext4's fallocate first waits for every direct
-        write in flight: a call per window would drain the queue each
-        time), and the rest once closed."""
+        past the end of the file is a slow, blocking one). ext4's fallocate
+        first waits for every direct write in flight, so it is called
+        seldom: once before the first write, for as much as the file it
+        replaces held (``expect``: the next checkpoint is most often the
+        size of the last), then each time the layout has doubled, then
+        for the rest once closed; what the guess allocated too much is
+        cut off at the close."""
         a = self.allocated
         if a is None:
             return
+        end = self.end
         if close:
-            if self.end < 1 << 20 or self.end <= a:
+            if end < a and self.guessed:
+                self.f.truncate(end)      # the guess was too large
+                self.allocated = end
                 return
-        elif self.end - a < max(self.ALLOC_STEP, a):
+            if end <= a or end < 1 << 20:
+                return
+        elif a == 0 and self.expect > end:
+            end = self.expect
+        elif end - a < max(self.ALLOC_STEP, a):
             return
         try:
-            self.f.allocate(a, self.end - a)
+            self.f.allocate(a, end - a)
         except _nvio.NvioError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) and end > self.end:
+                self.expect = 0           # the guess did not fit: what is laid out
+                return self._allocate(close)
             if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                 raise
             self.allocated = None         # the writes allocate as they go
             return
-        self.allocated = self.end
+        self.guessed = self.guessed or end > self.end
+        self.allocated = end
 
     def _pump(self, wait):
         """Write the laid-out windows in order; without ``wait``, only while a

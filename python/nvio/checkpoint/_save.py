@@ -137,8 +137,12 @@ def _save_streamed(obj, f, h, durable, spare, align, pickle_protocol):
     checkpoint that packs is written window by window while it is still
     being pickled; any other is written once its plan is made. Returns the
     plan."""
+    try:            # the checkpoint it replaces: the likely size of this one
+        expect = os.stat(f).st_size
+    except (OSError, ValueError):
+        expect = 0
     with open_atomic(h, f, durable, spare) as nf:       # an exception abandons it
-        stream = ImageStream(nf)
+        stream = ImageStream(nf, expect=expect)
         try:
             plan = Plan(obj, f, align, pickle_protocol, grow=stream.grow)
             if not stream.finish(plan):
