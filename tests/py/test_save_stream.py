@@ -371,3 +371,27 @@ def test_space_guessed_from_the_file_it_replaces(tmpfs, small_windows):
         assert sorted(os.listdir(mnt)) == ["ck.pt"]
     finally:
         mp.undo()
+
+
+def test_spare_blocks_are_allocated_before_the_first_write(tmp_path, small_windows,
+                                                          monkeypatch):
+    """A spare save allocates the spare's old blocks (all of them, at once,
+    before its first window) so that libnvio knows no write extends the
+    file: else it would allocate before each window, waiting each time for
+    the writes in flight."""
+    sd = many(500, seed=12)
+    p = tmp_path / "ck.pt"
+    nvio.save(sd, p, spare=True)
+    nvio.save(sd, p, spare=True)                  # the spare is there now
+    spare = tmp_path / ".ck.pt.nvio-spare"
+    old = os.path.getsize(spare)
+    seen = []
+    real_pump = _plan.ImageStream._pump
+
+    def pump(self, wait):
+        seen.append(self.f.size)      # what libnvio knows the file to hold
+        real_pump(self, wait)
+    monkeypatch.setattr(_plan.ImageStream, "_pump", pump)
+    nvio.save(sd, p, spare=True)
+    assert seen and all(n >= old for n in seen)
+    check_file(p, sd)

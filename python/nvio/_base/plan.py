@@ -561,7 +561,7 @@ class ImageStream:
     def __init__(self, f, window=None, expect=0):
         self.f = f
         self.window = window or PACK_WINDOW
-        self.expect = expect      # the file's likely size (the one it replaces)
+        # expect: the file's likely size (the one it replaces)
         self.guessed = False      # allocated past the layout on that guess
         self.img = None           # the ZipImage, once the stream started
         self.off = False          # never starts: a storage not in host memory
@@ -569,9 +569,11 @@ class ImageStream:
         self.end = 0              # the image's laid-out bytes
         self.next = 0             # the next window's start
         self.k = 0                # the next window's number
-        # bytes of the file allocated (None: no fallocate): a spare's own
-        # blocks are there already, up to its old size
-        self.allocated = os.fstat(f.fd).st_size if hasattr(f, "fd") else 0
+        self.allocated = 0        # bytes of the file allocated (None: no fallocate)
+        # a spare's old blocks are there: allocating them costs nothing, and
+        # libnvio then knows that no write extends the file (it would
+        # allocate before each write else, draining the ones in flight)
+        self.expect = max(expect, os.fstat(f.fd).st_size if hasattr(f, "fd") else 0)
         self.bufs = [None] * max(2, PACK_WINDOWS)
         self.futs = {}            # slot -> the future of its window's write
         self.ex = crc_executor()
