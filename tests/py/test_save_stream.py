@@ -137,6 +137,19 @@ def test_streamed_unstreamed_and_async_files_hold_the_same_records(tmp_path, sma
     assert order[2][0] == "ck/data.pkl" and order[0][0] == "ck/data/0"
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["reduced-in-c", "torchs-reduction"])
+def test_streams_with_every_reduction(tmp_path, small_windows, monkeypatch, fast):
+    """The pickler calls back whether tensors are reduced in C or by torch's
+    own reduction (storages then enter through _StorageIds in Python)."""
+    if not fast:
+        monkeypatch.setattr(_plan, "FAST_REDUCE", False)
+    sd = many(300, seed=13)
+    p = tmp_path / "ck.pt"
+    nvio.save(sd, p)
+    assert small_windows
+    check_file(p, sd)
+
+
 def test_no_stream_for_large_tensors(tmp_path, small_windows):
     """A state of few large tensors never streams (the direct writer moves
     them straight from their memory), and is still the checkpoint."""
