@@ -464,6 +464,23 @@ def image_item(plan, sources, base=0):
     return (base, plan.layout.records, plan.meta, sources, plan.dir_offset, plan.size)
 
 
+def fill_window(img, base, w0, w1):
+    """Window [w0, w1) of a ZipImage (made with crc_executor().n parts) at
+    address base: its tensor bytes copied and checksummed by the caller
+    and the CRC threads side by side, the GIL released (``img.copy``),
+    then its CRCs joined and its headers, descriptors and directories
+    filled in (``img.fill``)."""
+    ex = crc_executor()
+    parts = [ex.submit(img.copy, base, w0, w1, p) for p in range(1, ex.n)]
+    try:
+        img.copy(base, w0, w1, 0)
+    finally:
+        concurrent.futures.wait(parts)
+    for p in parts:
+        p.result()
+    img.fill(base, w0, w1)
+
+
 def write_image(plan, f, sources, window=None, buffer=None, check=None):
     """Write plan's file image to f window by window (:func:`write_images`
     of its one archive)."""
@@ -485,9 +502,7 @@ def write_images(f, items, size, window=None, buffer=None, check=None, checksum=
     (``ZipImage.fill``), then its write started. ``check()``, if given,
     runs before each write (a cancelled save raises there).
     ``checksum=False``: no CRC computed (the records' crc as they are)."""
-    ex = crc_executor()
-    nparts = ex.n
-    img = _nvio.ZipImage(items, size, nparts, _zip.ZIP64_LIMIT, checksum)
+    img = _nvio.ZipImage(items, size, crc_executor().n, _zip.ZIP64_LIMIT, checksum)
     window = window or PACK_WINDOW
     if buffer is None:
         window = min(window, -(-size // 4096) * 4096)
@@ -510,14 +525,7 @@ def write_images(f, items, size, window=None, buffer=None, check=None, checksum=
             else:
                 mv = memoryview(buffer)[w0:w1]
                 base = buffer.address + w0
-            parts = [ex.submit(img.copy, base, w0, w1, p) for p in range(1, nparts)]
-            try:
-                img.copy(base, w0, w1, 0)
-            finally:
-                concurrent.futures.wait(parts)
-            for p in parts:
-                p.result()
-            img.fill(base, w0, w1)
+            fill_window(img, base, w0, w1)
             if check is not None:
                 check()
             futs[slot if buffer is None else k] = f.pwrite_async(mv, w0)
@@ -576,7 +584,6 @@ class ImageStream:
         self.expect = max(expect, os.fstat(f.fd).st_size if hasattr(f, "fd") else 0)
         self.bufs = [None] * max(2, PACK_WINDOWS)
         self.futs = {}            # slot -> the future of its window's write
-        self.ex = crc_executor()
 
     @property
     def started(self):
@@ -590,7 +597,7 @@ class ImageStream:
             if self.off or not _pack_sizes(len(plan.data), plan.data_bytes) or \
                     _device.any_provided(s for _, s in plan.data):
                 return
-            self.img = _nvio.ZipImage([], 0, self.ex.n, _zip.ZIP64_LIMIT, True)
+            self.img = _nvio.ZipImage([], 0, crc_executor().n, _zip.ZIP64_LIMIT, True)
         self._extend(plan)
         self._pump(wait=False)
 
@@ -657,7 +664,7 @@ class ImageStream:
     def _pump(self, wait):
         """Write the laid-out windows in order; without ``wait``, only while a
         buffer is free."""
-        img, ex, nparts = self.img, self.ex, self.ex.n
+        img = self.img
         # only what is allocated (all of it once closed, or without fallocate)
         end = self.end if self.allocated is None or wait else min(self.end, self.allocated)
         while self.next < end:
@@ -675,15 +682,7 @@ class ImageStream:
             buf = self.bufs[slot]
             if buf is None:
                 buf = self.bufs[slot] = _nvio.LockedBuffer(self.window)
-            base = buf.address
-            parts = [ex.submit(img.copy, base, w0, w1, p) for p in range(1, nparts)]
-            try:
-                img.copy(base, w0, w1, 0)
-            finally:
-                concurrent.futures.wait(parts)
-            for p in parts:
-                p.result()
-            img.fill(base, w0, w1)
+            fill_window(img, buf.address, w0, w1)
             mv = memoryview(buf)[:w1 - w0]
             self.futs[slot] = self.f.pwrite_async(mv, w0)
             del mv
