@@ -70,6 +70,11 @@ def main():
     ap.add_argument("--spare", action="store_true", help="spare saves (default: new files)")
     ap.add_argument("--variants", default="current,fio")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--settle", type=float, default=1.0,
+                    help="seconds to wait before each run (default 1), so that the "
+                    "file the previous run replaced is freed before this run, not "
+                    "during it (without it, new-file rounds ranked two writers "
+                    "the other way round than alternating with a pause did)")
     ap.add_argument("--ram", choices=["xfs", "ext4"],
                     help="a RAM-backed file system (bench/ramdisk.py) instead of --dir")
     ap.add_argument("--out")
@@ -110,6 +115,7 @@ def run(a):
         packs = _save._packs
         for r in range(a.rounds):
             for v in variants[r % len(variants):] + variants[:r % len(variants)]:
+                time.sleep(a.settle)
                 if v == "fio":
                     target = spare if a.spare else os.path.join(a.dir, "fio-new")
                     best = 0.0
@@ -149,9 +155,10 @@ def run(a):
                  "RAM-backed %s (bench/ramdisk.py)" % a.ram if a.ram else "disk under " + a.dir,
                  nvio.__version__, head),
              "- command: `python3 bench/save_ab.py %s`" % " ".join(sys.argv[1:]),
-             "- %d rounds, interleaved and rotated; page cache dropped before each save; "
+             "- %d rounds, interleaved and rotated; %g s pause, then page cache dropped "
+             "before each save; "
              "free-page reporting paused; load average %.2f at the start, %.2f at the end"
-             % (a.rounds, load0, os.getloadavg()[0]),
+             % (a.rounds, a.settle, load0, os.getloadavg()[0]),
              "",
              "",
              "CPU s/GB: user + system time of the whole process (every thread) per GB saved.",
