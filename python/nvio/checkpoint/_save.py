@@ -113,23 +113,28 @@ def save(obj, f, *, durable=True, handle=None, align=DEFAULT_ALIGN,
                           writers_per_node=writers_per_node, timeout=timeout, spare=spare)
     h = handle if handle is not None else default_handle()
     with gc_paused():           # the records' objects start no full collection
-        if _device.has_provider():
-            plan = Plan(obj, f, align, pickle_protocol)
-            with open_atomic(h, f, durable, spare) as nf:   # an exception abandons it
-                write_plan(plan, nf)
-                nf.commit()
+        args = (obj, f, h, durable, spare, align, pickle_protocol)
+        if _device.has_provider():      # its memory may look like the host's
+            plan = _save_planned(*args)
         else:
             try:
-                plan = _save_streamed(obj, f, h, durable, spare, align, pickle_protocol)
+                plan = _save_streamed(*args)
             except Restart:     # a device's storage after the first windows
-                plan = Plan(obj, f, align, pickle_protocol)
-                with open_atomic(h, f, durable, spare) as nf:
-                    write_plan(plan, nf)
-                    nf.commit()
+                plan = _save_planned(*args)
         # freed while the collector is off: it comes back on with nothing of
         # ours to walk (0.06-0.1 s for 50,000 tensors' records, else)
         del plan
     return None
+
+
+def _save_planned(obj, f, h, durable, spare, align, pickle_protocol):
+    """The plan made (the object pickled) before the file is opened, then
+    written. Returns the plan."""
+    plan = Plan(obj, f, align, pickle_protocol)
+    with open_atomic(h, f, durable, spare) as nf:       # an exception abandons it
+        write_plan(plan, nf)
+        nf.commit()
+    return plan
 
 
 def _save_streamed(obj, f, h, durable, spare, align, pickle_protocol):
