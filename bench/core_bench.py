@@ -906,14 +906,15 @@ def ratio_table(heading, per, base, fio="fio-best", cpu="CPU s/GB"):
     return out + [""]
 
 
-def emit(lines, path):
+def emit(lines, path, append=False):
     """Prints a report's markdown lines and, with a path, writes them there
-    (every bench script's last step)."""
+    (every bench script's last step); ``append``: as one more section of
+    the file (A/B scripts that add a section per run)."""
     text = "\n".join(lines) + "\n"
     print(text)
     if path:
-        with open(path, "w") as f:
-            f.write(text)
+        with open(path, "a" if append else "w") as f:
+            f.write(("\n" if append else "") + text)
 
 
 def write_report(bench, cells, dirs, path, argv):

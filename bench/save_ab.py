@@ -172,11 +172,7 @@ def run(a):
             v, m, min(res[v]), max(res[v]), m / first,
             "%.3f" % statistics.median(cpu[v]) if cpu[v] else "·",
             " ".join("%.2f" % x for x in res[v])))
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if a.out:
-        with open(a.out, "a") as f:
-            f.write("\n" + text)
+    core_bench.emit(lines, a.out, append=True)
 
 
 if __name__ == "__main__":

@@ -113,11 +113,7 @@ def main():
         lines.append("| %d | %s | %.2f | %.2f–%.2f | %.2f | %s |" % (
             n, names[c], med, min(res[(n, c)]), max(res[(n, c)]), med / base,
             " ".join("%.2f" % x for x in res[(n, c)])))
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if a.out:
-        with open(a.out, "a") as fh:
-            fh.write("\n" + text)
+    core_bench.emit(lines, a.out, append=True)
 
 
 if __name__ == "__main__":
