@@ -161,8 +161,9 @@ class _Image:
         return self.plan.size if self.plan is not None else len(self.raw)
 
 
-def _layout_file(items, resolve, path, align):
-    """Lay out one rank file: [_Image] with offsets, and its size."""
+def _layout_file(items, resolve, path, align, layouts):
+    """Lay out one rank file: [_Image] with offsets, and its size. Images
+    of alike tensors share their layout (``layouts``: see Plan)."""
     images, pos = [], 0
     for item in items:                  # bytes items first, packed, as DCP does
         if item.type == WriteItemType.BYTE_IO:
@@ -176,7 +177,7 @@ def _layout_file(items, resolve, path, align):
             pos = -(-pos // align) * align
             # "cpu", as DCP's writer records (it copies every tensor there)
             plan = Plan(t, path, align, 2, archive="archive", meta_align=_META_ALIGN,
-                        location="cpu")
+                        location="cpu", layouts=layouts)
             images.append(_Image(item, pos, plan=plan, keep=(t, keep)))
             pos += plan.size
     return images, pos
@@ -473,6 +474,7 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
         flags = atomic_flags(self.sync_files, self.spare)
         files, results = [], []
         bufs = None
+        layouts = {}
         try:
             for n, items in enumerate(some, first):
                 name = self._file_name(prefix, n)
@@ -484,7 +486,8 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
                         bufs = [_nvio.LockedBuffer(_SINK_CHUNK) for _ in range(2)]
                     results += self._stream_file(f, name, items, planner, bufs)
                     continue
-                images, size = _layout_file(items, planner.resolve_data, path, self.align)
+                images, size = _layout_file(items, planner.resolve_data, path, self.align,
+                                            layouts)
                 packed = _packed(images)
                 f = h.open(path, flags)
                 files.append((f, (images, size) if packed else images))
@@ -574,7 +577,11 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
         metadata.storage_meta = self.storage_meta()
         rank = self.rank if (not self.use_collectives and self.rank is not None) else None
         mpath = os.fspath(self._get_metadata_path(rank))
-        blob = pickle.dumps(metadata)
+        # no cyclic collection while the metadata is pickled: its thousands
+        # of temporary tuples start full ones, each walking every object of
+        # the process (5,000 items: 0.06 s to pickle, 0.26-0.29 s with them)
+        with gc_paused():
+            blob = pickle.dumps(metadata)
         flags = _nvio.FILE_ATOMIC | (0 if self.sync_files else _nvio.FILE_NOSYNC)
         with _handle(self.handle).open(mpath, flags) as f:
             if blob:

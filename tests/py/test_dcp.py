@@ -436,6 +436,99 @@ def test_no_collection_runs_while_the_data_files_are_written(tmp_path, monkeypat
                           nd.FileSystemReader(tmp_path)))
 
 
+def test_no_collection_runs_while_the_metadata_is_pickled(tmp_path, monkeypatch):
+    """finish() pickles .metadata (an entry per item) with the collector
+    paused: with thresholds so low that 300 items' metadata would start
+    collections, none starts inside that pickle.dumps; the checkpoint
+    loads back."""
+    import gc
+    sd = {"t%d" % i: torch.full((50 + i,), float(i)) for i in range(300)}
+    inside = []
+    orig = nd.pickle.dumps
+    with nvio_testutil.low_gc_thresholds() as events:
+        def spy(*a, **k):
+            n = len(events)
+            try:
+                return orig(*a, **k)
+            finally:
+                inside.append(events[n:])
+        monkeypatch.setattr(nd.pickle, "dumps", spy)
+        save1(sd, nd.FileSystemWriter(tmp_path))
+        monkeypatch.undo()
+    assert inside == [[]] and gc.isenabled()
+    assert_same(sd, load1({k: torch.zeros_like(v) for k, v in sd.items()},
+                          nd.FileSystemReader(tmp_path)))
+
+
+def _alike_state():
+    """Items of a few shapes and dtypes, each many times (a model's layers),
+    and items that differ from each other only in shape or dtype or size."""
+    g = torch.Generator().manual_seed(9)
+    sd = {}
+    for i in range(40):
+        sd["l%d.w" % i] = torch.randn(24, 16, generator=g)
+        sd["l%d.b" % i] = torch.randn(16, generator=g)
+        sd["l%d.h" % i] = torch.randn(16, generator=g).half()     # same numel, other dtype
+        sd["l%d.t" % i] = torch.randn(16, 24, generator=g)        # same numel, other shape
+        sd["l%d.step" % i] = torch.tensor(float(i))
+    sd["odd"] = torch.randn(17, generator=g)
+    sd["big"] = torch.arange(300001, dtype=torch.int64)
+    return sd
+
+
+@pytest.mark.parametrize("crc", [False, True])
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "direct"])
+def test_alike_items_share_layouts_and_write_the_same_bytes(tmp_path, monkeypatch, crc,
+                                                             packed):
+    """Items whose images come out alike (same pickle, same storage sizes)
+    reuse the first one's layout (Plan(layouts=)): the rank files are byte
+    for byte the files laid out item by item (one serialization id for
+    the comparison), on the packed and the direct writer, with and without
+    CRC-32s; they load back through nvio's reader and DCP's, and every
+    image is a zip whose CRCs check when crc32=True."""
+    import io
+    import zipfile
+    from nvio._base import plan as _plan
+    sd = _alike_state()
+    reused = []
+    orig_like = _plan.Plan._lay_out_like
+    monkeypatch.setattr(_plan.Plan, "_lay_out_like",
+                        lambda self, like: reused.append(1) or orig_like(self, like))
+    monkeypatch.setattr(nd, "_packed", lambda images: packed)
+    orig_plan = nd.Plan
+    out = {}
+    for share in (True, False):
+        with monkeypatch.context() as m:
+            if not share:
+                m.setattr(nd, "Plan", lambda *a, layouts=None, **k: orig_plan(*a, **k))
+            m.setattr(_plan.secrets, "randbits", lambda k: 12345)   # one serialization id
+            d = tmp_path / ("%s" % share)
+            save1(sd, nd.FileSystemWriter(d, crc32=crc))
+        out[share] = (d / "__0_0.distcp").read_bytes()
+        if share:
+            # 5 kinds of alike items, 40 of each: all but the first of each reused
+            assert len(reused) == 5 * 39, len(reused)
+    assert out[True] == out[False]
+    # the ids are drawn for each image: every image has its own
+    d = tmp_path / "ids"
+    del reused[:]
+    save1(sd, nd.FileSystemWriter(d, crc32=crc))
+    assert len(reused) == 5 * 39
+    md = dcp.FileSystemReader(d).read_metadata()
+    raw = (d / "__0_0.distcp").read_bytes()
+    ids = set()
+    for idx, info in md.storage_data.items():
+        z = zipfile.ZipFile(io.BytesIO(raw[info.offset:info.offset + info.length]))
+        ids.add(z.read("archive/.data/serialization_id"))
+        assert (z.testzip() is None) == crc
+        assert torch.equal(torch.load(io.BytesIO(raw[info.offset:info.offset + info.length]),
+                                      weights_only=True), sd[idx.fqn])
+    assert len(ids) == len(md.storage_data)
+    zero = {k: torch.zeros_like(v) for k, v in sd.items()}
+    for reader in (nd.FileSystemReader(d), dcp.FileSystemReader(d)):
+        assert_same(sd, load1(dict(zero), reader))
+
+
 def test_single_file_per_rank_false_and_sync_files_false(tmp_path):
     sd = state(2)
     save1(sd, nd.FileSystemWriter(tmp_path, single_file_per_rank=False, sync_files=False))

@@ -240,3 +240,57 @@ def test_dcp_writer_with_crc32_takes_them_from_the_data_op(handle, tmp_path):
     assert rec.events.index("wait 0") < rec.events.index("submit 1")
     ranges = sorted((o, o + n) for _, items in rec.calls for o, n in items)
     assert all(a[1] <= b[0] for a, b in zip(ranges, ranges[1:]))     # no byte twice
+
+
+def _layout_of(plan):
+    sid = plan._pre + ".data/serialization_id"
+    return ([(r.name, r.size, r.header_offset, r.data_offset, r.local, r.crc)
+             for r in plan.layout.records if r.name != sid],
+            {k: v for k, v in plan.meta.items() if k != sid},
+            plan.layout.cursor, plan.dir_offset, plan.size,
+            [(r.name, s.data_ptr()) for r, s in plan.data])
+
+
+def test_plans_sharing_layouts_equal_plans_of_their_own():
+    """Plan(layouts=): a plan whose pickle, storage sizes, alignments and
+    archive match an earlier one's takes its layout; every plan equals the
+    plan made alone (records, small records, sizes, its own storages and
+    tensor records with no CRC), and only plans that must come out the same
+    share: another dtype, shape, storage size (a view), alignment or
+    archive name is laid out anew. The serialization id is each plan's."""
+    base = torch.randn(64, 32)
+    objs = [torch.randn(64, 32), torch.randn(64, 32), torch.randn(32, 64),
+            torch.randn(64, 32).double(), base[:10], torch.randn(64, 32)[:10], base[10:20],
+            torch.randn(2048),
+            {"a": torch.randn(64, 32), "b": torch.randn(64, 32)},
+            {"a": torch.randn(64, 32), "b": torch.randn(64, 32)}]
+    kinds = [dict(align=4096), dict(align=8192), dict(align=4096, archive="other")]
+    layouts = {}
+    shared, ids = [], set()
+    for kw in kinds:
+        for o in objs:
+            made = []
+            orig = Plan._lay_out_like
+
+            def spy(self, like):
+                made.append(like)
+                return orig(self, like)
+            Plan._lay_out_like = spy
+            try:
+                p = Plan(o, "/x/ck.pt", meta_align=64, layouts=layouts, **kw)
+            finally:
+                Plan._lay_out_like = orig
+            alone = Plan(o, "/x/ck.pt", meta_align=64, **kw)
+            assert _layout_of(p) == _layout_of(alone)
+            for r, _ in p.data:
+                assert all(r is not q for q, _ in alone.data)
+                if made:
+                    assert all(r is not q for q, _ in made[0].data)
+            ids.add(p.meta[p._pre + ".data/serialization_id"])
+            shared.append(bool(made))
+    # per kind: the 2nd (64x32 again), the 6th (a view like the 5th: same
+    # offset, shape, storage size) and the 10th (the dict again) reuse; a
+    # view at another offset does not, and nothing crosses kinds
+    one = [False, True, False, False, False, True, False, False, False, True]
+    assert shared == one * len(kinds)
+    assert len(ids) == len(objs) * len(kinds)
