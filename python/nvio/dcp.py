@@ -18,7 +18,8 @@ what DCP's FileSystemWriter writes. What differs is how the bytes move:
   vectored O_DIRECT op straight from their memory, then the runs of
   headers, small tensors and zip directories between them, bytes items in
   one op of their own; a file of many small tensors as its image through
-  two windows. Into an unnamed temporary that is fsynced and renamed into
+  two windows, each item laid out while the windows before it are
+  written. Into an unnamed temporary that is fsynced and renamed into
   place (``sync_files=False``: no fsync). The zip CRC-32s are left 0
   unless ``crc32=True`` (then libnvio takes them as it moves the tensors,
   or the windows' copy does): torch.load does not check them and DCP never
@@ -64,6 +65,7 @@ import concurrent.futures as _cf
 import copy as _copy
 import datetime
 import io
+import itertools
 import json
 import logging
 import os
@@ -94,8 +96,8 @@ from ._base.group import Group, GroupFailure, barrier, group_timeout
 from ._base.handle import default_handle
 from ._base.pieces import locked_buffer, wait_all
 from ._base.pickles import check_pickle
-from ._base.plan import DEFAULT_ALIGN, CheckpointError, Plan, gc_paused, image_item, packs
-from ._base.plan import write_images, write_plans
+from ._base.plan import DEFAULT_ALIGN, CheckpointError, ImageStream, Plan, gc_paused
+from ._base.plan import packs_storages, write_plans
 from ._base.space import atomic_flags, reserve_space
 from ._base.views import tensor_u8 as _u8
 
@@ -161,42 +163,76 @@ class _Image:
         return self.plan.size if self.plan is not None else len(self.raw)
 
 
-def _layout_file(items, resolve, path, align, layouts):
-    """Lay out one rank file: [_Image] with offsets, and its size. Images
-    of alike tensors share their layout (``layouts``: see Plan)."""
-    images, pos = [], 0
-    for item in items:                  # bytes items first, packed, as DCP does
+def _resolved(items, resolve):
+    """A rank file's items as it holds them: its bytes items first (packed,
+    as DCP's writer puts them), each (item, bytes); then its tensor items,
+    each (item, (tensor, keep)) with the tensor made exact (_exact)."""
+    raws, tensors = [], []
+    for item in items:
         if item.type == WriteItemType.BYTE_IO:
             data = resolve(item)
-            raw = bytes(data.getbuffer()) if isinstance(data, io.BytesIO) else bytes(data)
-            images.append(_Image(item, pos, raw=raw))
-            pos += len(raw)
+            raws.append((item, bytes(data.getbuffer()) if isinstance(data, io.BytesIO)
+                         else bytes(data)))
     for item in items:
         if item.type != WriteItemType.BYTE_IO:
-            t, keep = _exact(resolve(item))
-            pos = -(-pos // align) * align
-            # "cpu", as DCP's writer records (it copies every tensor there)
-            plan = Plan(t, path, align, 2, archive="archive", meta_align=_META_ALIGN,
-                        location="cpu", layouts=layouts)
-            images.append(_Image(item, pos, plan=plan, keep=(t, keep)))
-            pos += plan.size
-    return images, pos
+            tensors.append((item, _exact(resolve(item))))
+    return raws, tensors
 
 
-def _packed(images):
+def _images(raws, tensors, path, align, layouts):
+    """The rank file's _Images in file order, each laid out as it is reached
+    (a Plan per tensor item; alike ones share a layout: see Plan)."""
+    pos = 0
+    for item, raw in raws:
+        yield _Image(item, pos, raw=raw)
+        pos += len(raw)
+    for item, (t, keep) in tensors:
+        pos = -(-pos // align) * align
+        # "cpu", as DCP's writer records (it copies every tensor there)
+        plan = Plan(t, path, align, 2, archive="archive", meta_align=_META_ALIGN,
+                    location="cpu", layouts=layouts)
+        yield _Image(item, pos, plan=plan, keep=(t, keep))
+        pos += plan.size
+
+
+def _layout_file(raws, tensors, path, align, layouts):
+    """Lay out one rank file: [_Image] with offsets, and its size."""
+    images = list(_images(raws, tensors, path, align, layouts))
+    return images, (images[-1].base + images[-1].length if images else 0)
+
+
+def _packed(tensors):
     """Whether a rank file is written as its image through windows (many
-    small host tensors: _base.plan.packs)."""
-    return packs([im.plan for im in images if im.plan is not None])
+    small host tensors: _base.plan.packs' rule, from the exact tensors)."""
+    return packs_storages([t.untyped_storage() for _, (t, _) in tensors])
 
 
-def _write_packed(f, images, size, crc):
-    """Write a rank file of many small host tensors as its image, window by
-    window (_base.plan.write_images: raw items, each torch.save archive,
-    zeros between; one copy with the CRC-32 in the same pass)."""
-    items = [(im.base, im.raw) if im.raw is not None else
-             image_item(im.plan, [s.data_ptr() for _, s in im.plan.data], im.base)
-             for im in images if im.plan is not None or im.raw]
-    write_images(f, items, size, checksum=crc)
+def _write_streamed(f, name, raws, tensors, path, align, layouts, crc):
+    """Write a rank file of many small host tensors as its image through
+    windows (_base.plan.ImageStream, as nvio.save streams): the bytes items,
+    then each tensor item's image as soon as it is laid out, so that the
+    device writes the first windows while later items are laid out. The
+    file is allocated once up front on an estimate of its size (a little
+    above: each image's headers and directory taken as two pages), the
+    excess cut off at the end. Its WriteResults."""
+    expect = sum(len(b) for _, b in raws) + sum(
+        2 * align + -(-t.untyped_storage().nbytes() // align) * align for _, (t, _) in tensors)
+    stream = ImageStream(f, expect=expect, checksum=crc)
+    results = []
+    try:
+        images = _images(raws, tensors, path, align, layouts)
+        raw = [next(images) for _ in raws]
+        stream.start([(im.base, im.raw) for im in raw if im.raw],
+                     raw[-1].base + raw[-1].length if raw else 0)
+        for im in itertools.chain(raw, images):
+            if im.plan is not None:
+                stream.add(im.base, im.plan)
+            results.append(WriteResult(index=im.item.index, size_in_bytes=im.length,
+                                       storage_data=_StorageInfo(name, im.base, im.length)))
+        stream.finish()
+    finally:
+        stream.close()          # also on an error: its buffers are busy until then
+    return results
 
 
 def _write_direct(f, images, crc):
@@ -486,20 +522,23 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
                         bufs = [_nvio.LockedBuffer(_SINK_CHUNK) for _ in range(2)]
                     results += self._stream_file(f, name, items, planner, bufs)
                     continue
-                images, size = _layout_file(items, planner.resolve_data, path, self.align,
-                                            layouts)
-                packed = _packed(images)
+                raws, tensors = _resolved(items, planner.resolve_data)
+                if _packed(tensors):    # laid out and written window by window
+                    f = h.open(path, flags)
+                    files.append((f, None))
+                    results += _write_streamed(f, name, raws, tensors, path, self.align,
+                                               layouts, self.crc32)
+                    continue
+                images, size = _layout_file(raws, tensors, path, self.align, layouts)
                 f = h.open(path, flags)
-                files.append((f, (images, size) if packed else images))
+                files.append((f, images))
                 reserve_space(f, size)     # ENOSPC before any byte moves
                 for im in images:
                     results.append(WriteResult(index=im.item.index, size_in_bytes=im.length,
                                                storage_data=_StorageInfo(name, im.base,
                                                                          im.length)))
             for f, images in files:     # each waits for its own ops, also on an error
-                if isinstance(images, tuple):       # many small tensors
-                    _write_packed(f, *images, self.crc32)
-                elif images:    # (None: streamed, written already)
+                if images:      # (None: streamed, written already)
                     _write_direct(f, images, self.crc32)
             for f, _ in files:
                 f.commit()              # fsync, rename into place, fsync the directory

@@ -396,11 +396,11 @@ def test_packed_rank_files_are_the_files_written_straight(tmp_path, monkeypatch,
     monkeypatch.setattr(_plan, "PACK_WINDOW", 64 << 10)
     monkeypatch.setattr(_plan.secrets, "randbits", lambda k: 12345)  # one serialization id
     calls = []
-    orig = nd._write_packed
-    monkeypatch.setattr(nd, "_write_packed", lambda *a: calls.append(1) or orig(*a))
+    orig = nd._write_streamed
+    monkeypatch.setattr(nd, "_write_streamed", lambda *a: calls.append(1) or orig(*a))
     out = {}
     for packed in (True, False):
-        monkeypatch.setattr(nd, "_packed", lambda images, packed=packed: packed)
+        monkeypatch.setattr(nd, "_packed", lambda tensors, packed=packed: packed)
         d = tmp_path / str(packed)
         save1(sd, nd.FileSystemWriter(d, thread_count=2, crc32=crc))
         out[packed] = {n: (d / n).read_bytes() for n in sorted(os.listdir(d))
@@ -411,6 +411,88 @@ def test_packed_rank_files_are_the_files_written_straight(tmp_path, monkeypatch,
             for k, v in sd.items()}
     assert_same(sd, load1(zero | {"step": 0, "note": {"text": ""}},
                           nd.FileSystemReader(tmp_path / "True")))
+
+
+def _many_small(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    sd = {"t%d" % i: torch.randn(700 + 13 * i, generator=g) for i in range(n)}
+    sd["step"] = seed
+    return sd
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_streamed_rank_file_is_written_while_its_items_are_laid_out(tmp_path, monkeypatch,
+                                                                     engine):
+    """A rank file of many small tensors goes window by window while its
+    items are still being laid out: the first window is filled before the
+    last item's Plan is made; the file is allocated once up front, then
+    cut to its exact size (the direct writer's file, byte for byte), and
+    it loads back through both readers. On every engine."""
+    ok, why = nvio.engine_available(engine)
+    if not ok:
+        pytest.skip(why)
+    from nvio._base import plan as _plan
+    monkeypatch.setattr(_plan, "PACK_WINDOW", 64 << 10)
+    monkeypatch.setattr(_plan.secrets, "randbits", lambda k: 777)   # one serialization id
+    sd = _many_small(300, 1)
+    events = []
+    orig_plan, orig_fill = nd.Plan, _plan.fill_window
+    monkeypatch.setattr(nd, "Plan", lambda *a, **k: events.append("plan") or orig_plan(*a, **k))
+    monkeypatch.setattr(_plan, "fill_window",
+                        lambda *a: events.append("window") or orig_fill(*a))
+    allocs = []
+    orig_alloc = _plan.ImageStream._allocate
+    monkeypatch.setattr(_plan.ImageStream, "_allocate",
+                        lambda self, close: allocs.append(self.allocated) or
+                        orig_alloc(self, close))
+    h = nvio.AioHandle(engine=engine, block_size=64 << 10)
+    save1(sd, nd.FileSystemWriter(tmp_path / "s", handle=h))
+    last_plan = len(events) - 1 - events[::-1].index("plan")
+    assert events.count("plan") == 300 and events.index("window") < last_plan // 2, events
+    assert events.count("window") > 30
+    # one fallocate (the estimate) before the first write; none after it
+    assert allocs[0] == 0 and all(a == allocs[1] for a in allocs[1:]), allocs
+    monkeypatch.setattr(nd, "_packed", lambda tensors: False)
+    save1(sd, nd.FileSystemWriter(tmp_path / "d", handle=h))
+    names = [n for n in os.listdir(tmp_path / "s") if n.endswith(".distcp")]
+    assert names and all((tmp_path / "s" / n).read_bytes() == (tmp_path / "d" / n).read_bytes()
+                         for n in names)
+    zero = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0 for k, v in sd.items()}
+    for reader in (nd.FileSystemReader(tmp_path / "s", handle=h),
+                   dcp.FileSystemReader(tmp_path / "s")):
+        assert_same(sd, load1(dict(zero), reader))
+    h.close()
+
+
+def test_streamed_save_that_fails_midway_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    """An error while a streamed rank file is half written (its 200th item
+    fails to lay out, windows already on disk): the save fails with that
+    error, no write is left in flight, no temporary or new data file is
+    left, and the previous checkpoint loads whole."""
+    from nvio._base import plan as _plan
+    monkeypatch.setattr(_plan, "PACK_WINDOW", 64 << 10)
+    old = _many_small(300, 2)
+    save1(old, nd.FileSystemWriter(tmp_path))
+    before = sorted(os.listdir(tmp_path))
+    made, closed = [], []
+    orig_plan = nd.Plan
+
+    def plan(*a, **k):
+        made.append(1)
+        if len(made) == 200:
+            raise RuntimeError("injected: item 200 cannot be laid out")
+        return orig_plan(*a, **k)
+    monkeypatch.setattr(nd, "Plan", plan)
+    orig_close = _plan.ImageStream.close
+    monkeypatch.setattr(_plan.ImageStream, "close",
+                        lambda self: closed.append(dict(self.futs)) or orig_close(self))
+    with pytest.raises(DCP_ERRORS, match="item 200"):
+        save1(_many_small(300, 3), nd.FileSystemWriter(tmp_path))
+    monkeypatch.undo()
+    assert closed and closed[0], "the failure came before any window was written"
+    assert sorted(os.listdir(tmp_path)) == before
+    zero = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0 for k, v in old.items()}
+    assert_same(old, load1(zero, nd.FileSystemReader(tmp_path)))
 
 
 def test_no_collection_runs_while_the_data_files_are_written(tmp_path, monkeypatch):
@@ -494,7 +576,7 @@ def test_alike_items_share_layouts_and_write_the_same_bytes(tmp_path, monkeypatc
     orig_like = _plan.Plan._lay_out_like
     monkeypatch.setattr(_plan.Plan, "_lay_out_like",
                         lambda self, like: reused.append(1) or orig_like(self, like))
-    monkeypatch.setattr(nd, "_packed", lambda images: packed)
+    monkeypatch.setattr(nd, "_packed", lambda tensors: packed)
     orig_plan = nd.Plan
     out = {}
     for share in (True, False):

@@ -294,3 +294,4 @@ def test_plans_sharing_layouts_equal_plans_of_their_own():
     one = [False, True, False, False, False, True, False, False, False, True]
     assert shared == one * len(kinds)
     assert len(ids) == len(objs) * len(kinds)
+

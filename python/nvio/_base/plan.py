@@ -503,6 +503,14 @@ def packs(plans):
             and all(p.on_host for p in plans))
 
 
+def packs_storages(storages):
+    """packs' rule for a file of these storages, a record each, before any
+    plan is made (a DCP rank file's tensors)."""
+    return (_pack_sizes(len(storages), sum(s.nbytes() for s in storages)) and
+            all(s.device.type == "cpu" for s in storages) and
+            not _device.any_provided(storages))
+
+
 def _pack_sizes(n, nbytes):
     """Whether n storages of nbytes in all are many and small enough to pack."""
     return n >= PACK_MIN_RECORDS and nbytes <= n * PACK_MEAN_MAX
@@ -612,15 +620,21 @@ class ImageStream:
 
     The file's space is allocated ahead of the writes as the layout grows
     (:meth:`_allocate`): a full disk still fails the save with ENOSPC, and
-    no write extends the file."""
+    no write extends the file.
+
+    A file of many whole archives (a DCP rank file of small tensor items)
+    streams the same way: :meth:`start` with its raw items, :meth:`add`
+    for each archive as it is laid out, :meth:`finish` with no plan.
+    ``checksum=False``: no CRC computed (the records' crc as they are)."""
 
     #: The first allocation's least size; later ones double what is allocated.
     ALLOC_STEP = 32 << 20
 
-    def __init__(self, f, window=None, expect=0):
+    def __init__(self, f, window=None, expect=0, checksum=True):
         self.f = f
+        self.checksum = checksum
         self.window = window or PACK_WINDOW
-        # expect: the file's likely size (the one it replaces)
+        # expect: the file's likely size (the one it replaces, or an estimate)
         self.guessed = False      # allocated past the layout on that guess
         self.img = None           # the ZipImage, once the stream started
         self.off = False          # never starts: a storage not in host memory
@@ -648,8 +662,24 @@ class ImageStream:
             if self.off or not _pack_sizes(len(plan.data), plan.data_bytes) or \
                     _device.any_provided(s for _, s in plan.data):
                 return
-            self.img = _nvio.ZipImage([], 0, crc_executor().n, _zip.ZIP64_LIMIT, True)
+            self.start()
         self._extend(plan)
+        self._pump(wait=False)
+
+    def start(self, items=(), size=0):
+        """Start the image, with ZipImage's ``items`` (raw (offset, bytes)
+        items, whole archives) up to ``size``."""
+        self.img = _nvio.ZipImage(list(items), size, crc_executor().n, _zip.ZIP64_LIMIT,
+                                  self.checksum)
+        self.end = size
+
+    def add(self, base, plan):
+        """A whole archive at file offset base (past the image's end) joins
+        the image; the windows that are ready are written."""
+        self.img.extend(base, plan.layout.records, plan.meta,
+                        [s.data_ptr() for _, s in plan.data], plan.dir_offset, plan.size)
+        self.end = base + plan.size
+        self._allocate(False)
         self._pump(wait=False)
 
     def _check(self, plan):
@@ -740,14 +770,18 @@ class ImageStream:
             self.next = w1
             self.k += 1
 
-    def finish(self, plan):
+    def finish(self, plan=None):
         """Write the rest of the plan (its last records, the pickle, the small
-        records, the directory); False if the stream never started (the
-        plan is the caller's to write)."""
+        records, the directory), or with no plan the rest of the archives
+        added; False if the stream never started (the plan is the caller's
+        to write)."""
         if self.img is None:
             return False
-        self._check(plan)
-        self._extend(plan, close=True)
+        if plan is not None:
+            self._check(plan)
+            self._extend(plan, close=True)
+        else:
+            self._allocate(True)
         self._pump(wait=True)
         self.close()
         return True
