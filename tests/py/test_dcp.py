@@ -394,7 +394,7 @@ def test_packed_rank_files_are_the_files_written_straight(tmp_path, monkeypatch,
     sd["note"] = {"text": "x" * 3000}
     from nvio._base import plan as _plan
     monkeypatch.setattr(_plan, "PACK_WINDOW", 64 << 10)
-    monkeypatch.setattr(_plan.secrets, "randbits", lambda k: 12345)  # one serialization id
+    monkeypatch.setattr(_plan._ids, "getrandbits", lambda k: 12345)  # one serialization id
     calls = []
     orig = nd._write_streamed
     monkeypatch.setattr(nd, "_write_streamed", lambda *a: calls.append(1) or orig(*a))
@@ -433,7 +433,7 @@ def test_streamed_rank_file_is_written_while_its_items_are_laid_out(tmp_path, mo
         pytest.skip(why)
     from nvio._base import plan as _plan
     monkeypatch.setattr(_plan, "PACK_WINDOW", 64 << 10)
-    monkeypatch.setattr(_plan.secrets, "randbits", lambda k: 777)   # one serialization id
+    monkeypatch.setattr(_plan._ids, "getrandbits", lambda k: 777)   # one serialization id
     sd = _many_small(300, 1)
     events = []
     orig_plan, orig_fill = nd.Plan, _plan.fill_window
@@ -583,7 +583,7 @@ def test_alike_items_share_layouts_and_write_the_same_bytes(tmp_path, monkeypatc
         with monkeypatch.context() as m:
             if not share:
                 m.setattr(nd, "Plan", lambda *a, layouts=None, **k: orig_plan(*a, **k))
-            m.setattr(_plan.secrets, "randbits", lambda k: 12345)   # one serialization id
+            m.setattr(_plan._ids, "getrandbits", lambda k: 12345)   # one serialization id
             d = tmp_path / ("%s" % share)
             save1(sd, nd.FileSystemWriter(d, crc32=crc))
         out[share] = (d / "__0_0.distcp").read_bytes()

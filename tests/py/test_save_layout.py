@@ -295,3 +295,36 @@ def test_plans_sharing_layouts_equal_plans_of_their_own():
     assert shared == one * len(kinds)
     assert len(ids) == len(objs) * len(kinds)
 
+
+def test_serialization_ids_differ_across_plans_and_a_fork():
+    """Each plan draws its own serialization id (40 digits, as torch.save
+    writes), from a generator reseeded in a forked child: the child's
+    ids are not the parent's."""
+    t = torch.randn(8)
+
+    def sid():
+        p = Plan(t, "/x/ck.pt")
+        b = p.meta[p._pre + ".data/serialization_id"]
+        assert len(b) == 40 and b.isdigit()
+        return b
+    mine = {sid() for _ in range(50)}
+    assert len(mine) == 50
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                    # the child: its next ids, to the parent
+        try:
+            os.write(w, b"".join(sid() for _ in range(5)))
+        finally:
+            os._exit(0)
+    os.close(w)
+    got = b""
+    while len(got) < 200:
+        chunk = os.read(r, 200)
+        if not chunk:
+            break
+        got += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    theirs = {got[i:i + 40] for i in range(0, len(got), 40)}
+    ours = {sid() for _ in range(5)}
+    assert len(theirs) == 5 and not theirs & (ours | mine)
