@@ -204,13 +204,25 @@ def test_nvio_clean_spares_tool(tmp_path):
     same(torch.load(b, weights_only=True), state(1, 1000))
 
 
+def _dcp_state(i, packed):
+    if packed:      # many small tensors: the rank file streams through windows
+        g = torch.Generator().manual_seed(i)
+        n = 120 - 40 * (i % 2)              # files that shrink and grow by turns
+        return {"t%d" % k: torch.randn(300 + 11 * k, generator=g) for k in range(n)} | \
+            {"step": i}
+    return {"w": torch.randn(50_000 + 1000 * (i % 2)), "b": torch.arange(i + 10), "step": i}
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["two", "packed"])
 @pytest.mark.parametrize("direct", [False, True], ids=["buffered", "direct"])
-def test_dcp_writer_spare_rotation(tmp_path, direct):
+def test_dcp_writer_spare_rotation(tmp_path, direct, packed):
     """nvio.dcp.FileSystemWriter(spare=True) saving again and again into one
     directory: DCP's own reader reads every checkpoint; from the third save
     on each data file is the spare its name's last use left (the inode
     shows it), and the directory holds .metadata, the data file and one
-    spare, never more."""
+    spare, never more. Packed (a rank file of many small tensors, streamed
+    through windows into a spare larger or smaller than it): each data
+    file ends where its last item does."""
     import warnings
     dcp = pytest.importorskip("torch.distributed.checkpoint")
     import nvio.dcp as nd
@@ -220,19 +232,22 @@ def test_dcp_writer_spare_rotation(tmp_path, direct):
     d = tmp_path / "ck"
     spares = {}
     for i in range(5):
-        sd = {"w": torch.randn(50_000 + 1000 * (i % 2)), "b": torch.arange(i + 10), "step": i}
+        sd = _dcp_state(i, packed)
         before = {n: ino(str(d / n)) for n in os.listdir(d)} if d.exists() else {}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             dcp.save(sd, storage_writer=nd.FileSystemWriter(d, spare=True, handle=h),
                      no_dist=True)
-            got = {"w": torch.zeros_like(sd["w"]), "b": torch.zeros_like(sd["b"]), "step": -1}
+            got = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else -1
+                   for k, v in sd.items()}
             dcp.load(got, storage_reader=dcp.FileSystemReader(d), no_dist=True)
-        assert torch.equal(got["w"], sd["w"]) and torch.equal(got["b"], sd["b"])
-        assert got["step"] == i
+        same(got, sd)
         names = sorted(os.listdir(d))
         data = [n for n in names if n.endswith(".distcp")]
         assert len(data) == 1, names
+        md = dcp.FileSystemReader(d).read_metadata()
+        assert os.path.getsize(d / data[0]) == max(
+            s.offset + s.length for s in md.storage_data.values())
         assert data[0] == ("__0_0.distcp" if i % 2 == 0 else "__0_0.b.distcp"), names
         other = "__0_0.b.distcp" if i % 2 == 0 else "__0_0.distcp"
         assert names == sorted([".metadata", data[0]] +
