@@ -214,10 +214,11 @@ def _write_streamed(f, name, raws, tensors, path, align, layouts, crc):
     device writes the first windows while later items are laid out. The
     file is allocated once up front on an estimate of its size (a little
     above: each image's headers and directory taken as two pages), the
-    excess cut off at the end. Its WriteResults."""
+    excess cut off at the end; no window buffer is larger than that. Its
+    WriteResults."""
     expect = sum(len(b) for _, b in raws) + sum(
         2 * align + -(-t.untyped_storage().nbytes() // align) * align for _, (t, _) in tensors)
-    stream = ImageStream(f, expect=expect, checksum=crc)
+    stream = ImageStream(f, expect=expect, checksum=crc, most=expect)
     results = []
     try:
         images = _images(raws, tensors, path, align, layouts)

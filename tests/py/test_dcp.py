@@ -464,6 +464,27 @@ def test_streamed_rank_file_is_written_while_its_items_are_laid_out(tmp_path, mo
     h.close()
 
 
+def test_small_streamed_rank_file_holds_no_full_size_window(tmp_path, monkeypatch):
+    """A streamed rank file far smaller than a window (70 tiny tensors) gets
+    window buffers no larger than its estimated size, not PACK_WINDOW's
+    32 MiB of locked memory; it loads back."""
+    from nvio._base import plan as _plan
+    windows = []
+    orig = _plan.ImageStream.__init__
+
+    def init(self, *a, **k):
+        orig(self, *a, **k)
+        windows.append(self.window)
+    monkeypatch.setattr(_plan.ImageStream, "__init__", init)
+    sd = {"t%d" % i: torch.full((10 + i,), float(i)) for i in range(70)}
+    save1(sd, nd.FileSystemWriter(tmp_path))
+    size = os.path.getsize(tmp_path / "__0_0.distcp")
+    assert len(windows) == 1 and windows[0] < 2 * size + 70 * 8192 < _plan.PACK_WINDOW, \
+        (windows, size)
+    assert_same(sd, load1({k: torch.zeros_like(v) for k, v in sd.items()},
+                          nd.FileSystemReader(tmp_path)))
+
+
 def test_streamed_save_that_fails_midway_keeps_the_old_checkpoint(tmp_path, monkeypatch):
     """An error while a streamed rank file is half written (its 200th item
     fails to lay out, windows already on disk): the save fails with that

@@ -648,10 +648,12 @@ class ImageStream:
     #: The first allocation's least size; later ones double what is allocated.
     ALLOC_STEP = 32 << 20
 
-    def __init__(self, f, window=None, expect=0, checksum=True):
+    def __init__(self, f, window=None, expect=0, checksum=True, most=None):
         self.f = f
         self.checksum = checksum
         self.window = window or PACK_WINDOW
+        if most is not None:      # the file's size at most: no window larger
+            self.window = max(4096, min(self.window, -(-most // 4096) * 4096))
         # expect: the file's likely size (the one it replaces, or an estimate)
         self.guessed = False      # allocated past the layout on that guess
         self.img = None           # the ZipImage, once the stream started
