@@ -17,7 +17,8 @@ GROW_BYTES of them: nvio.save's :class:`ImageStream` starts writing the
 first windows of a checkpoint of many small tensors while the rest is
 still being pickled. Readers find records by the zip directory, so the
 order is nobody's concern but the writer's (torch.load, mmap'ed or not,
-zipfile and nvio.load read both).
+zipfile and nvio.load read both). nvio.dcp streams a rank file of many
+small items through the same class, one whole archive at a time.
 
 ``write_images`` writes a file of such images (one for nvio.save and
 async_save, many for a DCP rank file of small tensors) window by window
