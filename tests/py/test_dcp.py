@@ -485,6 +485,40 @@ def test_small_streamed_rank_file_holds_no_full_size_window(tmp_path, monkeypatc
                           nd.FileSystemReader(tmp_path)))
 
 
+def test_streamed_rank_file_on_a_full_disk(tmpfs, tmp_path, monkeypatch):
+    """A streamed rank file on a small file system: one that cannot hold
+    it fails with ENOSPC and leaves the old checkpoint whole and nothing
+    else; one that holds the file but not the writer's estimate of it
+    (each image taken as two pages more than its tensor) succeeds, the
+    file cut to its size."""
+    import errno
+    from nvio._base import plan as _plan
+    monkeypatch.setattr(_plan, "PACK_WINDOW", 64 << 10)
+    monkeypatch.setattr(_plan.ImageStream, "ALLOC_STEP", 256 << 10)
+    mnt = tmpfs("full", "size=3m")
+    old = {"old": torch.ones(1000)}
+    save1(old, nd.FileSystemWriter(mnt))
+    before = sorted(os.listdir(mnt))
+    big = {"t%d" % i: torch.randn(300 + i) for i in range(600)}      # ~5 MB of images
+    with pytest.raises(DCP_ERRORS) as ei:
+        save1(big, nd.FileSystemWriter(mnt))
+    assert "No space left" in str(ei.value) or errno.ENOSPC == getattr(ei.value, "errno", 0)
+    assert sorted(os.listdir(mnt)) == before
+    assert_same(old, load1({"old": torch.zeros(1000)}, nd.FileSystemReader(mnt)))
+    # sized for the file, not for the estimate
+    sd = {"t%d" % i: torch.randn(200 + i) for i in range(200)}
+    save1(sd, nd.FileSystemWriter(tmp_path / "probe"))
+    size = os.path.getsize(tmp_path / "probe" / "__0_0.distcp")
+    estimate = sum(2 * 4096 + -(-t.nbytes // 4096) * 4096 for t in sd.values())
+    room = size + (256 << 10)
+    assert estimate > room
+    fits = tmpfs("fits", "size=%dk" % (room >> 10))
+    save1(sd, nd.FileSystemWriter(fits))
+    assert os.path.getsize(fits / "__0_0.distcp") == size
+    assert_same(sd, load1({k: torch.zeros_like(v) for k, v in sd.items()},
+                          nd.FileSystemReader(fits)))
+
+
 def test_streamed_save_that_fails_midway_keeps_the_old_checkpoint(tmp_path, monkeypatch):
     """An error while a streamed rank file is half written (its 200th item
     fails to lay out, windows already on disk): the save fails with that
