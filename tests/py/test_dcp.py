@@ -519,6 +519,28 @@ def test_streamed_rank_file_on_a_full_disk(tmpfs, tmp_path, monkeypatch):
                           nd.FileSystemReader(fits)))
 
 
+def test_async_save_streams_a_staged_rank_file(tmp_path, monkeypatch):
+    """dcp.async_save with nvio's writer and many small tensors: the rank
+    file streams from the staged snapshot on DCP's background thread; the
+    tensors changed right after the call do not reach the file, which loads
+    back equal to the state at the call."""
+    calls = []
+    orig = nd._write_streamed
+    monkeypatch.setattr(nd, "_write_streamed", lambda *a: calls.append(1) or orig(*a))
+    sd = _many_small(200, 4)
+    want = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in sd.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fut = nd.async_save(sd, checkpoint_id=tmp_path, no_dist=True)
+        for v in sd.values():
+            if isinstance(v, torch.Tensor):
+                v.fill_(-1.0)
+        fut.result(timeout=120)
+    assert calls == [1]
+    zero = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0 for k, v in want.items()}
+    assert_same(want, load1(zero, nd.FileSystemReader(tmp_path)))
+
+
 def test_streamed_save_that_fails_midway_keeps_the_old_checkpoint(tmp_path, monkeypatch):
     """An error while a streamed rank file is half written (its 200th item
     fails to lay out, windows already on disk): the save fails with that
