@@ -19,7 +19,7 @@ none of them, so that each stays as light as its own imports):
 - crc: the CRC pool (crc_submit), CRC-32 of device memory.
 - group: the torch.distributed group helper (steps that name dead ranks).
 - plan: a torch.save file image laid out (Plan, CheckpointError), and
-  written window by window (write_images, packs).
+  written window by window (write_images, ImageStream, packs).
 - torchzip: the zip records of torch's file format.
 - stformat: the safetensors format (header, dtypes, a model directory's
   index).

@@ -20,8 +20,8 @@ order is nobody's concern but the writer's (torch.load, mmap'ed or not,
 zipfile and nvio.load read both). nvio.dcp streams a rank file of many
 small items through the same class, one whole archive at a time.
 
-``write_images`` writes a file of such images (one for nvio.save and
-async_save, many for a DCP rank file of small tensors) window by window
+``write_images`` writes a file of such images (one, for nvio.save when
+it does not stream and for async_save) window by window
 through ``_nvio.ZipImage``: tensor bytes copied and checksummed in one pass
 in C, headers, descriptors and directories filled in around them.
 ``write_plans`` writes such images with their large tensors straight from
