@@ -317,7 +317,10 @@ class Hooks:
             for cname, meth, label in (("Plan", "__init__", "planning"),
                                        ("_Pickler", "dump", "pickling"),
                                        ("ImageStream", "_pump", "copy+CRC wait"),
-                                       ("ImageStream", "_allocate", "fallocate")):
+                                       ("ImageStream", "_allocate", "fallocate"),
+                                       # nvio.dcp's writer: what DCP calls it for
+                                       ("FileSystemWriter", "write_data", "writer's Python"),
+                                       ("FileSystemWriter", "finish", "DCP metadata")):
                 c = m.__dict__.get(cname)
                 if isinstance(c, type) and (id(c), meth) not in seen and hasattr(c, meth):
                     seen.add((id(c), meth))
@@ -359,7 +362,7 @@ BREAK_COLS = ["pickling", "planning", "copies (snapshot)", "writer's Python", "o
               "fallocate",
               "copy+CRC wait", "CRC wait",
               "I/O submit", "I/O wait", "sync writes", "commit", "close",
-              "hold/release replaced"]
+              "hold/release replaced", "DCP metadata"]
 
 
 @contextlib.contextmanager
@@ -659,7 +662,10 @@ class Cell:
         strace) one of each under strace for the commit's split."""
         hooks = Hooks()
         out = {}
-        for what, fn in (("nvio.save", self.nvio_save), ("nvio.save(spare)", self.nvio_spare)):
+        for what, fn in (("nvio.save", self.nvio_save), ("nvio.save(spare)", self.nvio_spare),
+                         ("nvio.dcp", self.nvio_dcp)):
+            if what == "nvio.dcp":
+                self.rm_dir(self.dnvio)()      # a fresh directory, as in the rounds
             core_bench.drop_caches()
             hooks.reset()
             with hooks.on():
@@ -670,7 +676,7 @@ class Cell:
             row["_wall"], row["_cpu"] = wall, cpu
             row["_calls"] = dict(hooks.n)
             self._after()
-            if self.a.strace and shutil.which("strace"):
+            if self.a.strace and shutil.which("strace") and what != "nvio.dcp":
                 core_bench.drop_caches()
                 logp = "/tmp/nvio-savebench-strace-%d.log" % os.getpid()
                 with straced(os.getpid(), logp):
@@ -757,8 +763,8 @@ def detail_table(per, title, refs):
 
 
 def breakdown_table(res):
-    out = ["## Where the time goes (nvio.save, nvio.save(spare), async_save's call; one "
-           "each, timers in the bench process)", "",
+    out = ["## Where the time goes (nvio.save, nvio.save(spare), async_save's call, the "
+           "nvio.dcp writer; one each, timers in the bench process)", "",
            "Seconds on the calling thread, exclusive, from timers the bench puts around "
            "nvio's internal functions by monkeypatching (nvio has no timing hook): "
            "**measured from outside, approximate**. *copy+CRC wait*: a packed save's "
@@ -772,8 +778,12 @@ def breakdown_table(res):
            "second save where strace was present); *copies (snapshot)*: async_save's copy of "
            "the state into its pool (its call returns after it; the write behind it is not "
            "in its row); *other*: the rest of the wall time "
-           "(Python between the timed calls). CPU: user+system of every thread of the "
-           "process during the save.", "",
+           "(Python between the timed calls). nvio.dcp's row: *writer's Python* is "
+           "FileSystemWriter.write_data less what is timed inside it (resolving the items, "
+           "laying out and adding each image, the streamed windows' bookkeeping), *DCP "
+           "metadata* its finish() (.metadata pickled and committed, old files removed), "
+           "*other* mostly DCP's own planning, which runs before the writer is called. "
+           "CPU: user+system of every thread of the process during the save.", "",
            "| disk | state | save | wall s | CPU s | %s | other | commit split (strace) |"
            % " | ".join(BREAK_COLS),
            "|---|---|---|---:|---:|%s---:|---|" % ("---:|" * len(BREAK_COLS))]
@@ -802,7 +812,7 @@ def breakdown_table(res):
     return out
 
 
-BREAK_ROWS = ("nvio.save", "nvio.save(spare)", "async_save (call)")
+BREAK_ROWS = ("nvio.save", "nvio.save(spare)", "async_save (call)", "nvio.dcp")
 
 SUMMARY = [("nvio.save", "fio-new"), ("one-tensor", "fio-new"),
            ("nvio.save(spare)", "fio-best"), ("nvio.save(spare)", "fio-spare"),

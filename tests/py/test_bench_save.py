@@ -63,6 +63,29 @@ def test_hooks_count_a_save_and_come_off(sb, handle, tmp_path, packed):
     assert dict(hooks.n) == n
 
 
+def test_hooks_time_the_dcp_writer_and_come_off(sb, tmp_path):
+    """The nvio.dcp row: write_data and finish timed once each, a Plan per
+    tensor item, the writer's methods restored after; the checkpoint loads."""
+    import warnings
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    import nvio.dcp as nd
+    before = (nd.FileSystemWriter.__dict__["write_data"], nd.FileSystemWriter.__dict__["finish"])
+    sd = _state(True)
+    hooks = sb.Hooks()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with hooks.on():
+            dcp.save(sd, storage_writer=nd.FileSystemWriter(tmp_path), no_dist=True)
+        got = {k: torch.zeros_like(v) for k, v in sd.items()}
+        dcp.load(got, storage_reader=nd.FileSystemReader(tmp_path), no_dist=True)
+    assert (nd.FileSystemWriter.__dict__["write_data"],
+            nd.FileSystemWriter.__dict__["finish"]) == before
+    assert hooks.n["writer's Python"] >= 1 and hooks.n["DCP metadata"] == 1
+    assert hooks.n["planning"] == len(sd)
+    assert hooks.t["writer's Python"] > 0 and hooks.t["DCP metadata"] > 0
+    assert all(torch.equal(got[k], sd[k]) for k in sd)
+
+
 def test_hooks_come_off_after_an_error(sb, tmp_path):
     before = _patched()
     with pytest.raises(ZeroDivisionError):
