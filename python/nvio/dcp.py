@@ -162,6 +162,11 @@ class _Image:
     def length(self):
         return self.plan.size if self.plan is not None else len(self.raw)
 
+    def result(self, name):
+        """Its WriteResult in rank file ``name``."""
+        return WriteResult(index=self.item.index, size_in_bytes=self.length,
+                           storage_data=_StorageInfo(name, self.base, self.length))
+
 
 def _resolved(items, resolve):
     """A rank file's items as it holds them: its bytes items first (packed,
@@ -228,8 +233,7 @@ def _write_streamed(f, name, raws, tensors, path, align, layouts, crc):
         for im in itertools.chain(raw, images):
             if im.plan is not None:
                 stream.add(im.base, im.plan)
-            results.append(WriteResult(index=im.item.index, size_in_bytes=im.length,
-                                       storage_data=_StorageInfo(name, im.base, im.length)))
+            results.append(im.result(name))
         stream.finish()
     finally:
         stream.close()          # also on an error: its buffers are busy until then
@@ -534,10 +538,7 @@ class FileSystemWriter(_fs._FileSystemWriter, BlockingAsyncStager):
                 f = h.open(path, flags)
                 files.append((f, images))
                 reserve_space(f, size)     # ENOSPC before any byte moves
-                for im in images:
-                    results.append(WriteResult(index=im.item.index, size_in_bytes=im.length,
-                                               storage_data=_StorageInfo(name, im.base,
-                                                                         im.length)))
+                results += [im.result(name) for im in images]
             for f, images in files:     # each waits for its own ops, also on an error
                 if images:      # (None: streamed, written already)
                     _write_direct(f, images, self.crc32)
