@@ -64,6 +64,7 @@ import collections
 import concurrent.futures as _cf
 import copy as _copy
 import datetime
+import functools
 import io
 import itertools
 import json
@@ -1492,6 +1493,20 @@ def _group_of(process_group, kwargs):
     return process_group
 
 
+def _collector_paused(call):
+    """``call`` with Python's cyclic collector paused (as it was after).
+    DCP's planning makes several objects per item, enough for 5,000 items
+    to start a full collection, which walks every object of the process:
+    0.12 s with torch imported, 0.14 s of a 1.07 s save of 5,000 tensors
+    (measured). DCP pauses it the same way in its get/set_state_dict."""
+    @functools.wraps(call)
+    def paused(*args, **kwargs):
+        with gc_paused():
+            return call(*args, **kwargs)
+    return paused
+
+
+@_collector_paused
 def save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
          process_group=None, **kwargs):
     """``dcp.save`` with nvio's :class:`FileSystemWriter` (on
@@ -1502,7 +1517,9 @@ def save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
     rank is a :class:`~nvio.checkpoint.CheckpointError` naming that rank
     ("Rank N died ..."), from the heartbeats every rank beats in the
     group's store (gloo groups; chained to the transport's error that
-    ``dcp.save`` raises)."""
+    ``dcp.save`` raises). And Python's cyclic collector is paused for the
+    call (DCP's planning would start full collections, see
+    ``_collector_paused``)."""
     group = _group_of(process_group, kwargs)
     w = storage_writer if storage_writer is not None else \
         FileSystemWriter(checkpoint_id, process_group=group)
@@ -1520,10 +1537,13 @@ def save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
         raise n from e
 
 
+@_collector_paused
 def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
                process_group=None, **kwargs):
     """``dcp.async_save`` with nvio's writer, as :func:`save`: the returned
-    future's exception names a rank that died (when DCP returns a future)."""
+    future's exception names a rank that died (when DCP returns a future),
+    and no cyclic collection runs inside the call (its planning and staging;
+    the write behind it runs with the collector as it is)."""
     group = _group_of(process_group, kwargs)
     w = storage_writer if storage_writer is not None else \
         FileSystemWriter(checkpoint_id, process_group=group)
@@ -1556,11 +1576,13 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=N
     return out
 
 
+@_collector_paused
 def load(state_dict, *, checkpoint_id=None, storage_reader=None, planner=None,
          process_group=None, **kwargs):
     """``dcp.load`` with nvio's :class:`FileSystemReader` on ``checkpoint_id``
     unless ``storage_reader`` is given. As :func:`save`, a rank that dies
-    during the load is named on every surviving rank (gloo groups)."""
+    during the load is named on every surviving rank (gloo groups), and the
+    cyclic collector is paused for the call."""
     r = storage_reader if storage_reader is not None else FileSystemReader(checkpoint_id)
     watch = _watch(_group_of(process_group, kwargs), None)
     try:
