@@ -8,6 +8,18 @@ the first submit; it blocks in ``Queue.reap`` with the GIL released, at
 most ``POLL_S`` at a time so that it notices a shutdown, and stops when
 the handle closes). No thread per op.
 
+``done()`` on a future whose op is still pending takes what has ended
+from the queue itself, on the calling thread, without waiting (a reap
+with min 0, which keeps the GIL), and resolves those futures there. A
+thread that polls ``done()`` thus sees an ended op at once, even while
+the reaper cannot get the GIL: a thread that releases and retakes it
+every few microseconds (a system call per item in a loop) keeps a
+waiting thread from ever getting it (the futures of ended writes were
+resolved 30-100 ms late in a DCP save whose layout made a getrandom call
+per item, since removed). Callbacks of
+futures resolved that way run on the polling thread; a poller that must
+not run them (a heavy check meant for the reaper) asks ``resolved(fut)``.
+
 A future's result is the number of bytes the op moved; a failed op's
 future carries the original :class:`nvio.NvioError` (errno, filename,
 offset, op). Futures are ``concurrent.futures.Future`` objects (so
@@ -38,6 +50,10 @@ POLL_S = 0.2
 #: Most completions one reap() call returns.
 REAP_MAX = 256
 
+#: ``Future.done`` without NvioFuture.done's poll: for a poller that must
+#: not run other futures' callbacks on its own thread.
+resolved = concurrent.futures.Future.done
+
 
 class NvioFuture(concurrent.futures.Future):
     """The future of one nvio op: ``result()`` is the bytes moved.
@@ -49,10 +65,22 @@ class NvioFuture(concurrent.futures.Future):
     def __init__(self, user_data=None):
         super().__init__()
         self.user_data = user_data
+        self._poll = None       # Completions.poll for an op's future
         # The op runs from submit on: like an executor's running future it
         # cannot be cancelled (cancel() returns False), and the reaper never
         # meets a cancelled future it would have to resolve.
         self.set_running_or_notify_cancel()
+
+    def done(self):
+        """True once resolved. An op's pending future first resolves every
+        future whose op has ended (on this thread, without waiting)."""
+        if super().done():
+            return True
+        poll = self._poll
+        if poll is None:
+            return False
+        poll()
+        return super().done()
 
     def __await__(self):
         return asyncio.wrap_future(self).__await__()
@@ -78,6 +106,7 @@ class Completions:
         self._thread = None
         self._stop = False
         self._forked = False
+        self._resolving = threading.local()    # .on: this thread resolves futures now
         _all.add(self)
 
     # -- submitting -------------------------------------------------------
@@ -107,6 +136,7 @@ class Completions:
                 raise TypeError("nvio: an op is (opcode, file, buf, offset"
                                 "[, user_data[, flags[, crc32]]])")
             fut = NvioFuture(op[4] if len(op) > 4 else None)
+            fut._poll = self.poll
             flags = op[5] if len(op) > 5 else 0
             futs.append(fut)
             tagged.append((op[0], op[1], op[2], op[3], fut, flags) + op[6:])
@@ -191,10 +221,19 @@ class Completions:
                 self._fail_pending("nvio: reaping failed: %s" % e)
                 return
             del h, q
+            self._resolve(done)
+            # Idle, the reaper must not keep the last future alive: a failed
+            # one's exception, raised by result(), pins its caller's frames
+            # (and the buffers they hold) through its traceback.
+            done = None
+
+    def _resolve(self, done):
+        """Resolve the reaped (future, result) pairs, each before it leaves
+        pending: drain() returning means every future is resolved."""
+        self._resolving.on = getattr(self._resolving, "on", 0) + 1
+        try:
             for fut, res in done:
-                # resolved before it leaves pending: drain() returning means
-                # every future is resolved
-                if not fut.done():
+                if not resolved(fut):
                     try:
                         if isinstance(res, BaseException):
                             fut.set_exception(res)
@@ -206,10 +245,23 @@ class Completions:
                     self._pending.discard(fut)
                     if not self._pending:
                         self._idle.notify_all()
-            # Idle, the reaper must not keep the last future alive: a failed
-            # one's exception, raised by result(), pins its caller's frames
-            # (and the buffers they hold) through its traceback.
-            done = fut = res = None
+        finally:
+            self._resolving.on -= 1
+
+    def poll(self):
+        """Resolve, on this thread and without waiting, the futures of the
+        ops that have ended and that the reaper has not taken yet
+        (:meth:`NvioFuture.done` calls it). Errors are left to the reaper:
+        it reports a closed handle or a failed reap to every future."""
+        q = self._queue
+        if q is None or self._forked or self._stop:
+            return
+        try:
+            done = q.reap(REAP_MAX, 0, 0)
+        except Exception:
+            return
+        if done:
+            self._resolve(done)
 
     def _fail_pending(self, why):
         left = []
@@ -239,11 +291,12 @@ class Completions:
     def close(self):
         """Resolve every pending future, then stop the reaper (idempotent).
 
-        Called from a future's callback (on the reaper thread) it cannot
-        wait for the reaper: the futures still pending then fail when the
-        handle closes.
+        Called from a future's callback (on the reaper thread, or on a
+        thread whose done() resolved it) it cannot wait for the futures:
+        those still pending then fail when the handle closes.
         """
-        if threading.current_thread() is not self._thread:
+        if threading.current_thread() is not self._thread and \
+                not getattr(self._resolving, "on", 0):
             self.drain()
         with self._lock:
             self._stop = True

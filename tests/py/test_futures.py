@@ -321,3 +321,95 @@ def test_an_interrupt_at_any_line_of_submit_leaves_no_orphan(engine, tmp_path):
         if c.pending == 0:      # else closing would wait forever for the orphan
             f.close()
             h.close()
+
+
+def test_done_resolves_ended_ops_without_the_reaper(engine, np, tmp_path, monkeypatch):
+    """done() on a pending future takes what has ended from the futures'
+    queue itself, on the calling thread: with the reaper never started
+    (as when it cannot get the GIL from a thread that releases and retakes
+    it every few microseconds), polling done() resolves every future with
+    its bytes, runs its callbacks on the polling thread, and empties
+    pending; the file holds the bytes and a read back matches."""
+    import time
+    monkeypatch.setattr(nvio._futures.Completions, "_start_locked", lambda self: None)
+    p = tmp_path / "poll.bin"
+    blob = pattern(64 * 5000, 4)
+    ran_on = []
+
+    def poll_until_done(fu, deadline):
+        while not fu.done() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return fu.done()
+    with nvio.AioHandle(engine=engine, direct=False) as h, h.open(p, RW) as f:
+        c = nvio._futures.completions(h)
+        try:
+            futs = [f.pwrite_async(np.frombuffer(blob, np.uint8, 5000, i * 5000).copy(),
+                                   i * 5000) for i in range(64)]
+            for fu in futs:
+                fu.add_done_callback(lambda x: ran_on.append(threading.current_thread()))
+            assert c._thread is None
+            deadline = time.monotonic() + 20
+            assert all(poll_until_done(fu, deadline) for fu in futs), \
+                "done() never saw the ops end"
+            assert [fu.result(0) for fu in futs] == [5000] * 64
+            assert ran_on == [threading.current_thread()] * 64 and c.pending == 0
+            out = np.zeros(len(blob), np.uint8)
+            r = f.pread_async(out, 0)
+            assert poll_until_done(r, time.monotonic() + 20)
+            assert r.result(0) == len(blob) and out.tobytes() == blob
+            assert c._thread is None
+        finally:                # a failure must not leave close() waiting
+            monkeypatch.undo()
+            with c._lock:
+                c._start_locked()
+                c._work.notify()
+    assert read_file(p) == blob
+
+
+def test_done_polls_while_the_reaper_reaps(engine, np, tmp_path):
+    """Threads polling done() and the reaper reap one queue at once: each
+    of 3,000 ops is resolved exactly once, with its own result, its
+    callback run once; the bytes read back are the bytes written."""
+    p = tmp_path / "race.bin"
+    n, size = 3000, 512
+    blob = pattern(n * size, 5)
+    count = [0] * n
+    by = set()
+    lock = threading.Lock()
+
+    def note(i):
+        def cb(_):
+            with lock:
+                count[i] += 1
+                by.add(threading.current_thread().name)
+        return cb
+    with nvio.AioHandle(engine=engine, direct=False) as h, h.open(p, RW) as f:
+        futs = []
+        stop = threading.Event()
+
+        def poller():           # the newest futures: those still pending
+            while not stop.is_set():
+                for fu in futs[-32:]:
+                    fu.done()
+        pollers = [threading.Thread(target=poller, name="poller-%d" % i) for i in range(3)]
+        for t in pollers:
+            t.start()
+        try:
+            for i in range(n):
+                fu = f.pwrite_async(np.frombuffer(blob, np.uint8, size, i * size).copy(),
+                                    i * size)
+                fu.add_done_callback(note(i))
+                futs.append(fu)
+            assert [fu.result(30) for fu in futs] == [size] * n
+            outs = [np.zeros(size, np.uint8) for _ in range(n)]
+            rfuts = [f.pread_async(outs[i], i * size) for i in range(n)]
+            assert [fu.result(30) for fu in rfuts] == [size] * n
+        finally:
+            stop.set()
+            for t in pollers:
+                t.join(30)
+        assert nvio._futures.completions(h).pending == 0
+    with lock:
+        assert count == [1] * n
+        assert any(b.startswith("poller-") for b in by), "no poller took a completion"
+    assert b"".join(o.tobytes() for o in outs) == blob

@@ -318,13 +318,15 @@ typedef struct {
 	size_t used;		/* slots [0, used) were handed out once */
 } ext_tags;
 
-/* One consumer's completion queue: the C queue, its ops' borrows, and
- * what an interrupted reap() took (returned by the next). GIL only. */
+/* A completion queue: the C queue, its ops' borrows, and what reap()
+ * took and has not returned yet (an interrupted one's, returned by the
+ * next). GIL only; reap() waits into buffers of its own (tagged.c). */
 typedef struct {
 	nvio_queue_t *q;	/* NULL once released */
 	ext_tags tags;
 	nvio_completion_t *kept;
 	size_t nkept, capkept;
+	size_t reserved;	/* room in kept promised to reaps waiting now */
 } ext_cq;
 
 typedef struct {

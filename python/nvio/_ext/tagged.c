@@ -18,6 +18,10 @@
  *   - reap() waits in slices with the GIL released; signal handlers run
  *     between slices, and what an interrupted reap() took is kept for
  *     the next one (ext_cq.kept): no completion is lost.
+ *   - Several threads may reap one queue at once (the futures' reaper
+ *     waits while a thread asking a future done() takes what has ended
+ *     meanwhile): ext_cq.kept is touched with the GIL held only; each
+ *     completion goes to exactly one of them.
  */
 #include "ext.h"
 
@@ -484,6 +488,15 @@ static int64_t time_left(const struct timespec *t0, int64_t timeout_ns)
  * never wait for ops nobody submitted) or the timeout passed, in slices
  * with the GIL released. 0, or -1 with an exception set (what was reaped
  * stays kept).
+ *
+ * cq->kept is touched with the GIL held only, so that another thread may
+ * reap the same queue meanwhile. A slice that waits reaps into a buffer
+ * of its own with the GIL released, and appends it to kept when it has
+ * the GIL back: into room reserved in kept beforehand (cq->reserved
+ * counts every waiting slice's), so that appending needs no allocation
+ * that could fail with completions in hand. A call that need not wait
+ * (min 0, timeout 0, or nothing in flight) reaps straight into kept and
+ * keeps the GIL: it only takes the queue's lock.
  */
 static int reap_collect(ext_handle *hd, ext_cq *cq, unsigned mx, unsigned mn,
 			int64_t timeout_ns)
@@ -500,15 +513,31 @@ static int reap_collect(ext_handle *hd, ext_cq *cq, unsigned mx, unsigned mn,
 		int64_t left = time_left(&t0, timeout_ns);
 		int64_t slice = left < 0 || left > EXT_SLICE_NS ? EXT_SLICE_NS : left;
 		unsigned room = mx > cq->nkept ? mx - (unsigned)cq->nkept : 1;
-		if (kept_reserve(cq, room) < 0 || ext_handle_check_open(hd) < 0)
+		if (!slice)
+			need = 0;
+		if (kept_reserve(cq, cq->reserved + room) < 0 || ext_handle_check_open(hd) < 0)
 			return -1;
 		nvio_queue_t *q = cq->q;
 		int got;
-		hd->busy++;
-		Py_BEGIN_ALLOW_THREADS
-		got = nvio_queue_reap(q, cq->kept + cq->nkept, room, need, need ? slice : 0);
-		Py_END_ALLOW_THREADS
-		hd->busy--;
+		if (!need) {
+			got = nvio_queue_reap(q, cq->kept + cq->nkept, room, 0, 0);
+		} else {
+			nvio_completion_t *own = PyMem_Malloc(room * sizeof(*own));
+			if (!own) {
+				PyErr_NoMemory();
+				return -1;
+			}
+			cq->reserved += room;
+			hd->busy++;
+			Py_BEGIN_ALLOW_THREADS
+			got = nvio_queue_reap(q, own, room, need, slice);
+			Py_END_ALLOW_THREADS
+			hd->busy--;
+			cq->reserved -= room;
+			if (got > 0)	/* fits: the room was reserved */
+				memcpy(cq->kept + cq->nkept, own, (size_t)got * sizeof(*own));
+			PyMem_Free(own);
+		}
 		if (got < 0) {
 			ext_raise_plain(ext_handle_state(hd), got, "nvio_reap");
 			return -1;
