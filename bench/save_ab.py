@@ -16,6 +16,17 @@ Variants (comma-separated, --variants):
   fio          fio overwriting the spare's blocks (--spare) or writing a new
                file, the better of bench/checkpoint_bench.py's two configs,
                huge-page buffers
+  dcp          torch.distributed.checkpoint.save(sd, storage_writer=
+               nvio.dcp.FileSystemWriter(d)), into a directory removed first
+               (untimed); new files only
+  dcp-wrapper  nvio.dcp.save(sd, checkpoint_id=d): the same writer with the
+               cyclic collector paused for the call
+
+No collection is forced between runs (save_bench.py collects before each
+timed save so that rounds are alike): the collector starts when the
+process's own history says so, as in a training job. That is what the
+dcp/dcp-wrapper pair measures: DCP's planning of thousands of items starts
+a full collection in some saves and not in others.
 
     python3 bench/save_ab.py --dir /var/tmp --state llama22 --spare \\
         --variants current,rev:e2fa4a8~1,fio --rounds 5 --out bench/results/X.md
@@ -27,10 +38,12 @@ import contextlib
 import importlib.util
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
 import time
+import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -41,7 +54,10 @@ import hugepages  # noqa: E402
 import ramdisk  # noqa: E402
 import save_bench as sb  # noqa: E402
 
+import torch.distributed.checkpoint as dcp  # noqa: E402
+
 import nvio  # noqa: E402
+import nvio.dcp  # noqa: E402
 from nvio.checkpoint import _save  # noqa: E402
 
 MiB = 1 << 20
@@ -59,6 +75,18 @@ def load_rev(rev):
     sys.modules[name] = mod
     exec(compile(src, "%s:_save.py" % rev, "exec"), mod.__dict__)
     return mod
+
+
+def dcp_save(sd, d):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")     # no process group: one process
+        dcp.save(sd, storage_writer=nvio.dcp.FileSystemWriter(d))
+
+
+def dcp_wrapper(sd, d):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        nvio.dcp.save(sd, checkpoint_id=d)
 
 
 def main():
@@ -96,6 +124,10 @@ def run(a):
             fns[v] = _save.save
         elif v in ("pack", "direct"):
             fns[v] = v
+        elif v in ("dcp", "dcp-wrapper"):
+            if a.spare:
+                sys.exit("save_ab.py: %s writes new files only (no --spare)" % v)
+            fns[v] = v
         elif v.startswith("rev:"):
             fns[v] = load_rev(v[4:]).save
         elif v != "fio":
@@ -129,6 +161,18 @@ def run(a):
                     res[v].append(best)
                     continue
                 fn = fns[v]
+                if fn in ("dcp", "dcp-wrapper"):
+                    d = os.path.join(a.dir, "ab-dcp")
+                    shutil.rmtree(d, ignore_errors=True)
+                    fn = dcp_save if fn == "dcp" else dcp_wrapper
+                    core_bench.drop_caches()
+                    c0, t0 = os.times(), time.perf_counter()
+                    fn(sd, d)
+                    res[v].append(nb / (time.perf_counter() - t0) / 1e9)
+                    c1 = os.times()
+                    cpu[v].append((c1.user - c0.user + c1.system - c0.system) / (nb / 1e9))
+                    shutil.rmtree(d, ignore_errors=True)
+                    continue
                 if fn in ("pack", "direct"):
                     _save._packs = (lambda plan: True) if fn == "pack" else (lambda plan: False)
                     fn = _save.save

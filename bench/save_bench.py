@@ -45,8 +45,11 @@ written into the blocks of the previous version, nvio's spare=True):
                  directory removed first (untimed): new files
   nvio.dcp.save  nvio.dcp.save(sd, checkpoint_id=d): the same writer through
                  nvio's wrapper, which pauses the cyclic collector for the
-                 call (DCP's planning of thousands of items starts a full
-                 collection, 0.12 s here)
+                 call (DCP's planning of thousands of items can start a full
+                 collection, 0.12 s here). This bench collects before every
+                 timed save, which leaves DCP's planning no collection to
+                 start in either row; bench/save_ab.py's dcp,dcp-wrapper
+                 variants measure the difference without that
   async.return   nvio's AsyncCheckpointer(pool reused across rounds).save:
                  until the call returns; async.total: until its future
                  resolves (the file durable); one run gives both
