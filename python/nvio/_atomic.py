@@ -12,11 +12,10 @@ file of other names) and whose creator commits or abandons it. Here:
 * :func:`hold_replaced` / :func:`release_replaced` / :func:`remove`:
   freeing a replaced or removed big file's blocks off the caller's path;
 * :func:`fsync_dir`, for directories whose entries a save made itself
-  (nvio.dcp's files);
-* :func:`create_temp` / :func:`commit` / :func:`follow_links`: a named
-  temporary for code that writes through its own file object and the
-  rename of one (no save of nvio's uses them: they make and replace
-  files as libnvio's atomic open and commit do, for tests and tools).
+  (nvio.dcp's files).
+
+Temporaries, their names, links and renames are libnvio's alone (its
+atomic open and commit): no Python copy of them is kept.
 """
 from __future__ import annotations
 
@@ -34,141 +33,6 @@ RECLAIM_LATER_MIN = 64 << 20
 _releasing = []                 # threads closing held files (release_replaced)
 _held = set()                   # fds of hold_replaced not closed yet
 _releasing_lock = threading.Lock()
-
-
-def follow_links(path):
-    """The name a write through path reaches, as open(2) follows it (and
-    libnvio's atomic open): the kernel follows the links (an ``O_PATH``
-    open), so its rules apply as to any open: ``fs.protected_symlinks``
-    refuses (EACCES) a link another user owns in a sticky world-writable
-    directory such as /tmp. The file reached is named through
-    /proc/self/fd. A dangling link gives the name it points to (a relative
-    target beside its link), which open would create. A save through a
-    link replaces the file it points to and keeps the link."""
-    path = os.fspath(path)
-    try:
-        if not stat.S_ISLNK(os.lstat(path).st_mode):
-            return path
-    except FileNotFoundError:
-        return path
-    for _ in range(10):         # the target renamed meanwhile: again
-        try:
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return _follow_dangling(path)
-        except PermissionError as e:
-            raise PermissionError(e.errno, "cannot follow the symbolic link (refused by "
-                                  "the kernel: fs.protected_symlinks or permissions)",
-                                  path) from None
-        try:
-            name = os.readlink("/proc/self/fd/%d" % fd)
-            a = os.fstat(fd)
-            b = os.stat(name)
-            if name.startswith("/") and (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
-                return name
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-    raise OSError(errno.ESTALE, "the symbolic link's target kept moving", path)
-
-
-def _protected_symlinks():
-    """fs.protected_symlinks as the kernel applies it (1, its default, if
-    it cannot be read)."""
-    try:
-        with open("/proc/sys/fs/protected_symlinks", "rb") as f:
-            return f.read(1) != b"0"
-    except OSError:
-        return True
-
-
-def _read_link(cur):
-    """The target of the link at cur, read from the link itself (an
-    ``O_PATH | O_NOFOLLOW`` descriptor: the link checked is the link read),
-    once open(2)'s rule allows following it; None if cur is no link."""
-    try:
-        fd = os.open(cur, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISLNK(st.st_mode):
-            return None
-        d = os.stat(os.path.dirname(cur) or ".")
-        if (d.st_mode & stat.S_ISVTX) and (d.st_mode & stat.S_IWOTH) and \
-                st.st_uid not in (os.geteuid(), d.st_uid) and _protected_symlinks():
-            raise PermissionError(errno.EACCES, "cannot follow the symbolic link (refused "
-                                  "as the kernel would: fs.protected_symlinks)", cur)
-        return os.readlink("", dir_fd=fd)
-    finally:
-        os.close(fd)
-
-
-def _follow_dangling(path):
-    """The name a dangling link leads to, followed here after the kernel
-    found the chain dangling. The links may have been replaced since
-    (another user renaming a link to root's file over the name), so each
-    is checked again by open(2)'s rule as it is followed (_read_link)."""
-    cur = path
-    for _ in range(40):         # open's limit on links in a name
-        link = _read_link(cur)
-        if link is None:
-            return cur
-        cur = os.path.join(os.path.dirname(cur), link)
-    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
-
-
-def create_temp(path, size=0):
-    """Create a temporary for path (where its links lead) exclusively and
-    return its name; with ``size``, lay it out (:func:`_allocate`)."""
-    d, base = os.path.split(os.path.abspath(follow_links(path)))
-    try:
-        _nvio.clean_temporaries(d, base)
-    except OSError:
-        pass                    # best effort: the create below says what is wrong
-    for _ in range(100):
-        tmp = _nvio.temp_name(os.path.join(d, base))
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
-                         os.O_CLOEXEC, 0o600)
-            break
-        except FileExistsError:
-            continue
-    else:
-        raise FileExistsError(errno.EEXIST, "no free temporary name beside", path)
-    try:
-        if size:
-            _allocate(fd, size)
-    except BaseException:
-        os.close(fd)
-        os.unlink(tmp)
-        raise
-    os.close(fd)
-    return tmp
-
-
-_alloc_handle = None
-_alloc_lock = threading.Lock()
-
-
-def _allocate(fd, size):
-    """Reserve the first size bytes of fd with libnvio (nvio_file_allocate:
-    fallocate(2)), or (a file system without it) a sparse ftruncate. Not
-    posix_fallocate, which glibc emulates there by writing a byte into
-    every block."""
-    global _alloc_handle
-    with _alloc_lock:
-        if _alloc_handle is None or _alloc_handle.closed:
-            _alloc_handle = _nvio.Handle(engine="psync", direct=False)
-        h = _alloc_handle
-    try:
-        with h.open_fd(fd, _nvio.FILE_WRITE) as f:
-            f.allocate(0, size)
-    except OSError as e:
-        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-            raise OSError(e.errno, os.strerror(e.errno)) from None
-        os.ftruncate(fd, size)
 
 
 def join_shared(handle, share, flags=_nvio.FILE_WRITE):
@@ -190,27 +54,6 @@ def join_shared(handle, share, flags=_nvio.FILE_WRITE):
         f.close()
         raise
     return f
-
-
-def commit(tmp, path, durable):
-    """Give tmp the mode path has (or a new file's), rename it over path
-    (where its links lead), fsync the directory (``durable``; the data's
-    fsync is the caller's)."""
-    path = follow_links(path)
-    try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-    except FileNotFoundError:
-        um = os.umask(0)
-        os.umask(um)
-        mode = 0o666 & ~um
-    os.chmod(tmp, mode)
-    old = hold_replaced(path)
-    try:
-        os.rename(tmp, path)
-    finally:
-        release_replaced(old)
-    if durable:
-        fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
 def fsync_dir(d):

@@ -1,5 +1,5 @@
-"""nvio._atomic: named temporaries renamed into place, and the replaced
-file's blocks freed off the caller's path."""
+"""nvio._atomic: the replaced file's blocks freed off the caller's path;
+saves through symbolic links."""
 import os
 import threading
 
@@ -58,20 +58,6 @@ def _held_then_freed(p, head, go, entered):
     assert _held(p) == []
 
 
-def test_commit_frees_the_replaced_file_in_the_background(tmp_path, slow_close):
-    go, entered = slow_close
-    p = str(tmp_path / "ck.pt")
-    _big_file(p, b"old version")
-    tmp = _atomic.create_temp(p)
-    with open(tmp, "wb") as f:
-        f.write(b"new version")
-    _atomic.commit(tmp, p, durable=True)    # returns with the release still waiting
-    with open(p, "rb") as f:
-        assert f.read() == b"new version"
-    assert not os.path.exists(tmp)
-    _held_then_freed(p, b"old version", go, entered)
-
-
 def test_remove_unlinks_at_once_and_frees_later(tmp_path, slow_close):
     go, entered = slow_close
     p = str(tmp_path / "__0_0.distcp")
@@ -122,28 +108,36 @@ def test_small_and_odd_files_are_not_held(tmp_path):
     _atomic.release_replaced(None)                          # nothing to do
 
 
-def test_commit_through_a_symlink_keeps_the_link(tmp_path):
-    """A write through a link replaces the file it leads to (relative
-    links, chains of links, a dangling one), as open(2) and libnvio's
-    atomic open do; the links stay links."""
+def test_save_through_symlinks_keeps_the_links(tmp_path):
+    """nvio.save writes where a chain of links leads (a relative link in
+    another directory, a link to it) and where a dangling link would
+    create, as open(2) does; the links stay links and no temporary is
+    left beside anything. A link that loops fails with ELOOP."""
+    import errno
+
+    import torch
+
+    import nvio
     real = tmp_path / "real"
     real.mkdir()
     (real / "ck.pt").write_bytes(b"old")
     os.symlink("real/ck.pt", tmp_path / "mid")            # relative to its directory
     os.symlink(str(tmp_path / "mid"), tmp_path / "latest")
     os.symlink("nowhere.pt", real / "dangling")
-    for link, target in ((tmp_path / "latest", real / "ck.pt"),
-                         (real / "dangling", real / "nowhere.pt")):
-        tmp = _atomic.create_temp(link)
-        assert os.path.dirname(tmp) == str(real)
-        with open(tmp, "wb") as f:
-            f.write(b"new")
-        _atomic.commit(tmp, link, durable=True)
-        assert os.path.islink(link) and target.read_bytes() == b"new"
+    for i, (link, target) in enumerate(((tmp_path / "latest", real / "ck.pt"),
+                                        (real / "dangling", real / "nowhere.pt"))):
+        st = {"w": torch.arange(100 + i, dtype=torch.float32)}
+        nvio.save(st, link)
+        assert os.path.islink(link)
+        assert torch.equal(nvio.load(target)["w"], st["w"])
     assert os.path.islink(tmp_path / "mid")
+    assert sorted(os.listdir(real)) == ["ck.pt", "dangling", "nowhere.pt"]
+    assert sorted(os.listdir(tmp_path)) == ["latest", "mid", "real"]
     os.symlink("loop", tmp_path / "loop")
-    with pytest.raises(OSError):
-        _atomic.follow_links(tmp_path / "loop")
+    with pytest.raises(OSError) as ei:
+        nvio.save({"w": torch.zeros(3)}, tmp_path / "loop")
+    assert ei.value.errno == errno.ELOOP
+    assert sorted(os.listdir(tmp_path)) == ["latest", "loop", "mid", "real"]
 
 
 @pytest.mark.parametrize("writer", ["save", "async_save", "safetensors", "FastFileWriter",

@@ -137,19 +137,35 @@ def test_atomic_write_sweeps_its_target(tmp_path):
     assert sorted(os.listdir(d)) == ["a.bin", "b.bin"]
 
 
-def test_dist_temporary_carries_its_owner(tmp_path):
-    """The shared temporaries made in Python (the data-parallel save's, by
-    rank 0; the compat writers') are named as libnvio names its own: kept
-    while their maker lives, removed by the next save once it is dead."""
-    from nvio import _atomic
+def test_shared_temporary_carries_its_owner(tmp_path):
+    """The named temporary of a file several processes write (libnvio's
+    FILE_ATOMIC | FILE_SHARED: the data-parallel save's, by rank 0; the
+    compat writers') carries its maker like libnvio's unnamed ones: kept
+    while the maker lives, gone when it abandons it, removed by the next
+    save once the maker is dead."""
     d = tmp_path / "d"
     d.mkdir()
     p = str(d / "ck.pt")
-    tmp = _atomic.create_temp(p, 1 << 20)
+    flags = nvio.FILE_ATOMIC | _nvio.FILE_SHARED
+
+    kept = []
+
+    def make():                         # kept open until the child's _exit
+        kept.append(nvio.AioHandle(direct=False))
+        kept.append(kept[0].open(p, flags))
+        kept[1].pwrite(b"x" * (1 << 20), 0)
+        return _nvio.file_share(kept[1])[0]
+    with nvio.AioHandle(direct=False) as h:
+        f = h.open(p, flags)
+        tmp = _nvio.file_share(f)[0]
+        f.pwrite(b"x" * 4096, 0)
+        n, seen = _nvio.clean_temporaries(str(d), dry_run=True)
+        assert n == 0 and seen == [(os.path.basename(tmp), 0, "owner is this process")]
+        f.close()                       # abandoned: no commit
+    assert os.listdir(d) == []
+    left = _in_child(make)              # the child exits without closing it
+    assert os.path.dirname(left) == str(d) and os.path.getsize(left) == 1 << 20
     n, seen = _nvio.clean_temporaries(str(d), dry_run=True)
-    assert n == 0 and seen == [(os.path.basename(tmp), 0, "owner is this process")]
-    os.unlink(tmp)
-    left = _in_child(lambda: _atomic.create_temp(p, 1 << 20))
-    assert os.path.getsize(left) == 1 << 20
+    assert n == 1 and [x[0] for x in seen] == [os.path.basename(left)]
     nvio.save({"x": 2}, p)
-    assert os.listdir(d) == ["ck.pt"]
+    assert os.listdir(d) == ["ck.pt"] and nvio.load(p) == {"x": 2}

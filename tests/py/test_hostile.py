@@ -2,9 +2,9 @@
 
 - A symbolic link another user planted in a sticky world-writable
   directory (fs.protected_symlinks on) is not followed by a save: nvio.save
-  (plain and spare), safetensors save_file and _atomic.create_temp fail
-  with EACCES, the file it points to keeps its bytes, nothing appears
-  beside it. The caller's own link there still works.
+  (plain and spare) and safetensors save_file fail with EACCES, the file
+  it points to keeps its bytes, nothing appears beside it. The caller's
+  own link there still works.
 - Threads spare-saving one path while others read it: every read is one
   whole saved version (nvio.save/nvio.load and safetensors
   save_file/load_file).
@@ -27,7 +27,7 @@ import time
 import pytest
 
 import nvio
-from nvio import _atomic, _nvio
+from nvio import _nvio
 from nvio_testutil import same
 
 torch = pytest.importorskip("torch")
@@ -71,7 +71,6 @@ def _saves(handle, link):
     yield "save", lambda: nvio.save(st, link, handle=handle)
     yield "save spare", lambda: nvio.save(st, link, handle=handle, spare=True)
     yield "save_file spare", lambda: nst.save_file(st, link, handle=handle, spare=True)
-    yield "create_temp", lambda: _atomic.create_temp(link, 4096)
 
 
 def test_planted_link_refused(handle, tmp_path, protected_symlinks):
@@ -120,52 +119,13 @@ def test_own_link_followed(handle, tmp_path, protected_symlinks):
     assert os.path.islink(link)
     assert os.path.exists(spare_of(victim))
     assert os.listdir(sticky) == ["ck.pt"]
-    tmp = _atomic.create_temp(link)
-    assert os.path.dirname(tmp) == str(tmp_path)
-    os.unlink(tmp)
-
-
-def test_dangling_flip_refused(tmp_path, monkeypatch):
-    """Another user flips the name between the kernel's follow (nothing
-    there: ENOENT) and the user-space follow of the dangling chain (now
-    their link to root's file): refused by open(2)'s rule all the same
-    (the race made certain, the sysctl shown as on)."""
-    if os.geteuid() != 0:
-        pytest.skip("a link owned by another user needs root")
-    sticky = tmp_path / "sticky"
-    sticky.mkdir()
-    os.chmod(sticky, 0o1777)
-    victim = tmp_path / "victim"
-    link = str(sticky / "ck.pt")
-    real_open = os.open
-    flips = []
-
-    def flipping_open(p, flags, *a, **k):
-        if p == link and flags & os.O_PATH and not flags & os.O_NOFOLLOW:
-            flips.append(p)
-            os.unlink(link)
-            os.symlink(str(victim), link)
-            os.lchown(link, NOBODY, -1)
-            raise FileNotFoundError(errno.ENOENT, "gone", p)
-        return real_open(p, flags, *a, **k)
-
-    monkeypatch.setattr(_atomic, "_protected_symlinks", lambda: True, raising=False)
-    for call in (lambda: _atomic.follow_links(link), lambda: _atomic.create_temp(link, 4096)):
-        victim.write_bytes(b"root's")
-        if os.path.lexists(link):
-            os.unlink(link)
-        os.symlink("gone", link)
-        os.lchown(link, NOBODY, -1)
-        monkeypatch.setattr(os, "open", flipping_open)
-        try:
-            with pytest.raises(PermissionError) as ei:
-                call()
-        finally:
-            monkeypatch.setattr(os, "open", real_open)
-        assert flips and ei.value.errno == errno.EACCES
-        assert victim.read_bytes() == b"root's"
-        assert sorted(os.listdir(tmp_path)) == ["sticky", "victim"]
-        assert os.listdir(sticky) == ["ck.pt"]
+    f = handle.open(link, nvio.FILE_ATOMIC | _nvio.FILE_SHARED)   # a named temporary
+    try:
+        assert os.path.dirname(_nvio.file_share(f)[0]) == str(tmp_path)
+    finally:
+        f.close()               # abandoned: removed
+    assert sorted(os.listdir(tmp_path)) == sorted(["sticky", "victim",
+                                                   os.path.basename(spare_of(victim))])
 
 
 # --- spare saves and readers ------------------------------------------------------
