@@ -180,6 +180,48 @@ def test_async_save_error_is_raised(tmp_path, tmpfs):
     assert os.listdir(mnt) == ["a.ckpt"]
 
 
+def test_async_pool_bytes_bounds_the_copies(tmp_path, engine):
+    """pool_bytes: the copies of queued saves stay within it (a save waits
+    for an earlier one to be written; each file is whole and holds what
+    was saved, the state changed right after each call), a save larger
+    than the bound is refused naming pool_bytes, before anything is
+    written; pool_bytes without asynchronous=True, or not > 0, is refused."""
+    import threading
+    io = NvioCheckpointIO(handle=nvio.AioHandle(engine=engine), asynchronous=True,
+                          durable=False, pool_bytes=6 << 20)
+    state = {"w": torch.zeros(1 << 20)}     # 4 MiB: one copy fits, two do not
+    most = [0]
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            w = io._writer
+            if w is not None:
+                most[0] = max(most[0], w._held)
+            stop.wait(0.0005)
+    t = threading.Thread(target=watch)
+    t.start()
+    try:
+        for i in range(4):
+            state["w"].fill_(float(i))
+            io.save_checkpoint(state, tmp_path / ("c%d.ckpt" % i))
+        state["w"].fill_(-1.0)
+        with pytest.raises(ValueError, match="pool_bytes"):
+            io.save_checkpoint({"w": torch.zeros(2 << 20)}, tmp_path / "big.ckpt")
+        io.teardown()
+    finally:
+        stop.set()
+        t.join(10)
+    assert 0 < most[0] <= 6 << 20
+    for i in range(4):
+        assert torch.equal(nvio.load(str(tmp_path / ("c%d.ckpt" % i)))["w"],
+                           torch.full((1 << 20,), float(i)))
+    assert sorted(os.listdir(tmp_path)) == ["c%d.ckpt" % i for i in range(4)]
+    with pytest.raises(ValueError, match="asynchronous=True"):
+        NvioCheckpointIO(pool_bytes=1 << 20)
+    with pytest.raises(ValueError, match="> 0"):
+        NvioCheckpointIO(asynchronous=True, pool_bytes=0)
+
 def test_remove_checkpoint_and_errors(tmp_path):
     io = NvioCheckpointIO(durable=False)
     p = tmp_path / "sub" / "a.ckpt"

@@ -67,11 +67,23 @@ class NvioCheckpointIO(CheckpointIO):
     ``asynchronous=True``: ``save_checkpoint`` returns once the state is
     copied (:class:`nvio.AsyncCheckpointer`), the write goes on in the
     background; a later call raises the error of a save that failed, and
-    ``teardown`` (the end of ``fit``) waits for all of them.
+    ``teardown`` (the end of ``fit``) waits for all of them. ``pool_bytes``
+    bounds the memory of the copies of saves not yet written (None: as much
+    as they take): a save that does not fit waits for earlier ones to be
+    written, and one larger than the bound is refused (ValueError, with
+    the sizes).
     """
 
-    def __init__(self, *, durable=True, spare=False, handle=None, asynchronous=False):
+    def __init__(self, *, durable=True, spare=False, handle=None, asynchronous=False,
+                 pool_bytes=None):
         super().__init__()
+        if pool_bytes is not None and not asynchronous:
+            raise ValueError("nvio: NvioCheckpointIO: pool_bytes bounds asynchronous saves' "
+                             "copies: give asynchronous=True with it")
+        if pool_bytes is not None and pool_bytes <= 0:
+            raise ValueError("nvio: NvioCheckpointIO: pool_bytes must be > 0 or None, not %r"
+                             % (pool_bytes,))
+        self.pool_bytes = pool_bytes
         self.durable = bool(durable)
         self.spare = bool(spare)
         self.handle = handle
@@ -118,7 +130,7 @@ class NvioCheckpointIO(CheckpointIO):
             return
         self._settle(wait=False)        # an earlier save's error; saves keep call order
         if self._writer is None:
-            self._writer = AsyncCheckpointer(handle=self.handle)
+            self._writer = AsyncCheckpointer(handle=self.handle, pool_bytes=self.pool_bytes)
         fut = self._writer.save(checkpoint, path, **opts)
         self._pending.append((os.path.abspath(path), fut))
 
