@@ -16,9 +16,10 @@ the reaper cannot get the GIL: a thread that releases and retakes it
 every few microseconds (a system call per item in a loop) keeps a
 waiting thread from ever getting it (the futures of ended writes were
 resolved 30-100 ms late in a DCP save whose layout made a getrandom call
-per item, since removed). Callbacks of
-futures resolved that way run on the polling thread; a poller that must
-not run them (a heavy check meant for the reaper) asks ``resolved(fut)``.
+per item, since removed). Callbacks stay the reaper's: while any pending
+future of the handle has one (``add_done_callback``, ``await``), done()
+does not reap, so that no callback ever runs on a thread that merely
+asked, perhaps holding a lock the callback takes.
 
 A future's result is the number of bytes the op moved; a failed op's
 future carries the original :class:`nvio.NvioError` (errno, filename,
@@ -50,8 +51,7 @@ POLL_S = 0.2
 #: Most completions one reap() call returns.
 REAP_MAX = 256
 
-#: ``Future.done`` without NvioFuture.done's poll: for a poller that must
-#: not run other futures' callbacks on its own thread.
+#: ``Future.done`` without NvioFuture.done's reap.
 resolved = concurrent.futures.Future.done
 
 
@@ -65,7 +65,8 @@ class NvioFuture(concurrent.futures.Future):
     def __init__(self, user_data=None):
         super().__init__()
         self.user_data = user_data
-        self._poll = None       # Completions.poll for an op's future
+        self._owner = None      # the Completions of an op's future
+        self._counted = False   # in its owner's count of futures with callbacks
         # The op runs from submit on: like an executor's running future it
         # cannot be cancelled (cancel() returns False), and the reaper never
         # meets a cancelled future it would have to resolve.
@@ -73,14 +74,25 @@ class NvioFuture(concurrent.futures.Future):
 
     def done(self):
         """True once resolved. An op's pending future first resolves every
-        future whose op has ended (on this thread, without waiting)."""
+        future whose op has ended (on this thread, without waiting), unless
+        a pending future of the handle has callbacks (they run on the
+        reaper)."""
         if super().done():
             return True
-        poll = self._poll
-        if poll is None:
+        c = self._owner
+        if c is None:
             return False
-        poll()
+        c.poll()
         return super().done()
+
+    def add_done_callback(self, fn):
+        c = self._owner
+        if c is not None:
+            with c._lock:       # against _resolve's uncount: never counted once resolved
+                if not self._counted and not resolved(self):
+                    self._counted = True
+                    c._with_callbacks += 1
+        super().add_done_callback(fn)
 
     def __await__(self):
         return asyncio.wrap_future(self).__await__()
@@ -106,7 +118,7 @@ class Completions:
         self._thread = None
         self._stop = False
         self._forked = False
-        self._resolving = threading.local()    # .on: this thread resolves futures now
+        self._with_callbacks = 0    # pending futures with callbacks: no poll()
         _all.add(self)
 
     # -- submitting -------------------------------------------------------
@@ -136,7 +148,7 @@ class Completions:
                 raise TypeError("nvio: an op is (opcode, file, buf, offset"
                                 "[, user_data[, flags[, crc32]]])")
             fut = NvioFuture(op[4] if len(op) > 4 else None)
-            fut._poll = self.poll
+            fut._owner = self
             flags = op[5] if len(op) > 5 else 0
             futs.append(fut)
             tagged.append((op[0], op[1], op[2], op[3], fut, flags) + op[6:])
@@ -230,31 +242,31 @@ class Completions:
     def _resolve(self, done):
         """Resolve the reaped (future, result) pairs, each before it leaves
         pending: drain() returning means every future is resolved."""
-        self._resolving.on = getattr(self._resolving, "on", 0) + 1
-        try:
-            for fut, res in done:
-                if not resolved(fut):
-                    try:
-                        if isinstance(res, BaseException):
-                            fut.set_exception(res)
-                        else:
-                            fut.set_result(res)
-                    except concurrent.futures.InvalidStateError:
-                        pass           # failed meanwhile by a close or a fork
-                with self._lock:
-                    self._pending.discard(fut)
-                    if not self._pending:
-                        self._idle.notify_all()
-        finally:
-            self._resolving.on -= 1
+        for fut, res in done:
+            if not resolved(fut):
+                try:
+                    if isinstance(res, BaseException):
+                        fut.set_exception(res)
+                    else:
+                        fut.set_result(res)
+                except concurrent.futures.InvalidStateError:
+                    pass           # failed meanwhile by a close or a fork
+            with self._lock:
+                self._pending.discard(fut)
+                if fut._counted:
+                    fut._counted = False
+                    self._with_callbacks -= 1
+                if not self._pending:
+                    self._idle.notify_all()
 
     def poll(self):
         """Resolve, on this thread and without waiting, the futures of the
         ops that have ended and that the reaper has not taken yet
-        (:meth:`NvioFuture.done` calls it). Errors are left to the reaper:
-        it reports a closed handle or a failed reap to every future."""
+        (:meth:`NvioFuture.done` calls it); nothing while a pending future
+        has callbacks. Errors are left to the reaper: it reports a closed
+        handle or a failed reap to every future."""
         q = self._queue
-        if q is None or self._forked or self._stop:
+        if q is None or self._forked or self._stop or self._with_callbacks:
             return
         try:
             done = q.reap(REAP_MAX, 0, 0)
@@ -269,9 +281,11 @@ class Completions:
             self._stop = True
             while self._pending:       # pop() by pop(): C may add meanwhile
                 left.append(self._pending.pop())
+                left[-1]._counted = False
+            self._with_callbacks = 0
             self._idle.notify_all()
         for fut in left:
-            if not fut.done():
+            if not resolved(fut):
                 try:
                     fut.set_exception(RuntimeError(why))
                 except concurrent.futures.InvalidStateError:
@@ -291,12 +305,11 @@ class Completions:
     def close(self):
         """Resolve every pending future, then stop the reaper (idempotent).
 
-        Called from a future's callback (on the reaper thread, or on a
-        thread whose done() resolved it) it cannot wait for the futures:
-        those still pending then fail when the handle closes.
+        Called from a future's callback (on the reaper thread) it cannot
+        wait for the reaper: the futures still pending then fail when the
+        handle closes.
         """
-        if threading.current_thread() is not self._thread and \
-                not getattr(self._resolving, "on", 0):
+        if threading.current_thread() is not self._thread:
             self.drain()
         with self._lock:
             self._stop = True

@@ -46,7 +46,7 @@ from torch import nn
 from .. import _device, _nvio
 from .._base.handle import env_direct, throughput_handle
 from .._base.pieces import locked_buffer
-from .._futures import completions, resolved
+from .._futures import completions
 from . import _room
 from . import _weights as W
 
@@ -789,11 +789,8 @@ class _DiskRunner:
         except OSError:
             pass
         if self.dev.type == "cuda":
-            # resolved(), not done(): done() would reap ended reads here and
-            # run their CRC checks (_Check) on the forward's thread
             for s2 in self.slots:
-                if s2.owner is not None and not s2.copied and \
-                        all(resolved(f) for f, *_ in s2.futs):
+                if s2.owner is not None and not s2.copied and all(f.done() for f, *_ in s2.futs):
                     self._copy(s2)
 
     def _pass_ended(self):
