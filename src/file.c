@@ -1110,7 +1110,8 @@ static int name_tmpfile(struct nvio_file *f)
  * the spare's lock, so no other writer has either file. The spare's name
  * must still lead to this file: if something other than nvio moved it
  * meanwhile, the file gets an ordinary hidden name and a plain rename
- * (*plain set). A target that did not exist at open, one removed since
+ * (*plain set); if it removed it, the file cannot be named again and the
+ * commit fails (ENOENT, *what saying so). A target that did not exist at open, one removed since
  * (ENOENT), or a file system without RENAME_EXCHANGE: a plain rename, no
  * spare left.
  */
@@ -1125,8 +1126,10 @@ static int swap_spare(struct nvio_file *f, int *plain, const char **what)
 		f->tmp_path = NULL;
 		f->spare = 0;
 		*plain = 1;
-		*what = "link";
-		return name_tmpfile(f);
+		r = name_tmpfile(f);
+		/* a file with no name left cannot be linked again (ENOENT) */
+		*what = r == -ENOENT ? "link (the spare was removed by another program)" : "link";
+		return r;
 	}
 	if (f->exchange && nvio__sys.renameat2(AT_FDCWD, f->tmp_path, AT_FDCWD, f->target,
 					       RENAME_EXCHANGE) == 0)

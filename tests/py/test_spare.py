@@ -258,3 +258,48 @@ def test_dcp_writer_spare_rotation(tmp_path, direct, packed):
             assert ino(str(d / (".%s.nvio-spare" % other))) == before[other]
             spares[other] = before[other]
     h.close()
+
+
+@pytest.mark.parametrize("engine", ["io_uring", "libaio", "psync"])
+def test_spare_moved_or_removed_during_the_save(tmp_path, engine):
+    """Another program moves the spare a save is writing into: the save
+    still commits (its file gets a name of its own, renamed over the
+    target: no spare is kept), the target holds the new bytes and the moved
+    name is left where it was put. Another program
+    removes it: the data has no name left, so the commit fails with ENOENT
+    saying the spare was removed by another program, naming the target,
+    and the target keeps its old bytes and inode; nothing else is left."""
+    import errno
+    p = str(tmp_path / "ck.pt")
+    h = nvio.Handle(engine=engine)
+    try:
+        for what in ("moved", "removed"):
+            for i in range(2):      # a checkpoint and its spare
+                nvio.save(state(i, 1000), p, spare=True)
+            before, t = open(p, "rb").read(), ino(p)
+            new = os.urandom(12345)
+            f = h.open(p, _nvio.FILE_ATOMIC | _nvio.FILE_SPARE)
+            try:
+                f.pwrite(new, 0)
+                if what == "moved":
+                    os.rename(spare_of(p), str(tmp_path / "elsewhere"))
+                    f.commit()
+                else:
+                    os.unlink(spare_of(p))
+                    with pytest.raises(OSError) as ei:
+                        f.commit()
+            finally:
+                f.close()
+            if what == "moved":
+                assert open(p, "rb").read() == new
+                # a plain rename: the old version is not kept as a spare
+                assert sorted(os.listdir(tmp_path)) == ["ck.pt", "elsewhere"]
+                os.unlink(str(tmp_path / "elsewhere"))
+            else:
+                assert ei.value.errno == errno.ENOENT
+                assert "spare was removed by another program" in str(ei.value), ei.value
+                assert "ck.pt" in str(ei.value)
+                assert open(p, "rb").read() == before and ino(p) == t
+                assert sorted(os.listdir(tmp_path)) == ["ck.pt"]
+    finally:
+        h.close()
