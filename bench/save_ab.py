@@ -35,6 +35,7 @@ Needs root (drop_caches, hugetlbfs); pauses free-page reporting.
 """
 import argparse
 import contextlib
+import functools
 import importlib.util
 import os
 import platform
@@ -161,30 +162,26 @@ def run(a):
                     res[v].append(best)
                     continue
                 fn = fns[v]
+                d = os.path.join(a.dir, "ab-dcp")
                 if fn in ("dcp", "dcp-wrapper"):
-                    d = os.path.join(a.dir, "ab-dcp")
-                    shutil.rmtree(d, ignore_errors=True)
-                    fn = dcp_save if fn == "dcp" else dcp_wrapper
-                    core_bench.drop_caches()
-                    c0, t0 = os.times(), time.perf_counter()
-                    fn(sd, d)
-                    res[v].append(nb / (time.perf_counter() - t0) / 1e9)
-                    c1 = os.times()
-                    cpu[v].append((c1.user - c0.user + c1.system - c0.system) / (nb / 1e9))
-                    shutil.rmtree(d, ignore_errors=True)
-                    continue
-                if fn in ("pack", "direct"):
-                    _save._packs = (lambda plan: True) if fn == "pack" else (lambda plan: False)
-                    fn = _save.save
+                    shutil.rmtree(d, ignore_errors=True)      # a new directory, untimed
+                    call = functools.partial(dcp_save if fn == "dcp" else dcp_wrapper, sd, d)
+                else:
+                    if fn in ("pack", "direct"):
+                        _save._packs = (lambda plan: True) if fn == "pack" else \
+                            (lambda plan: False)
+                        fn = _save.save
+                    call = functools.partial(fn, sd, p, spare=a.spare)
                 try:
                     core_bench.drop_caches()
                     c0, t0 = os.times(), time.perf_counter()
-                    fn(sd, p, spare=a.spare)
+                    call()
                     res[v].append(nb / (time.perf_counter() - t0) / 1e9)
                     c1 = os.times()
                     cpu[v].append((c1.user - c0.user + c1.system - c0.system) / (nb / 1e9))
                 finally:
                     _save._packs = packs
+                    shutil.rmtree(d, ignore_errors=True)
         for x in (p, spare):
             if os.path.exists(x):
                 os.unlink(x)
